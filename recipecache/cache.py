@@ -1,0 +1,472 @@
+"""RecipeCache: the memory tier, the disk tier and the background writer behind one small API."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from functools import partial
+
+from . import startup
+from .config import CacheConfig
+from .disk import DiskStore, FileItem, discard
+from .entry import Entry, EntryInfo, decode_entry, encode_entry, validate_key, validate_meta
+from .errors import CacheError, CacheTimeout, CorruptEntry, VersionMismatch
+from .eviction import TRIM_RATIO, EvictionLog, log_removal, plan_trim, select
+from .ledger import Ledger, LedgerFile
+from .locks import DirLock
+from .memory import MemoryTier
+from .stats import StatsStore
+from .writer import BackgroundWriter
+
+logger = logging.getLogger("recipecache")
+
+# A hit refreshes an entry's mtime (its LRU recency) at most this often, so hot hits write nothing.
+TOUCH_INTERVAL_S = 60.0
+# The size ledger is confirmed by a real directory scan at least this often (cache clock).
+RECONCILE_INTERVAL_S = 300.0
+# Counters gathered by reads are handed to the background writer at most this often.
+STATS_FLUSH_S = 5.0
+# Removals for these reasons count as evictions in the stats.
+_EVICTION_REASONS = ("limit", "evict")
+
+
+class RecipeCache:
+    """A size-bounded recipe store shared by the processes using one directory; get/put never raise for disk
+    trouble (CacheError only for a directory others can write, and from the admin calls evict/remove/clear)."""
+
+    def __init__(self, config: CacheConfig | None = None, clock=time.time):
+        self.config = CacheConfig.from_env() if config is None else config
+        self.path = self.config.resolved_path()
+        self._clock = clock
+        self._limit = self.config.limit_bytes
+        self._memory = MemoryTier(self.config.memory_entries)
+        self._pending: dict[str, Entry] = {}  # queued for the disk, still readable from here
+        self._mutex = threading.Lock()
+        self._degraded: str | None = None
+        self._disk = DiskStore(self.path, self.config.fsync)
+        self._lock = DirLock(self.path / "eviction.lock", self.config.lock_timeout_s)
+        self._ledger = LedgerFile(self.path / "size.json")
+        self._evictions = EvictionLog(self.path / "evictions.log")
+        self._stats = StatsStore(self.path, self.config.lock_timeout_s)
+        self._writer = BackgroundWriter("recipecache-writer", on_idle=self._flush_stats)
+        if self._limit != 0:
+            self._open()
+            atexit.register(_flush_at_exit, weakref.ref(self))
+
+    @property
+    def enabled(self) -> bool:
+        """False when the limit is 0 or the disk tier degraded to memory only."""
+        return self._limit != 0 and self._degraded is None
+
+    # -- opening ----------------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        try:
+            self._disk.open(self.config.allow_shared_dir)
+            if self.config.delete_on_start:
+                self._clear_on_start()
+        except OSError as exc:
+            self._degrade(exc)
+            return
+        except CacheTimeout as exc:
+            logger.warning("recipe cache: delete_on_start skipped: %s", exc)
+        self._writer.submit(partial(self._disk_job, self._maintain))
+
+    def _clear_on_start(self) -> None:
+        startup.claim_session()
+        marker = self.path / "clear.marker"
+        with self._lock.hold():
+            if startup.should_clear(startup.read_marker(marker), startup.session_start()):
+                self._clear_locked("delete_on_start")
+                startup.write_marker(marker)
+
+    def _maintain(self) -> None:
+        """Sweep temp files of killed writers and confirm the ledger when it is missing or old."""
+        self._disk.sweep_temps()
+        ledger = self._ledger.read()
+        if ledger is None or self._clock() - ledger.reconciled > RECONCILE_INTERVAL_S:
+            with self._lock.hold():
+                self._reconcile_locked()
+
+    # -- reading ----------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        """The payload stored under key, or None; a bad or vanished entry is a miss, never an exception."""
+        entry = self.get_entry(key)
+        return None if entry is None else entry.payload
+
+    def get_entry(self, key: str) -> Entry | None:
+        validate_key(key)
+        if self._limit == 0:
+            return None
+        entry = self._from_memory(key)
+        if entry is None:
+            entry = self._load(key)
+            if entry is None:
+                self._stats.add(misses=1)
+        self._schedule_stats()
+        return entry
+
+    def _from_memory(self, key: str) -> Entry | None:
+        found = self._memory.get(key)
+        if found is None:
+            with self._mutex:
+                entry = self._pending.get(key)
+            if entry is not None:
+                self._stats.hit(key)
+            return entry
+        entry, touched = found
+        self._stats.hit(key)
+        now = self._clock()
+        if now - touched >= TOUCH_INTERVAL_S:
+            self._touch(key, now)
+            self._memory.set_touched(key, now)
+        return entry
+
+    def _load(self, key: str) -> Entry | None:
+        try:
+            result = self._disk.read(key)
+        except OSError as exc:
+            logger.debug("recipe cache: cannot read %s: %s", key, exc)
+            return None
+        if result is None:
+            return None
+        entry = self._decode(key, result)
+        if entry is None:
+            return None
+        now = self._clock()
+        touched = self._touch(key, now) if now - result.mtime >= TOUCH_INTERVAL_S else result.mtime
+        self._memory.put(entry, touched)
+        self._stats.hit(key, disk_hits=1, compile_time_saved_s=_compile_time(entry.meta))
+        return entry
+
+    def _decode(self, key: str, result) -> Entry | None:
+        try:
+            entry = decode_entry(result.data)
+            if entry.key != key:
+                raise CorruptEntry(f"foreign entry: header key {entry.key!r}")
+            return entry
+        except VersionMismatch as exc:
+            logger.info("recipe cache: dropping %s: %s", key, exc)
+            self._submit_discard(key, result.ident, quarantine=False)
+        except CorruptEntry as exc:
+            logger.warning("recipe cache: quarantining corrupt entry %s: %s", key, exc)
+            self._stats.add(corrupt=1)
+            self._submit_discard(key, result.ident, quarantine=True)
+        return None
+
+    def _touch(self, key: str, now: float) -> float:
+        try:
+            os.utime(self._disk.entry_path(key), (now, now))
+        except OSError as exc:  # evicted meanwhile, or a read-only cache: recency is best effort
+            logger.debug("recipe cache: cannot touch %s: %s", key, exc)
+        return now
+
+    def contains(self, key: str) -> bool:
+        validate_key(key)
+        if self._limit == 0:
+            return False
+        with self._mutex:
+            if key in self._pending:
+                return True
+        return key in self._memory or self._disk.exists(key)
+
+    # -- writing ----------------------------------------------------------------------------------------
+
+    def put(self, key: str, payload: bytes, meta: dict | None = None, *, wait: bool = False) -> None:
+        """Store payload under key (write-once); the disk write runs in the background unless wait=True."""
+        validate_key(key)
+        meta = validate_meta(meta)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        if self._limit == 0:
+            return
+        entry = Entry(key, bytes(payload), meta, self._clock())
+        if key not in self._memory:
+            self._memory.put(entry, entry.created)
+        if self._degraded is None and self._enqueue(entry) and wait:
+            self._writer.drain()
+
+    def _enqueue(self, entry: Entry) -> bool:
+        with self._mutex:
+            if entry.key in self._pending:
+                return False
+            self._pending[entry.key] = entry
+        self._writer.submit(partial(self._write_job, entry))
+        return True
+
+    def flush(self) -> None:
+        """Wait for pending background writes, then persist the batched stats."""
+        self._writer.drain()
+        self._flush_stats()
+
+    def _write_job(self, entry: Entry) -> None:
+        try:
+            self._disk_job(partial(self._store, entry))
+        finally:
+            with self._mutex:
+                self._pending.pop(entry.key, None)
+
+    def _store(self, entry: Entry) -> None:
+        if self._degraded is not None or self._disk.exists(entry.key):
+            return
+        data = encode_entry(entry.key, entry.payload, entry.meta, entry.created)
+        if self._limit is not None and len(data) > self._limit:
+            logger.warning("recipe cache: entry %s (%d bytes) is larger than the cache limit (%d bytes); "
+                           "not stored on disk", entry.key, len(data), self._limit)
+            return
+        tmp = self._disk.write_temp(entry.key, data, entry.created)
+        try:
+            with self._lock.hold():
+                published = self._disk.publish(tmp, entry.key)
+                if published:
+                    self._account_locked(len(data))
+        finally:
+            discard(tmp)
+        if published:
+            self._stats.add(bytes_written=len(data))
+
+    def _disk_job(self, job) -> None:
+        """Run a background disk job; disk trouble degrades the tier, a lock timeout skips the job."""
+        try:
+            job()
+        except CacheTimeout as exc:
+            logger.warning("recipe cache: skipped a background write: %s", exc)
+        except OSError as exc:
+            self._degrade(exc)
+
+    def _degrade(self, exc: OSError) -> None:
+        with self._mutex:
+            if self._degraded is not None:
+                return
+            self._degraded = str(exc)
+        logger.warning("recipe cache at %s: disk tier disabled (%s); continuing with the in-memory tier only",
+                       self.path, exc)
+
+    # -- size accounting and eviction (all *_locked methods run under eviction.lock) ---------------------
+
+    def _account_locked(self, added: int) -> None:
+        ledger = self._ledger.read()
+        if ledger is None or self._clock() - ledger.reconciled > RECONCILE_INTERVAL_S:
+            self._reconcile_locked()  # the scan already sees the new file
+            return
+        ledger = ledger.add(added)
+        if self._limit is not None and ledger.total > self._limit:
+            self._reconcile_locked()
+        else:
+            self._ledger.write(ledger)
+
+    def _reconcile_locked(self) -> None:
+        """Recount the directory, trim it to TRIM_RATIO of the limit if it is over, and record the result."""
+        infos = self._infos(self._disk.scan(), headers=self.config.policy == "created")
+        total = sum(i.size for i, _ in infos)
+        removed = []
+        if self._limit is not None and total > self._limit:
+            removed = plan_trim([i for i, _ in infos], self.config.policy, int(self._limit * TRIM_RATIO))
+            total = self._remove_locked(removed, total, "limit")
+        self._ledger.write(Ledger(total, len(infos) - len(removed), self._clock()))
+
+    def _remove_locked(self, victims: list[EntryInfo], total: int, reason: str) -> int:
+        """Remove victims, logging each before its file goes; returns the total left."""
+        for victim in victims:
+            self._evictions.append(victim.key, victim.size, reason)
+            self._memory.pop(victim.key)
+            if not discard(self._disk.entry_path(victim.key)):
+                continue
+            total -= victim.size
+            if reason in _EVICTION_REASONS:
+                log_removal(victim.key, total)
+                self._stats.add(evictions=1, bytes_evicted=victim.size)
+        return total
+
+    def _infos(self, items: list[FileItem], headers: bool) -> list[tuple[EntryInfo, bool]]:
+        """EntryInfo per file and whether its header read cleanly (bad files sort as created at 0)."""
+        return [self._info(item, headers) for item in items]
+
+    def _info(self, item: FileItem, headers: bool) -> tuple[EntryInfo, bool]:
+        if not headers:
+            return EntryInfo(item.key, item.size, item.mtime, item.mtime), True
+        try:
+            header = self._disk.read_header(item.path)
+        except (OSError, CorruptEntry):
+            return EntryInfo(item.key, item.size, 0.0, item.mtime), False
+        ok = header.key == item.key
+        return EntryInfo(item.key, item.size, header.created if ok else 0.0, item.mtime, 0, header.meta), ok
+
+    def _submit_discard(self, key: str, ident: tuple, quarantine: bool) -> None:
+        if self._degraded is None:
+            self._writer.submit(partial(self._disk_job, partial(self._discard, key, ident, quarantine)))
+
+    def _discard(self, key: str, ident: tuple, quarantine: bool) -> None:
+        path = self._disk.entry_path(key)
+        with self._lock.hold():
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return
+            if (st.st_dev, st.st_ino, st.st_size) != ident:
+                return  # replaced by a fresh entry since we read the bad one
+            if self._disk.quarantine(path) if quarantine else discard(path):
+                self._adjust_locked(-st.st_size, -1)
+
+    def _adjust_locked(self, size: int, entries: int) -> None:
+        ledger = self._ledger.read()
+        if ledger is None:
+            self._reconcile_locked()
+        else:
+            self._ledger.write(ledger.add(size, entries))
+
+    # -- administration (CLI) ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _admin(self):
+        """Hold the lock for an admin call, after pending writes land; disk trouble is a CacheError here."""
+        self._writer.drain()
+        try:
+            with self._lock.hold():
+                yield
+        except OSError as exc:
+            raise CacheError(f"recipe cache at {self.path}: {exc}") from exc
+
+    def entries(self) -> list[EntryInfo]:
+        """Every readable entry (headers only), with per-entry hit counts; sorted by key."""
+        if self._limit == 0:
+            return []
+        hits = self._stats.key_hits()
+        infos = [info for info, ok in self._infos(self._disk.scan(), headers=True) if ok]
+        return sorted((_with_hits(info, hits.get(info.key, 0)) for info in infos), key=lambda i: i.key)
+
+    def evict(self, older_than_s=None, max_bytes=None, keys=None, predicate=None,
+              dry_run: bool = False) -> list[EntryInfo]:
+        """Plan (and unless dry_run, remove) entries matching all filters; no filter means trim to the limit."""
+        if self._limit == 0:
+            return []
+        if keys is not None:
+            keys = [validate_key(k) for k in keys]
+        if (older_than_s, max_bytes, keys, predicate) == (None, None, None, None):
+            if self._limit is None or self.total_bytes() <= self._limit:
+                return []
+            max_bytes = int(self._limit * TRIM_RATIO)
+        with self._admin():
+            infos = [info for info, _ in self._infos(self._disk.scan(), headers=True)]
+            victims = select(infos, self.config.policy, self._clock(), older_than_s, max_bytes, keys, predicate)
+            if not dry_run:
+                total = self._remove_locked(victims, sum(i.size for i in infos), "evict")
+                self._ledger.write(Ledger(total, len(infos) - len(victims), self._clock()))
+        return victims
+
+    def remove(self, key: str) -> bool:
+        """Remove one entry from memory and disk; True if it was anywhere."""
+        validate_key(key)
+        in_memory = self._memory.pop(key)
+        if self._limit == 0:
+            return in_memory
+        with self._admin():
+            path = self._disk.entry_path(key)
+            size = path.stat().st_size if path.exists() else 0
+            self._evictions.append(key, size, "remove")
+            on_disk = discard(path)
+            if on_disk:
+                self._adjust_locked(-size, -1)
+        return in_memory or on_disk
+
+    def clear(self) -> None:
+        """Remove every entry (memory and disk); stats are kept (see reset_stats)."""
+        self._memory.clear()
+        if self._limit == 0:
+            return
+        with self._admin():
+            self._clear_locked("clear")
+            self._stats.clear_hits()
+
+    def _clear_locked(self, reason: str) -> None:
+        items = self._disk.scan()
+        for item in items:
+            self._evictions.append(item.key, item.size, reason)
+            discard(item.path)
+        self._ledger.write(Ledger(0, 0, self._clock()))
+        logger.info("recipe cache at %s: %s removed %d entries", self.path, reason, len(items))
+
+    def verify(self, fix: bool = False) -> list[tuple[str, str]]:
+        """(key or file name, reason) for every bad file; fix moves them to the quarantine folder."""
+        if self._limit == 0:
+            return []
+        self._writer.drain()
+        bad = [(item.path, item.key, reason) for item in self._disk.scan()
+               if (reason := self._check(item)) is not None]
+        bad += [(path, path.name, "foreign file") for path in self._disk.foreign_files()]
+        if fix and bad:
+            with self._admin():
+                for path, _, _ in bad:
+                    self._disk.quarantine(path)
+                self._reconcile_locked()
+        return [(name, reason) for _, name, reason in bad]
+
+    def _check(self, item: FileItem) -> str | None:
+        try:
+            entry = decode_entry(item.path.read_bytes())
+        except FileNotFoundError:
+            return None  # evicted while we looked
+        except CorruptEntry as exc:
+            return str(exc)
+        return None if entry.key == item.key else f"foreign entry: header key {entry.key!r}"
+
+    # -- numbers ----------------------------------------------------------------------------------------
+
+    def total_bytes(self) -> int:
+        """Bytes on disk as the shared ledger records them (a scan if there is no ledger)."""
+        return self._ledger_now().total
+
+    def _ledger_now(self) -> Ledger:
+        if self._limit == 0:
+            return Ledger(0, 0, 0.0)
+        ledger = self._ledger.read()
+        if ledger is None:
+            items = self._disk.scan()
+            ledger = Ledger(sum(i.size for i in items), len(items), 0.0)
+        return ledger
+
+    def stats(self) -> dict:
+        ledger = self._ledger_now()
+        return {**self._stats.counters(), "entries": ledger.count, "total_bytes": ledger.total,
+                "limit_bytes": -1 if self._limit is None else self._limit, "path": str(self.path),
+                "enabled": self.enabled, "memory_entries": len(self._memory)}
+
+    def reset_stats(self) -> None:
+        if self._limit == 0:
+            return
+        try:
+            self._stats.reset()
+        except OSError as exc:
+            raise CacheError(f"recipe cache at {self.path}: cannot reset stats: {exc}") from exc
+
+    def _flush_stats(self) -> None:
+        if self._limit == 0 or self._degraded is not None or not self._stats.dirty:
+            return
+        self._disk_job(self._stats.flush)
+
+    def _schedule_stats(self) -> None:
+        # Reads only count in memory; hand a flush to the writer now and then so other processes see them.
+        if self._stats.dirty and time.monotonic() - self._stats.last_flush > STATS_FLUSH_S:
+            self._stats.last_flush = time.monotonic()
+            self._writer.submit(self._flush_stats)
+
+
+def _compile_time(meta: dict) -> float:
+    value = meta.get("compile_time_s", 0.0)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def _with_hits(info: EntryInfo, hits: int) -> EntryInfo:
+    return EntryInfo(info.key, info.size, info.created, info.last_used, hits, info.meta)
+
+
+def _flush_at_exit(ref) -> None:
+    cache = ref()
+    if cache is not None:
+        cache.flush()

@@ -1,0 +1,103 @@
+"""Cache settings: one frozen dataclass, parsed from PT_HPU_RECIPE_CACHE_CONFIG or built in Python."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+
+ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
+EXPECTED_FORM = "<path>,<delete_on_start true|false>,<max_size_mb>, e.g. /tmp/recipes,false,1024"
+POLICIES = ("lru", "created")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+_MB = 1024 * 1024
+
+
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/hpu_backend/recipes, else ~/.cache/hpu_backend/recipes."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hpu_backend" / "recipes"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Where the cache lives and how big it may grow (max_size_mb: 0 disables, -1 is unbounded)."""
+
+    path: str | os.PathLike | None = None
+    delete_on_start: bool = False
+    max_size_mb: float = 1024
+    policy: str = "lru"
+    memory_entries: int = 256
+    per_rank: bool = False
+    allow_shared_dir: bool = False
+    # Additions: fsync before publishing (off only for throwaway caches) and the lock wait bound.
+    fsync: bool = True
+    lock_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        path = default_cache_dir() if self.path in (None, "") else Path(self.path).expanduser()
+        object.__setattr__(self, "path", path)
+        if isinstance(self.max_size_mb, bool) or not isinstance(self.max_size_mb, (int, float)):
+            raise ConfigError(f"max_size_mb must be a number, got {self.max_size_mb!r}")
+        if self.max_size_mb < 0 and self.max_size_mb != -1:
+            raise ConfigError(f"max_size_mb must be >= 0 or -1 (unbounded), got {self.max_size_mb}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.memory_entries < 0:
+            raise ConfigError(f"memory_entries must be >= 0, got {self.memory_entries}")
+
+    @property
+    def limit_bytes(self) -> int | None:
+        """The disk limit in bytes; None when unbounded, 0 when disabled."""
+        return None if self.max_size_mb == -1 else int(self.max_size_mb * _MB)
+
+    @classmethod
+    def parse(cls, value: str, **overrides) -> "CacheConfig":
+        """Parse '<path>,<delete_on_start>,<max_size_mb>' (the path may itself contain commas)."""
+        parts = value.rsplit(",", 2)
+        if len(parts) != 3:
+            raise ConfigError(f"{ENV_VAR}={value!r}: expected 3 comma-separated fields, {EXPECTED_FORM}")
+        path, delete, size = (p.strip() for p in parts)
+        if not path:
+            raise ConfigError(f"{ENV_VAR}={value!r}: field 'path' is empty; expected {EXPECTED_FORM}")
+        return cls(path=path, delete_on_start=_parse_bool(value, delete), max_size_mb=_parse_size(value, size),
+                   **overrides)
+
+    @classmethod
+    def from_env(cls, environ=None, **overrides) -> "CacheConfig":
+        """Read PT_HPU_RECIPE_CACHE_CONFIG; unset or empty means the default directory, False, 1024 MB."""
+        value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+        return cls.parse(value, **overrides) if value else cls(**overrides)
+
+    def resolved_path(self, environ=None) -> Path:
+        """The directory to use: path, or path/rank<N> when per_rank and RANK/LOCAL_RANK is set."""
+        env = os.environ if environ is None else environ
+        rank = env.get("RANK") or env.get("LOCAL_RANK")
+        if not self.per_rank or rank is None:
+            return Path(self.path)
+        if not rank.isdigit():
+            raise ConfigError(f"RANK/LOCAL_RANK must be a non-negative integer for per_rank, got {rank!r}")
+        return Path(self.path) / f"rank{int(rank)}"
+
+
+def _parse_bool(value: str, field: str) -> bool:
+    if field.lower() in _TRUE:
+        return True
+    if field.lower() in _FALSE:
+        return False
+    raise ConfigError(f"{ENV_VAR}={value!r}: field 'delete_on_start' must be true or false, got {field!r}; "
+                      f"expected {EXPECTED_FORM}")
+
+
+def _parse_size(value: str, field: str) -> int:
+    try:
+        size = int(field)
+    except ValueError:
+        size = None
+    if size is None or (size < 0 and size != -1):
+        raise ConfigError(f"{ENV_VAR}={value!r}: field 'max_size_mb' must be an integer >= 0 or -1, got "
+                          f"{field!r}; expected {EXPECTED_FORM}")
+    return size

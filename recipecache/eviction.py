@@ -1,0 +1,82 @@
+"""Eviction policies and plans, and the append-only evictions.log that accounts for every removal."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from .entry import EntryInfo
+
+logger = logging.getLogger("recipecache")
+
+# Cleanup trims below the limit so that it does not run again on the very next store.
+TRIM_RATIO = 0.99
+_LOG_ROTATE_BYTES = 8 * 1024 * 1024
+
+
+def policy_order(items: list[EntryInfo], policy: str) -> list[EntryInfo]:
+    """Items in eviction order: least recently used first (lru) or oldest created first (created)."""
+    if policy == "created":
+        return sorted(items, key=lambda i: (i.created, i.last_used, i.key))
+    return sorted(items, key=lambda i: (i.last_used, i.created, i.key))
+
+
+def plan_trim(items: list[EntryInfo], policy: str, target: int) -> list[EntryInfo]:
+    """The shortest prefix of the eviction order that brings the total down to target bytes."""
+    total = sum(i.size for i in items)
+    victims = []
+    for item in policy_order(items, policy):
+        if total <= target:
+            break
+        victims.append(item)
+        total -= item.size
+    return victims
+
+
+def select(items: list[EntryInfo], policy: str, now: float, older_than_s=None, max_bytes=None, keys=None,
+           predicate=None) -> list[EntryInfo]:
+    """Victims matching every given filter; with max_bytes, only as many as needed to fit max_bytes."""
+    wanted = set(keys) if keys is not None else None
+    candidates = [i for i in items
+                  if (wanted is None or i.key in wanted)
+                  and (older_than_s is None or now - i.last_used > older_than_s)
+                  and (predicate is None or predicate(i))]
+    if max_bytes is None:
+        return policy_order(candidates, policy)
+    kept = sum(i.size for i in items) - sum(i.size for i in candidates)
+    return plan_trim(candidates, policy, max(0, max_bytes - kept))
+
+
+class EvictionLog:
+    """evictions.log: one line per removed entry, written before the file goes (one write, O_APPEND)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def append(self, key: str, size: int, reason: str) -> None:
+        line = f"{time.time():.6f} {os.getpid()} {reason} {key} {size}\n".encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+            rotate = os.fstat(fd).st_size > _LOG_ROTATE_BYTES
+        finally:
+            os.close(fd)
+        if rotate:  # callers hold the cache lock, so only one process rotates
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+
+    def keys(self) -> set[str]:
+        """Every key the log (and its rotated predecessor) records as removed."""
+        found = set()
+        for path in (self.path.with_name(self.path.name + ".1"), self.path):
+            try:
+                lines = path.read_text().splitlines()
+            except FileNotFoundError:
+                continue
+            found.update(parts[3] for parts in map(str.split, lines) if len(parts) == 5)
+        return found
+
+
+def log_removal(key: str, remaining: int) -> None:
+    logger.info("Removed %s successfully. Disk cache size after removal: %s", key, remaining)

@@ -1,0 +1,47 @@
+"""Inter-process locks on files in the cache directory (filelock, bounded wait)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from .errors import CacheTimeout
+
+# filelock polls a non-blocking flock; its 50 ms default would serialize busy writers badly.
+_POLL_S = 0.001
+
+
+class DirLock:
+    """An exclusive lock on one file in a directory that must already exist."""
+
+    def __init__(self, path: Path, timeout_s: float):
+        self.path = path
+        self.timeout_s = timeout_s
+        self._lock = FileLock(str(path), mode=0o600)
+
+    @contextmanager
+    def hold(self):
+        """Hold the lock; CacheTimeout after timeout_s, FileNotFoundError if the directory vanished."""
+        # filelock would recreate a deleted cache directory with default permissions; refuse instead.
+        if not self.path.parent.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "cache directory vanished", str(self.path.parent))
+        try:
+            self._lock.acquire(timeout=self.timeout_s, poll_interval=_POLL_S)
+        except Timeout:
+            raise CacheTimeout(f"could not lock {self.path} within {self.timeout_s} s") from None
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace a small bookkeeping file atomically (temp + rename; no fsync: scans repair it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
