@@ -74,8 +74,10 @@ def validate_key(key: object) -> str:
 def _check_meta_value(value: object, depth: int) -> bool:
     if depth > _MAX_META_DEPTH:
         return False
-    if value is None or isinstance(value, (str, bool, int)):
+    if value is None or isinstance(value, (str, bool)):
         return True
+    if isinstance(value, int):
+        return -2**63 <= value < 2**64  # what msgpack can carry
     if isinstance(value, float):
         return True
     if isinstance(value, (list, tuple)):

@@ -1,0 +1,73 @@
+"""CacheConfig: PT_HPU_RECIPE_CACHE_CONFIG parsing, defaults, per-rank directories."""
+
+from pathlib import Path
+
+import pytest
+
+from recipecache import CacheConfig, ConfigError, default_cache_dir
+from recipecache.config import ENV_VAR
+
+
+def test_parse_reads_all_three_fields():
+    cfg = CacheConfig.parse("/tmp/recipes,true,512")
+    assert (cfg.path, cfg.delete_on_start, cfg.max_size_mb) == (Path("/tmp/recipes"), True, 512)
+    assert cfg.limit_bytes == 512 * 1024 * 1024
+
+
+def test_parse_allows_commas_in_the_path_and_spaces():
+    cfg = CacheConfig.parse("/tmp/a,b , False , -1")
+    assert (cfg.path, cfg.delete_on_start, cfg.limit_bytes) == (Path("/tmp/a,b"), False, None)
+
+
+@pytest.mark.parametrize("value, field", [
+    ("/tmp/x", "3 comma-separated fields"),
+    ("/tmp/x,maybe,10", "delete_on_start"),
+    ("/tmp/x,true,ten", "max_size_mb"),
+    ("/tmp/x,true,-5", "max_size_mb"),
+    (",true,10", "path"),
+])
+def test_malformed_values_name_the_field_and_show_the_form(value, field):
+    with pytest.raises(ConfigError) as err:
+        CacheConfig.parse(value)
+    assert field in str(err.value)
+    assert "<path>,<delete_on_start true|false>,<max_size_mb>" in str(err.value)
+
+
+def test_unset_env_means_default_dir_no_delete_1024_mb(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = CacheConfig.from_env({})
+    assert (cfg.path, cfg.delete_on_start, cfg.max_size_mb) == (tmp_path / "hpu_backend" / "recipes", False, 1024)
+
+
+def test_default_dir_without_xdg_is_under_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / ".cache" / "hpu_backend" / "recipes"
+
+
+def test_from_env_reads_the_variable_and_keeps_overrides(tmp_path):
+    cfg = CacheConfig.from_env({ENV_VAR: f"{tmp_path},false,3"}, policy="created")
+    assert (cfg.path, cfg.max_size_mb, cfg.policy) == (tmp_path, 3, "created")
+
+
+@pytest.mark.parametrize("kwargs", [{"max_size_mb": -2}, {"policy": "fifo"}, {"memory_entries": -1},
+                                    {"max_size_mb": "10"}])
+def test_invalid_fields_are_config_errors(kwargs):
+    with pytest.raises(ConfigError):
+        CacheConfig(path="/tmp/x", **kwargs)
+
+
+def test_per_rank_uses_a_separated_subdirectory(tmp_path):
+    cfg = CacheConfig(path=tmp_path / "cache", per_rank=True)
+    assert cfg.resolved_path({"RANK": "3", "LOCAL_RANK": "1"}) == tmp_path / "cache" / "rank3"
+    assert cfg.resolved_path({"LOCAL_RANK": "1"}) == tmp_path / "cache" / "rank1"
+    assert cfg.resolved_path({}) == tmp_path / "cache"
+
+
+def test_rank_is_ignored_unless_per_rank(tmp_path):
+    assert CacheConfig(path=tmp_path).resolved_path({"RANK": "0"}) == tmp_path
+
+
+def test_non_integer_rank_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError):
+        CacheConfig(path=tmp_path, per_rank=True).resolved_path({"RANK": "../x"})
