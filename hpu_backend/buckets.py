@@ -1,0 +1,97 @@
+"""Shape bucketing policies: a symbol's run-time value → the [lo, hi] range one recipe serves.
+
+Policies (per symbol, or one for all): ``exact`` (one recipe per value), ``exp[:MIN[:MAX]]`` (powers
+of two, the default), ``lin:STEP[:MAX]`` (multiples of STEP) and ``list:B1,B2,...`` (explicit upper
+boundaries). A value above the largest bucket (``MAX`` or the last boundary) gets an exact bucket
+of its own, and a warning that this shape was not warmed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class BucketError(ValueError):
+    """A bucket policy that does not parse (raised by ``parse_policy``)."""
+
+
+FORMS = "exact | exp[:MIN[:MAX]] | lin:STEP[:MAX] | list:B1,B2,..."
+
+
+@dataclass(frozen=True)
+class Policy:
+    kind: str  # "exact" | "exp" | "lin" | "list"
+    step: int = 1  # lin: STEP; exp: MIN
+    limit: int | None = None  # largest bucket's upper end (None: unbounded)
+    bounds: tuple[int, ...] = ()
+
+    def bucket(self, v: int) -> tuple[int, int]:
+        """The [lo, hi] bucket holding ``v``."""
+        if self.kind == "exact" or (self.limit is not None and v > self.limit):
+            return (v, v)
+        if self.kind == "exp":
+            hi = max(self.step, 1 << max(v - 1, 0).bit_length())
+            return (0 if hi == self.step else hi // 2 + 1, hi)
+        if self.kind == "lin":
+            hi = max(self.step, -(-v // self.step) * self.step)
+            return (hi - self.step + 1, hi)
+        i = bisect.bisect_left(self.bounds, v)
+        return (self.bounds[i - 1] + 1 if i else 0, self.bounds[i])
+
+    def overflows(self, v: int) -> bool:
+        return self.kind != "exact" and self.limit is not None and v > self.limit
+
+    def spec(self) -> str:
+        if self.kind == "list":
+            return "list:" + ",".join(map(str, self.bounds))
+        if self.kind == "exact":
+            return "exact"
+        return f"{self.kind}:{self.step}" + (f":{self.limit}" if self.limit is not None else "")
+
+
+def parse_policy(text: str) -> Policy:
+    kind, _, rest = str(text).strip().partition(":")
+    try:
+        nums = [int(x) for x in rest.replace(":", ",").split(",") if x.strip()] if rest else []
+    except ValueError:
+        raise BucketError(f"bucket policy {text!r}: numbers expected; forms: {FORMS}") from None
+    if any(n < 1 for n in nums):
+        raise BucketError(f"bucket policy {text!r}: numbers must be ≥ 1; forms: {FORMS}")
+    if kind == "exact" and not nums:
+        return Policy("exact")
+    if kind == "exp" and len(nums) <= 2:
+        return Policy("exp", step=nums[0] if nums else 1, limit=nums[1] if len(nums) > 1 else None)
+    if kind == "lin" and len(nums) in (1, 2):
+        return Policy("lin", step=nums[0], limit=nums[1] if len(nums) > 1 else None)
+    if kind == "list" and nums:
+        bounds = tuple(sorted(set(nums)))
+        return Policy("list", bounds=bounds, limit=bounds[-1])
+    raise BucketError(f"bucket policy {text!r} does not parse; forms: {FORMS}")
+
+
+def policies_for(setting: Any, symbols: list[str]) -> list[Policy]:
+    """One policy per symbol from the ``buckets`` setting (a string, or (symbol, spec) pairs)."""
+    if isinstance(setting, str):
+        p = parse_policy(setting)
+        return [p] * len(symbols)
+    table = dict(setting)
+    unknown = set(table) - set(symbols) - {"*"}
+    if unknown:
+        log.debug("bucket policies for symbols %s that this graph does not have", sorted(unknown))
+    default = table.get("*", "exp")
+    return [parse_policy(table.get(s, default)) for s in symbols]
+
+
+def upper_points(policy: Policy, lo: int, hi: int) -> list[int]:
+    """The bucket upper ends a warm-up must visit to cover values lo..hi (each bucket once)."""
+    points, v = [], lo
+    while v <= hi:
+        b = policy.bucket(v)
+        points.append(min(b[1], hi) if policy.kind != "exact" else v)
+        v = b[1] + 1
+    return points

@@ -1,0 +1,161 @@
+"""Capture: the aten FX graph (with the facts earlier passes left in ``node.meta['hpu']``) → Recipe.
+
+Shape symbols are renamed ``s0, s1, ...`` in order of first appearance among the inputs, so the
+same graph captured in another process (or with other Dynamo symbol names) gives the same recipe.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from ... import symexpr
+from ...recipe import Constant, Node, Recipe, ValueSpec
+from ...runtime import ops
+from ..context import LoweringContext
+from ..errors import LoweringError
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    rename, sources = _symbols(placeholders)
+    cap = _Capture(gm, rename)
+    recipe = Recipe(
+        name=ctx.name, kind=ctx.kind, target=ctx.settings.target,
+        inputs=[cap.spec_one(n) for n in placeholders],
+        input_names=[n.name for n in placeholders],
+        nodes=[], outputs=[],
+        symbols=list(rename.values()), symbol_sources=sources,
+    )
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            recipe.constants[node.name] = cap.constant(node)
+        elif node.op == "call_function":
+            recipe.nodes.append(cap.node(node))
+        elif node.op == "output":
+            recipe.outputs = [cap.arg(a, node) for a in node.args[0]]
+        elif node.op != "placeholder":
+            raise LoweringError(f"unsupported FX node kind {node.op!r}", node=node)
+    recipe.guards = _guards(ctx.guards, rename)
+    return recipe
+
+
+def _symbols(placeholders) -> tuple[dict[str, str], list[list[int]]]:
+    """Rename free symbols by first appearance; record where each can be read at run time."""
+    rename: dict[str, str] = {}
+    sources: dict[str, list[int]] = {}
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        dims = [(-1, val)] if isinstance(val, torch.SymInt) else (
+            list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [])
+        for d, size in dims:
+            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
+            for sym in sorted(expr.free_symbols, key=lambda s: s.name):
+                rename.setdefault(sym.name, f"s{len(rename)}")
+            if isinstance(expr, sympy.Symbol) and expr.name not in sources:
+                sources[expr.name] = [i, d]
+    missing = [s for s in rename if s not in sources]
+    if missing:
+        raise LoweringError(f"shape symbols {missing} are not readable from any input")
+    return rename, [sources[s] for s in rename]
+
+
+def _guards(guards, rename) -> list:
+    """The guards that mention only this graph's symbols, encoded, deduplicated, in stable order."""
+    out = []
+    for g in guards:
+        names = {s.name for s in getattr(g, "free_symbols", ())}
+        if names and names <= set(rename):
+            try:
+                tree = symexpr.encode(g, rename)
+            except symexpr.SymExprError:
+                continue  # a guard we cannot encode is still enforced by Dynamo itself
+            if tree not in out:
+                out.append(tree)
+    return sorted(out, key=repr)
+
+
+class _Capture:
+    def __init__(self, gm: torch.fx.GraphModule, rename: dict[str, str]):
+        self.gm = gm
+        self.rename = rename
+
+    def dim(self, size: Any) -> Any:
+        return symexpr.encode(size, self.rename)
+
+    def spec_one(self, node: torch.fx.Node) -> ValueSpec:
+        specs = self.specs(node.meta.get("val"), node)
+        return specs[0] if len(specs) == 1 else ValueSpec(kind="other")
+
+    def specs(self, val: Any, node) -> list[ValueSpec]:
+        if isinstance(val, (tuple, list)):
+            return [s for v in val for s in self.specs(v, node)] or [ValueSpec(kind="none")]
+        if isinstance(val, torch.Tensor):
+            return [ValueSpec(
+                kind="tensor", dtype=str(val.dtype).removeprefix("torch."),
+                shape=[self.dim(s) for s in val.shape],
+                stride=[self.dim(s) for s in val.stride()] if val.layout == torch.strided else [],
+                device=val.device.type)]
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            try:
+                return [ValueSpec(kind="sym", expr=symexpr.encode(val, self.rename))]
+            except symexpr.SymExprError:
+                return [ValueSpec(kind="sym")]
+        if val is None:
+            return [ValueSpec(kind="none")]
+        if isinstance(val, (int, float, bool)):
+            return [ValueSpec(kind="scalar", expr=val)]
+        return [ValueSpec(kind="other")]
+
+    def node(self, node: torch.fx.Node) -> Node:
+        name = ops.op_name(node.target)
+        if name is None:
+            raise LoweringError(f"call target {node.target} has no recipe op name", node=node)
+        facts = node.meta.get("hpu", {})
+        return Node(
+            name=node.name, op=name,
+            args=[self.arg(a, node) for a in node.args],
+            kwargs={k: self.arg(v, node) for k, v in node.kwargs.items()},
+            out=self.specs(node.meta.get("val"), node),
+            placement=facts.get("placement", "hpu"), engine=facts.get("engine", ""),
+            cluster=facts.get("cluster", -1), fusion=facts.get("fusion", -1),
+            source=_source_line(node),
+        )
+
+    def arg(self, a: Any, node) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return {"r": a.name}
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        if isinstance(a, (list, tuple)):
+            return [self.arg(x, node) for x in a]
+        if isinstance(a, torch.dtype):
+            return {"dtype": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.device):
+            return {"device": str(a)}
+        if isinstance(a, torch.layout):
+            return {"layout": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.memory_format):
+            return {"memory_format": str(a).removeprefix("torch.")}
+        if isinstance(a, complex):
+            return {"complex": [a.real, a.imag]}
+        raise LoweringError(f"unsupported argument {a!r:.60} of type {type(a).__name__}", node=node)
+
+    def constant(self, node: torch.fx.Node) -> Constant:
+        value = getattr(self.gm, node.target, None)
+        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            raise LoweringError(f"get_attr {node.target!r} is not a dense tensor constant", node=node)
+        t = value.detach().contiguous().cpu()
+        data = bytes(t.untyped_storage())[t.storage_offset() * t.element_size():][: t.numel() * t.element_size()]
+        return Constant(dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape), data=data)
+
+
+def _source_line(node: torch.fx.Node) -> str:
+    found = _FILE_LINE.findall(node.meta.get("stack_trace") or "")
+    return f"{found[-1][0]}:{found[-1][1]}" if found else ""

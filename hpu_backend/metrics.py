@@ -1,0 +1,144 @@
+"""Metrics with the Gaudi bridge's API (``habana_frameworks.torch.hpu.metrics``).
+
+``metric_global(name).stats()`` gives ``[(tag, value), ...]`` since process start;
+``with metric_localcontext(name) as m: ...`` gives the same for a region. Names and tags:
+``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons),
+``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss) and ``cpu_fallback`` (TotalNumber,
+FallbackOps). ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import datetime
+import json
+import os
+import threading
+from collections import Counter
+from typing import Any
+
+_lock = threading.Lock()
+
+# name -> tag -> value (a number, or a Counter for per-item tables)
+_COUNTERS: dict[str, dict[str, Any]] = {
+    "graph_compilation": {"TotalNumber": 0, "TotalTime": 0, "Reasons": Counter()},
+    "recipe_cache": {"TotalHit": 0, "TotalMiss": 0, "RecipeHit": Counter(), "RecipeMiss": Counter()},
+    "cpu_fallback": {"TotalNumber": 0, "FallbackOps": Counter()},
+}
+
+
+class MetricError(KeyError):
+    """An unknown metric name (raised by ``metric_global`` / ``metric_localcontext``)."""
+
+
+def record_compilation(seconds: float, reason: str) -> None:
+    with _lock:
+        m = _COUNTERS["graph_compilation"]
+        m["TotalNumber"] += 1
+        m["TotalTime"] += int(seconds * 1e6)
+        m["Reasons"][reason] += 1
+
+
+def record_cache(recipe: str, hit: bool) -> None:
+    with _lock:
+        m = _COUNTERS["recipe_cache"]
+        m["TotalHit" if hit else "TotalMiss"] += 1
+        m["RecipeHit" if hit else "RecipeMiss"][recipe] += 1
+
+
+def record_fallback(op: str, count: int = 1) -> None:
+    with _lock:
+        m = _COUNTERS["cpu_fallback"]
+        m["TotalNumber"] += count
+        m["FallbackOps"][op] += count
+
+
+def _stats(name: str, values: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = [(tag, dict(v) if isinstance(v, Counter) else v) for tag, v in values.items()]
+    if name == "graph_compilation":
+        n = values["TotalNumber"]
+        out.insert(2, ("AvgTime", values["TotalTime"] / n if n else 0.0))
+    return out
+
+
+def _snapshot(name: str) -> dict[str, Any]:
+    if name not in _COUNTERS:
+        raise MetricError(f"unknown metric {name!r}; known: {', '.join(_COUNTERS)}")
+    with _lock:
+        return copy.deepcopy(_COUNTERS[name])
+
+
+class _Global:
+    def __init__(self, name: str):
+        _snapshot(name)
+        self.name = name
+
+    def stats(self) -> list[tuple[str, Any]]:
+        return _stats(self.name, _snapshot(self.name))
+
+
+class _Local:
+    """Counts only what happens between ``__enter__`` and ``__exit__`` (or now, if still open)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._start = _snapshot(name)
+        self._end: dict[str, Any] | None = None
+
+    def __enter__(self) -> "_Local":
+        self._start = _snapshot(self.name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._end = _snapshot(self.name)
+
+    def stats(self) -> list[tuple[str, Any]]:
+        end = self._end if self._end is not None else _snapshot(self.name)
+        delta = {k: (+(v - self._start[k]) if isinstance(v, Counter) else v - self._start[k])
+                 for k, v in end.items()}
+        return _stats(self.name, delta)
+
+
+def metric_global(name: str) -> _Global:
+    return _Global(name)
+
+
+def metric_localcontext(name: str) -> _Local:
+    return _Local(name)
+
+
+def metrics_file_path(base: str, env: dict | os._Environ = os.environ) -> str:
+    """``base`` with ``-rank{N}`` under RANK, and a numeric suffix instead of overwriting a file."""
+    root, ext = os.path.splitext(base)
+    if env.get("RANK") is not None:
+        root = f"{root}-rank{env['RANK']}"
+    path, n = root + ext, 1
+    while os.path.exists(path):
+        path, n = f"{root}.{n}{ext}", n + 1
+    return path
+
+
+def dump(path: str, triggered_by: str = "process_exit") -> str:
+    """Write all metrics as the bridge's JSON array; returns the path written."""
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    doc = [{"metric_name": name, "triggered_by": triggered_by, "generated_on": now,
+            "statistics": dict(metric_global(name).stats())} for name in _COUNTERS]
+    path = metrics_file_path(path)
+    with open(path, "x") as f:
+        json.dump(doc, f, indent=2)
+    return path
+
+
+def _dump_at_exit() -> None:
+    base = os.environ.get("PT_HPU_METRICS_FILE")
+    if base:
+        try:
+            dump(base)
+        except OSError as e:
+            import logging
+
+            logging.getLogger(__name__).warning("could not write PT_HPU_METRICS_FILE %s: %s", base, e)
+
+
+atexit.register(_dump_at_exit)

@@ -1,0 +1,196 @@
+"""The Recipe: what lowering produces and the runtime executes — plain data, msgpack on disk.
+
+A recipe holds no code and no pickled objects. Ops are names (``aten::add.Tensor``) that the
+runtime resolves through its allowlist; arguments are tagged plain values (``{"r": name}`` for a
+reference to another value, ``{"dtype": "float32"}`` ...); sizes that depend on shape symbols are
+``symexpr`` trees. ``Recipe.from_bytes`` checks the whole structure against the dataclass
+annotations below before anything else looks at it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import msgpack
+
+from . import symexpr
+
+FORMAT_VERSION = 1
+
+KINDS = ("forward", "backward", "inference")
+
+
+class RecipeFormatError(ValueError):
+    """Bytes that are not a recipe of this format version (raised by ``Recipe.from_bytes``)."""
+
+
+@dataclass
+class ValueSpec:
+    """Metadata of one value: a tensor (dtype, shape, stride), a SymInt, or a plain scalar."""
+
+    kind: str  # "tensor" | "sym" | "scalar" | "none" | "other"
+    dtype: str = ""
+    shape: list[Any] = field(default_factory=list)  # symexpr trees
+    stride: list[Any] = field(default_factory=list)
+    expr: Any = None  # for kind == "sym": the symexpr tree of its value
+    # Set by lowering passes (placement / memory planning):
+    device: str = ""
+
+
+@dataclass
+class Node:
+    """One op of the schedule, in execution order."""
+
+    name: str
+    op: str  # "aten::add.Tensor", "operator::getitem", ...
+    args: list[Any]
+    kwargs: dict[str, Any]
+    out: list[ValueSpec]  # one spec per output (a single-output op has one)
+    placement: str = "hpu"  # "hpu" | "cpu"
+    engine: str = ""  # "mme" | "tpc" | "dma" | "host" | ""
+    cluster: int = -1
+    fusion: int = -1
+    source: str = ""  # the user's source line, for diagnostics
+
+
+@dataclass
+class Constant:
+    """A tensor constant lifted from the graph (small; weights are inputs, never constants)."""
+
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+@dataclass
+class Recipe:
+    """One lowered graph for one shape bucket."""
+
+    name: str  # e.g. "fx_graph_0003_fw"
+    kind: str  # one of KINDS
+    target: str  # "gaudi2" | "gaudi3"
+    inputs: list[ValueSpec]
+    input_names: list[str]
+    nodes: list[Node]
+    outputs: list[Any]  # tagged args: {"r": name} or constants
+    symbols: list[str] = field(default_factory=list)  # normalized: s0, s1, ...
+    # For each symbol, where its value is read at run time: [input index, dim] (dim -1: a SymInt input)
+    symbol_sources: list[list[int]] = field(default_factory=list)
+    guards: list[Any] = field(default_factory=list)  # symexpr trees that must hold
+    bucket: dict[str, list[int]] = field(default_factory=dict)  # symbol -> [lo, hi]
+    constants: dict[str, Constant] = field(default_factory=dict)
+    # Facts from lowering passes: placement, clusters, fusions, memory plan, cost. Plain maps.
+    facts: dict[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Recipe":
+        try:
+            raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        except Exception as e:  # msgpack raises many types for bad input
+            raise RecipeFormatError(f"not a msgpack document: {e}") from None
+        if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
+            got = raw.get("version") if isinstance(raw, dict) else type(raw).__name__
+            raise RecipeFormatError(f"recipe format version {got!r}, expected {FORMAT_VERSION}")
+        recipe = _build(cls, raw, "recipe")
+        _check_semantics(recipe)
+        return recipe
+
+    def node_map(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+
+def _build(tp: Any, value: Any, where: str) -> Any:
+    """Check ``value`` against annotation ``tp`` and construct dataclasses; RecipeFormatError if off."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise RecipeFormatError(f"{where}: expected a map, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        unknown = set(value) - names
+        if unknown:
+            raise RecipeFormatError(f"{where}: unknown fields {sorted(unknown)}")
+        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in value.items()}
+        try:
+            return tp(**kwargs)
+        except TypeError as e:
+            raise RecipeFormatError(f"{where}: {e}") from None
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _build(option, value, where)
+            except RecipeFormatError:
+                continue
+        raise RecipeFormatError(f"{where}: {value!r:.60} does not match {tp}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise RecipeFormatError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_build(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RecipeFormatError(f"{where}: expected a map, got {type(value).__name__}")
+        _, item = typing.get_args(tp)
+        return {k: _build(item, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is type(None):
+        if value is not None:
+            raise RecipeFormatError(f"{where}: expected nil")
+        return value
+    if tp is float and isinstance(value, float):
+        return value
+    if tp in (int, str, bytes, bool) and type(value) is tp:
+        return value
+    raise RecipeFormatError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(value).__name__}")
+
+
+def _check_semantics(recipe: Recipe) -> None:
+    """Cross-field checks: kinds, references resolve, trees are well-formed."""
+    if recipe.kind not in KINDS:
+        raise RecipeFormatError(f"recipe.kind {recipe.kind!r} is not one of {KINDS}")
+    if len(recipe.inputs) != len(recipe.input_names):
+        raise RecipeFormatError("recipe.inputs and recipe.input_names differ in length")
+    if len(recipe.symbol_sources) != len(recipe.symbols):
+        raise RecipeFormatError("recipe.symbols and recipe.symbol_sources differ in length")
+    known = set(recipe.input_names) | set(recipe.constants)
+    for node in recipe.nodes:
+        for ref in iter_refs([node.args, list(node.kwargs.values())]):
+            if ref not in known:
+                raise RecipeFormatError(f"node {node.name} uses {ref!r} before it is defined")
+        if node.name in known:
+            raise RecipeFormatError(f"value name {node.name!r} defined twice")
+        known.add(node.name)
+    for ref in iter_refs(recipe.outputs):
+        if ref not in known:
+            raise RecipeFormatError(f"output refers to unknown value {ref!r}")
+    try:
+        for tree in recipe.guards:
+            symexpr.validate(tree)
+        for spec in recipe.inputs:
+            for tree in spec.shape + spec.stride:
+                symexpr.validate(tree)
+    except symexpr.SymExprError as e:
+        raise RecipeFormatError(str(e)) from None
+
+
+def iter_refs(arg: Any):
+    """Yield the value names an encoded argument refers to."""
+    if isinstance(arg, dict):
+        if "r" in arg and len(arg) == 1:
+            yield arg["r"]
+        else:
+            for v in arg.values():
+                yield from iter_refs(v)
+    elif isinstance(arg, list):
+        for v in arg:
+            yield from iter_refs(v)
+

@@ -1,0 +1,102 @@
+"""Backend settings: one frozen dataclass, filled from defaults, the environment and ``options=``.
+
+Precedence: ``torch.compile(..., options={...})`` over environment variables over defaults.
+Every field marked ``key=True`` changes the recipe and is part of the recipe key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+TARGETS = ("gaudi2", "gaudi3")
+
+
+class SettingsError(ValueError):
+    """An unknown option or a value of the wrong form (raised by ``Settings.from_options``)."""
+
+
+def _key(default: Any, env: str, doc: str, key: bool = True):
+    return field(default=default, metadata={"env": env, "doc": doc, "key": key})
+
+
+@dataclass(frozen=True)
+class Settings:
+    strict: bool = _key(
+        False, "HPU_BACKEND_STRICT",
+        "raise on a lowering failure or CPU fallback instead of running that graph eagerly "
+        "(also PT_HPU_USE_EAGER_FALLBACK=0)", key=False)
+    target: str = _key("gaudi2", "HPU_BACKEND_TARGET", "device for the plan and estimate: gaudi2 | gaudi3")
+    buckets: Any = _key(
+        "exp", "HPU_BACKEND_BUCKETS",
+        "shape bucketing: exact | exp[:MIN[:MAX]] | lin:STEP[:MAX] | list:B1,B2,...; "
+        "or a map from symbol (s0, s1, ...) to one of those, '*' for the rest")
+    fusion: bool = _key(True, "HPU_BACKEND_FUSION", "fuse TPC chains and attention (FusedSDPA)")
+    place_on_cpu: frozenset = _key(
+        frozenset(), "PT_HPU_PLACE_ON_CPU", "aten op names to run on the CPU (comma list)")
+    cache: bool = _key(True, "HPU_BACKEND_CACHE", "use the recipe disk cache", key=False)
+    cache_config: str = _key(
+        "", "PT_HPU_RECIPE_CACHE_CONFIG", "disk cache: <path>,<delete_on_start>,<max_size_mb>", key=False)
+    model: str = _key("", "HPU_BACKEND_MODEL", "label stored with cache entries", key=False)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None,
+                     env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        values = {f.name: _parse(f, env[f.metadata["env"]], "environment variable " + f.metadata["env"])
+                  for f in dataclasses.fields(cls) if f.metadata["env"] in env}
+        if env.get("PT_HPU_USE_EAGER_FALLBACK", "").strip() in ("0", "false", "False"):
+            values["strict"] = True
+        options = dict(options or {})
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise SettingsError(
+                f"unknown hpu_backend option(s) {unknown}; valid options: {', '.join(cls.names())}")
+        for f in dataclasses.fields(cls):
+            if f.name in options:
+                values[f.name] = _parse(f, options[f.name], f"option {f.name!r}")
+        settings = cls(**values)
+        if settings.target not in TARGETS:
+            raise SettingsError(f"option 'target' must be one of {TARGETS}, got {settings.target!r}")
+        return settings
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def key_fields(self) -> dict[str, Any]:
+        """The settings that change a recipe, in a canonical plain form for the recipe key."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.metadata["key"]:
+                v = getattr(self, f.name)
+                out[f.name] = sorted(v) if isinstance(v, frozenset) else v
+        return out
+
+
+def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
+    kind = type(f.default)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise SettingsError(f"{where} must be a boolean (true/false/1/0), got {value!r}")
+    if kind is frozenset:
+        items = value.split(",") if isinstance(value, str) else value
+        try:
+            return frozenset(str(x).strip() for x in items if str(x).strip())
+        except TypeError:
+            raise SettingsError(f"{where} must be a comma list or a list of op names, got {value!r}") from None
+    if f.name == "buckets":
+        if isinstance(value, Mapping):
+            return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+        return str(value)
+    if not isinstance(value, str):
+        raise SettingsError(f"{where} must be a string, got {value!r}")
+    return value

@@ -1,0 +1,161 @@
+"""Symbolic integer expressions as plain data: sympy in, nested lists out, evaluated without eval().
+
+A recipe stores shapes and guards that depend on the graph's size symbols (``s0``, ``s1``...).
+They are kept as small trees — an int, a symbol name, or ``[op, *operands]`` with ``op`` from a
+fixed table — so a recipe read from disk can be evaluated on plain integers by the interpreter
+below, and never by ``eval`` or ``sympy.sympify`` of stored text.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from typing import Any, Mapping, Union
+
+Tree = Union[int, float, bool, str, list]
+
+_SYMBOL = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+class SymExprError(ValueError):
+    """An expression that cannot be encoded, or a stored tree that is not well-formed."""
+
+
+def _floordiv(a, b):
+    return a // b
+
+
+def _ceildiv(a, b):
+    return -(-a // b)
+
+
+def _and(*xs):
+    return all(xs)
+
+
+def _or(*xs):
+    return any(xs)
+
+
+def _sum(*xs):
+    return sum(xs)
+
+
+def _prod(*xs):
+    return math.prod(xs)
+
+
+# op name -> (python function, infix symbol for display or None)
+OPS: dict[str, tuple[Any, str | None]] = {
+    "add": (_sum, "+"),
+    "mul": (_prod, "*"),
+    "pow": (operator.pow, "**"),
+    "floordiv": (_floordiv, "//"),
+    "ceildiv": (_ceildiv, None),
+    "truediv": (operator.truediv, "/"),
+    "mod": (operator.mod, "%"),
+    "max": (max, None),
+    "min": (min, None),
+    "eq": (operator.eq, "=="),
+    "ne": (operator.ne, "!="),
+    "lt": (operator.lt, "<"),
+    "le": (operator.le, "<="),
+    "gt": (operator.gt, ">"),
+    "ge": (operator.ge, ">="),
+    "and": (_and, " and "),
+    "or": (_or, " or "),
+    "not": (operator.not_, None),
+}
+
+
+def _sympy_table():
+    import sympy
+    from torch.utils._sympy import functions as F
+
+    return [
+        (sympy.Add, "add"), (sympy.Mul, "mul"), (sympy.Pow, "pow"), (F.PowByNatural, "pow"),
+        (F.FloorDiv, "floordiv"), (F.CeilDiv, "ceildiv"), (F.CleanDiv, "floordiv"),
+        (F.IntTrueDiv, "truediv"), (F.Mod, "mod"), (F.PythonMod, "mod"),
+        (F.Max, "max"), (F.Min, "min"), (sympy.Max, "max"), (sympy.Min, "min"),
+        (sympy.Eq, "eq"), (sympy.Ne, "ne"), (sympy.StrictLessThan, "lt"),
+        (sympy.LessThan, "le"), (sympy.StrictGreaterThan, "gt"), (sympy.GreaterThan, "ge"),
+        (sympy.And, "and"), (sympy.Or, "or"), (sympy.Not, "not"),
+    ]
+
+
+def encode(expr: Any, rename: Mapping[str, str] | None = None) -> Tree:
+    """Encode a sympy expression (or int / SymInt) as a tree; ``rename`` maps symbol names."""
+    import sympy
+
+    if isinstance(expr, bool):
+        return expr
+    if isinstance(expr, int):
+        return expr
+    if hasattr(expr, "node") and hasattr(expr.node, "expr"):  # SymInt / SymBool
+        expr = expr.node.expr
+    if expr is sympy.true or expr is sympy.false:
+        return bool(expr)
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    if isinstance(expr, sympy.Rational):
+        return ["truediv", int(expr.p), int(expr.q)]
+    if isinstance(expr, sympy.Float):
+        return float(expr)
+    if isinstance(expr, sympy.Symbol):
+        name = rename.get(expr.name, expr.name) if rename else expr.name
+        return name
+    for cls, op in _sympy_table():
+        if isinstance(expr, cls):
+            return [op, *(encode(a, rename) for a in expr.args)]
+    raise SymExprError(f"unsupported symbolic expression {expr!r} ({type(expr).__name__})")
+
+
+def symbols(tree: Tree) -> set[str]:
+    """The symbol names a tree mentions."""
+    if isinstance(tree, str):
+        return {tree}
+    if isinstance(tree, list):
+        return set().union(*(symbols(a) for a in tree[1:])) if len(tree) > 1 else set()
+    return set()
+
+
+def evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
+    """Evaluate a tree on plain integers; a malformed tree is a SymExprError, never code."""
+    if isinstance(tree, (bool, int, float)):
+        return tree
+    if isinstance(tree, str):
+        try:
+            return env[tree]
+        except KeyError:
+            raise SymExprError(f"unbound symbol {tree!r}") from None
+    if isinstance(tree, list) and tree and isinstance(tree[0], str) and tree[0] in OPS:
+        fn = OPS[tree[0]][0]
+        return fn(*(evaluate(a, env) for a in tree[1:]))
+    raise SymExprError(f"malformed expression tree {tree!r}")
+
+
+def validate(tree: Any) -> None:
+    """Check that stored data is a well-formed tree (used by the recipe schema check)."""
+    if isinstance(tree, (bool, int, float)):
+        return
+    if isinstance(tree, str):
+        if not _SYMBOL.match(tree):
+            raise SymExprError(f"bad symbol name {tree!r}")
+        return
+    if isinstance(tree, list) and tree and tree[0] in OPS:
+        for a in tree[1:]:
+            validate(a)
+        return
+    raise SymExprError(f"malformed expression tree {tree!r}")
+
+
+def to_str(tree: Tree) -> str:
+    """Human-readable form, for reports and `hpurecipe show`."""
+    if not isinstance(tree, list):
+        return str(tree)
+    op, args = tree[0], [to_str(a) for a in tree[1:]]
+    infix = OPS[op][1]
+    if infix and len(args) >= 2:
+        return "(" + infix.join(args) + ")" if len(args) > 1 else args[0]
+    return f"{op}({', '.join(args)})"
