@@ -312,7 +312,7 @@ class RecipeCache:
             if (st.st_dev, st.st_ino, st.st_size) != ident:
                 return  # replaced by a fresh entry since we read the bad one
             if self._disk.quarantine(path) if quarantine else discard(path):
-                self._adjust_locked(-st.st_size, -1)
+                self._reconcile_locked()  # rare, and a damaged file's size says nothing about what was counted
 
     def _adjust_locked(self, size: int, entries: int) -> None:
         ledger = self._ledger.read()
