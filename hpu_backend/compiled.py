@@ -9,6 +9,7 @@ code is symbolic, so it serves every bucket.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Callable
@@ -24,6 +25,20 @@ from .runtime import RecipeLoadError, build_callable
 from .store import RecipeStore, store_for
 
 log = logging.getLogger(__name__)
+
+
+_collectors: list[list] = []
+
+
+@contextlib.contextmanager
+def collect_recipes():
+    """Collect ``(compiled_graph, recipe, hit)`` for every recipe a graph takes up in this block."""
+    found: list = []
+    _collectors.append(found)
+    try:
+        yield found
+    finally:
+        _collectors.remove(found)
 
 
 class GuardViolation(RuntimeError):
@@ -110,15 +125,19 @@ class CompiledGraph:
             return recipe
         named = {s: list(b) for s, b in zip(self.captured.symbols, bucket)}
         key = parts = detail = None
+        hit = False
         if self.gkey is not None:
             key, parts, detail = self.gkey.for_bucket(named)
             recipe = self.store.get(key)
-            metrics.record_cache(self.ctx.name, hit=recipe is not None)
+            hit = recipe is not None
+            metrics.record_cache(self.ctx.name, hit=hit)
         if recipe is None:
             recipe = self.compile_bucket(named, reason=self.first_reason if not self.recipes else "new bucket")
             if key is not None:
                 self.store.put(key, recipe, parts, detail, self.ctx.settings)
         self.recipes[bucket] = recipe
+        for found in _collectors:
+            found.append((self, recipe, hit))
         if key is not None:
             self.keys[bucket] = key
         return recipe
