@@ -223,9 +223,7 @@ class RecipeCache:
         tmp = self._disk.write_temp(entry.key, data, entry.created)
         try:
             with self._lock.hold():
-                published = self._disk.publish(tmp, entry.key)
-                if published:
-                    self._account_locked(len(data))
+                published = self._publish_locked(tmp, entry.key, len(data))
         finally:
             discard(tmp)
         if published:
@@ -250,18 +248,23 @@ class RecipeCache:
 
     # -- size accounting and eviction (all *_locked methods run under eviction.lock) ---------------------
 
-    def _account_locked(self, added: int) -> None:
+    def _publish_locked(self, tmp, key: str, size: int) -> bool:
+        """Count the entry, then publish it, then trim if over the limit.
+
+        Counting first means a writer killed in between leaves the ledger over, never under, the real total, so
+        the real total never exceeds a ledger that says we are within the limit."""
         ledger = self._ledger.read()
         if ledger is None or self._clock() - ledger.reconciled > RECONCILE_INTERVAL_S:
-            self._reconcile_locked()  # the scan already sees the new file
-            return
-        ledger = ledger.add(added)
-        if self._limit is not None and ledger.total > self._limit:
+            ledger = self._reconcile_locked()
+        self._ledger.write(ledger.add(size))
+        if not self._disk.publish(tmp, key):
+            self._ledger.write(ledger)  # another process published it first
+            return False
+        if self._limit is not None and ledger.total + size > self._limit:
             self._reconcile_locked()
-        else:
-            self._ledger.write(ledger)
+        return True
 
-    def _reconcile_locked(self) -> None:
+    def _reconcile_locked(self) -> Ledger:
         """Recount the directory, trim it to TRIM_RATIO of the limit if it is over, and record the result."""
         infos = self._infos(self._disk.scan(), headers=self.config.policy == "created")
         total = sum(i.size for i, _ in infos)
@@ -269,7 +272,9 @@ class RecipeCache:
         if self._limit is not None and total > self._limit:
             removed = plan_trim([i for i, _ in infos], self.config.policy, int(self._limit * TRIM_RATIO))
             total = self._remove_locked(removed, total, "limit")
-        self._ledger.write(Ledger(total, len(infos) - len(removed), self._clock()))
+        ledger = Ledger(total, len(infos) - len(removed), self._clock())
+        self._ledger.write(ledger)
+        return ledger
 
     def _remove_locked(self, victims: list[EntryInfo], total: int, reason: str) -> int:
         """Remove victims, logging each before its file goes; returns the total left."""
