@@ -16,7 +16,7 @@ from .config import CacheConfig
 from .disk import DiskStore, FileItem, discard
 from .entry import Entry, EntryInfo, decode_entry, encode_entry, validate_key, validate_meta
 from .errors import CacheError, CacheTimeout, CorruptEntry, VersionMismatch
-from .eviction import TRIM_RATIO, EvictionLog, log_removal, plan_trim, select
+from .eviction import TRIM_RATIO, Candidate, EvictionLog, log_removal, plan_trim, select
 from .ledger import Ledger, LedgerFile
 from .locks import DirLock
 from .memory import MemoryTier
@@ -255,6 +255,7 @@ class RecipeCache:
         the real total never exceeds a ledger that says we are within the limit."""
         ledger = self._ledger.read()
         if ledger is None or self._clock() - ledger.reconciled > RECONCILE_INTERVAL_S:
+            self._disk.sweep_temps()  # long-running processes sweep killed writers' leftovers here too
             ledger = self._reconcile_locked()
         self._ledger.write(ledger.add(size))
         if not self._disk.publish(tmp, key):
@@ -266,17 +267,23 @@ class RecipeCache:
 
     def _reconcile_locked(self) -> Ledger:
         """Recount the directory, trim it to TRIM_RATIO of the limit if it is over, and record the result."""
-        infos = self._infos(self._disk.scan(), headers=self.config.policy == "created")
-        total = sum(i.size for i, _ in infos)
+        items = self._disk.scan()
+        total = sum(item.size for item in items)
         removed = []
         if self._limit is not None and total > self._limit:
-            removed = plan_trim([i for i, _ in infos], self.config.policy, int(self._limit * TRIM_RATIO))
+            removed = plan_trim(self._candidates(items), self.config.policy, int(self._limit * TRIM_RATIO))
             total = self._remove_locked(removed, total, "limit")
-        ledger = Ledger(total, len(infos) - len(removed), self._clock())
+        ledger = Ledger(total, len(items) - len(removed), self._clock())
         self._ledger.write(ledger)
         return ledger
 
-    def _remove_locked(self, victims: list[EntryInfo], total: int, reason: str) -> int:
+    def _candidates(self, items: list[FileItem]) -> list[Candidate]:
+        if self.config.policy == "created":  # creation time lives in the header
+            return [Candidate(info.key, info.size, info.created, info.last_used)
+                    for info, _ in self._infos(items, headers=True)]
+        return [Candidate(item.key, item.size, item.mtime, item.mtime) for item in items]
+
+    def _remove_locked(self, victims: list, total: int, reason: str) -> int:
         """Remove victims, logging each before its file goes; returns the total left."""
         for victim in victims:
             self._evictions.append(victim.key, victim.size, reason)
@@ -373,10 +380,11 @@ class RecipeCache:
             return in_memory
         with self._admin():
             path = self._disk.entry_path(key)
-            size = path.stat().st_size if path.exists() else 0
-            self._evictions.append(key, size, "remove")
-            on_disk = discard(path)
+            on_disk = path.exists()
             if on_disk:
+                size = path.stat().st_size
+                self._evictions.append(key, size, "remove")
+                on_disk = discard(path)
                 self._adjust_locked(-size, -1)
         return in_memory or on_disk
 
@@ -414,7 +422,8 @@ class RecipeCache:
 
     def _check(self, item: FileItem) -> str | None:
         try:
-            entry = decode_entry(item.path.read_bytes())
+            with open(item.path, "rb") as f:
+                entry = decode_entry(f.read())
         except FileNotFoundError:
             return None  # evicted while we looked
         except CorruptEntry as exc:

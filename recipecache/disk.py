@@ -9,11 +9,13 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .entry import KEY_RE, PREFIX_SIZE, Header, decode_header, decode_prefix
 from .errors import CacheError, CorruptEntry
 
 ENTRY_SUFFIX = ".rcp"
+_SUFFIX_LEN = len(ENTRY_SUFFIX)
 # Temp files start with a dot: listings skip dot files and readers only open exact entry names.
 TEMP_PREFIX = "."
 TEMP_SUFFIX = ".tmp"
@@ -29,12 +31,11 @@ def _write_file(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-@dataclass(frozen=True)
-class FileItem:
-    """One entry file found by a scan."""
+class FileItem(NamedTuple):
+    """One entry file found by a scan (a tuple: scans build thousands of these)."""
 
     key: str
-    path: Path
+    path: str  # a str, not a Path: building 10k Path objects would dominate a scan
     size: int
     mtime: float
 
@@ -98,7 +99,7 @@ class DiskStore:
             os.close(fd)
         return ReadResult(b"".join(chunks), (st.st_dev, st.st_ino, st.st_size), st.st_mtime)
 
-    def read_header(self, path: Path) -> Header:
+    def read_header(self, path) -> Header:
         """Decode only the header of an entry file (CorruptEntry if it is unusable or sized wrong)."""
         with open(path, "rb") as f:
             data = f.read(_HEADER_PEEK)
@@ -160,9 +161,12 @@ class DiskStore:
         items = []
         for shard in _subdirs(self.entries_dir):
             for de in _listdir(shard):
-                st = _stat(de) if _kind(shard.name, de.name) == "entry" else None
-                if st is not None:
-                    items.append(FileItem(de.name[:-len(ENTRY_SUFFIX)], Path(de.path), st.st_size, st.st_mtime))
+                if _kind(shard.name, de.name) == "entry":
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed by another process between listing and stat
+                    items.append(FileItem(de.name[:-_SUFFIX_LEN], de.path, st.st_size, st.st_mtime))
         return items
 
     def foreign_files(self) -> list[Path]:
@@ -182,9 +186,9 @@ class DiskStore:
                     removed += discard(Path(de.path))
         return removed
 
-    def quarantine(self, path: Path) -> bool:
+    def quarantine(self, path) -> bool:
         """Move a bad file out of the entries tree (keeping the newest few for inspection)."""
-        target = self.quarantine_dir / f"{path.name}.{time.time_ns()}"
+        target = self.quarantine_dir / f"{os.path.basename(path)}.{time.time_ns()}"
         try:
             os.replace(path, target)
         except FileNotFoundError:
@@ -214,11 +218,12 @@ def _kind(shard: str, name: str) -> str:
     """'entry', 'temp' or 'foreign' for a file name inside a shard directory."""
     if name.startswith(TEMP_PREFIX):
         return "temp" if name.endswith(TEMP_SUFFIX) else "foreign"
-    key = name[:-len(ENTRY_SUFFIX)] if name.endswith(ENTRY_SUFFIX) else ""
-    return "entry" if key[:2] == shard and KEY_RE.fullmatch(key) else "foreign"
+    if name.endswith(ENTRY_SUFFIX) and name.startswith(shard) and KEY_RE.fullmatch(name, 0, len(name) - _SUFFIX_LEN):
+        return "entry"
+    return "foreign"
 
 
-def discard(path: Path) -> bool:
+def discard(path) -> bool:
     """Unlink path; False if it was already gone."""
     try:
         os.unlink(path)

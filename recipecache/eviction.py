@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from .entry import EntryInfo
 
@@ -14,6 +15,15 @@ logger = logging.getLogger("recipecache")
 # Cleanup trims below the limit so that it does not run again on the very next store.
 TRIM_RATIO = 0.99
 _LOG_ROTATE_BYTES = 8 * 1024 * 1024
+
+
+class Candidate(NamedTuple):
+    """What automatic trimming needs of an entry (a tuple: a trim looks at every entry)."""
+
+    key: str
+    size: int
+    created: float
+    last_used: float
 
 
 def policy_order(items: list[EntryInfo], policy: str) -> list[EntryInfo]:
