@@ -162,8 +162,7 @@ def build_callable(recipe: Recipe) -> Callable[[list], list]:
     """Compile a recipe into ``run(args: list) -> list`` (boxed: it clears ``args``)."""
     gen = _Codegen(recipe)
     source = gen.render()
-    namespace: dict[str, Any] = {"__builtins__": {}}
-    namespace.update(gen.bound)
+    namespace: dict[str, Any] = dict(gen.bound)
     code = compile(source, f"<recipe {recipe.name}>", "exec")
     exec(code, namespace)  # source generated above from checked structure, not stored text
     run = namespace["run"]

@@ -1,8 +1,9 @@
 """The runtime's op allowlist: the only way an op name in a recipe becomes a callable.
 
 A name resolves when it is a registered ATen or prims schema (checked against the dispatcher's
-own schema list before any attribute lookup) and the op is core ATen, pointwise, a prim, or in
-``EXTRA_ATEN``; symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table. Anything else
+own schema list before any attribute lookup), the op is functional (it mutates nothing, except
+the input writes in ``MUTATING_ALLOWED``) and it is not in ``DENY_ATEN`` (ops that touch files or
+process state); symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table. Anything else
 is an ``OpNotAllowed`` error at recipe load time.
 """
 
@@ -22,24 +23,8 @@ class OpNotAllowed(KeyError):
         return f"op {self.args[0]!r} is not in the hpu_backend runtime allowlist"
 
 
-# Non-core ATen ops that the HPU op set keeps whole (see hpu_backend/decompositions.py) or that
-# functional graphs use. Names are packet names; every overload of them is allowed.
-EXTRA_ATEN = frozenset({
-    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "copy_", "_unsafe_view",
-    "t", "view", "alias", "lift_fresh_copy", "detach", "_to_copy", "clone", "expand", "slice",
-    "silu", "silu_backward", "gelu_backward", "_softmax_backward_data", "_log_softmax_backward_data",
-    "native_layer_norm_backward", "native_batch_norm_backward", "_native_batch_norm_legit",
-    "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
-    "nll_loss_forward", "nll_loss_backward", "native_dropout", "native_dropout_backward",
-    "embedding_dense_backward", "baddbmm", "mm", "bmm", "addmm", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention_for_cpu_backward", "convolution_backward", "max_pool2d_with_indices",
-    "max_pool2d_with_indices_backward", "avg_pool2d_backward", "threshold_backward", "rand", "randn",
-    "bernoulli", "rand_like", "randn_like", "randint", "randint_like", "scalar_tensor", "linalg_vector_norm",
-    "_local_scalar_dense", "zeros", "ones", "zeros_like", "ones_like", "empty_like", "new_zeros", "new_ones",
-    "new_empty", "new_full", "copy", "masked_fill", "index_put", "_unsafe_index", "_unsafe_index_put",
-    "unbind", "split_with_sizes", "split", "chunk", "tensor_split", "reshape", "unsqueeze", "squeeze",
-    "flatten", "unflatten", "diagonal", "narrow", "movedim", "to", "contiguous", "empty_strided",
-})
+# In-place ops that functional graphs still contain (input mutations kept in the graph).
+MUTATING_ALLOWED = frozenset({"copy_"})
 
 # Ops that read or write files or process state: never allowed, whatever their tags say.
 DENY_ATEN = frozenset({"from_file", "_debug_has_internal_overlap", "set_", "_set_grad_enabled"})
@@ -96,9 +81,6 @@ def resolve(name: str):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)
     op = getattr(packet, overload)
-    tags = op.tags
-    if namespace == "aten" and not (
-        packet_name in EXTRA_ATEN or torch.Tag.core in tags or torch.Tag.pointwise in tags
-    ):
+    if op._schema.is_mutable and packet_name not in MUTATING_ALLOWED:
         raise OpNotAllowed(name)
     return op

@@ -12,6 +12,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ... import symexpr
 from ...recipe import Constant, Node, Recipe, ValueSpec
@@ -151,8 +152,10 @@ class _Capture:
         value = getattr(self.gm, node.target, None)
         if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
             raise LoweringError(f"get_attr {node.target!r} is not a dense tensor constant", node=node)
-        t = value.detach().contiguous().cpu()
-        data = bytes(t.untyped_storage())[t.storage_offset() * t.element_size():][: t.numel() * t.element_size()]
+        with unset_fake_temporarily():  # compilers may run under the tracing fake mode
+            t = value.detach().contiguous().cpu()
+            start = t.storage_offset() * t.element_size()
+            data = bytes(t.untyped_storage())[start:start + t.numel() * t.element_size()]
         return Constant(dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape), data=data)
 
 

@@ -1,0 +1,113 @@
+"""End-to-end behaviour of the backend entry point: registration, options, fallback and strict mode."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from hpu_backend import Settings, SettingsError
+from hpu_backend.compiled import collect_recipes
+from hpu_backend.lowering import LoweringError
+from tests.conftest import run_python
+
+
+def test_entry_point_needs_no_import():
+    out = run_python(
+        "import sys, torch\n"
+        "m = torch.nn.Linear(4, 4); x = torch.randn(2, 4)\n"
+        "y = torch.compile(m, backend='hpu_backend')(x)\n"
+        "torch.testing.assert_close(y, m(x))\n"
+        "from torch._dynamo.backends.registry import lookup_backend\n"
+        "print(lookup_backend('hpu_backend').__module__)\n"
+    )
+    assert out.strip() == "hpu_backend.backend"
+
+
+def test_alias_hpu_sim_and_existing_registration_do_not_crash():
+    out = run_python(
+        "import torch\n"
+        "from torch._dynamo.backends.registry import register_backend, lookup_backend\n"
+        "def other(gm, ex, **kw): return gm.forward\n"
+        "register_backend(other, name='hpu_backend')  # as habana_frameworks would\n"
+        "import hpu_backend\n"
+        "print(lookup_backend('hpu_backend').__name__, lookup_backend('hpu_sim').__module__)\n"
+        "m = torch.nn.Linear(3, 3); x = torch.randn(2, 3)\n"
+        "torch.testing.assert_close(torch.compile(m, backend='hpu_sim')(x), m(x))\n"
+    )
+    assert out.split() == ["other", "hpu_backend.backend"]
+
+
+def test_unknown_option_lists_valid_ones():
+    with pytest.raises(SettingsError, match="unknown hpu_backend option.*'colour'.*valid options: strict"):
+        Settings.from_options({"colour": "blue"})
+    with pytest.raises(SettingsError, match="option 'target' must be one of"):
+        Settings.from_options({"target": "gaudi9"})
+    with pytest.raises(SettingsError, match="option 'fusion' must be a boolean"):
+        Settings.from_options({"fusion": "maybe"})
+
+
+def test_settings_precedence_and_gaudi_env():
+    env = {"PT_HPU_USE_EAGER_FALLBACK": "0", "HPU_BACKEND_TARGET": "gaudi3", "PT_HPU_PLACE_ON_CPU": "add, mul"}
+    s = Settings.from_options({"target": "gaudi2"}, env=env)
+    assert (s.strict, s.target, s.place_on_cpu) == (True, "gaudi2", frozenset({"add", "mul"}))
+    assert "strict" not in s.key_fields() and s.key_fields()["place_on_cpu"] == ["add", "mul"]
+
+
+def test_fallback_and_strict_on_a_real_lowering_failure(monkeypatch, caplog):
+    from hpu_backend.runtime import ops
+
+    monkeypatch.setattr(ops, "DENY_ATEN", ops.DENY_ATEN | {"sin"})
+    ops.resolve.cache_clear()
+    try:
+        f = lambda x: (x * 2).sin()  # noqa: E731
+        x = torch.randn(3)
+        with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+            torch.testing.assert_close(torch.compile(f, backend="hpu_backend")(x), f(x))
+        warnings = [r.getMessage() for r in caplog.records if "could not lower" in r.getMessage()]
+        assert len(warnings) == 1 and "fx_graph_" in warnings[0] and "aten::sin.default" in warnings[0]
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="aten::sin.default"):
+            torch.compile(f, backend="hpu_backend", options={"strict": True})(x)
+    finally:
+        ops.resolve.cache_clear()
+
+
+def test_lowering_error_names_pass_node_and_source(monkeypatch):
+    from hpu_backend import lowering
+
+    def exploding(recipe, ctx):
+        raise LoweringError("boom", node=next(n for n in ctx.gm.graph.nodes if n.op == "call_function"))
+
+    monkeypatch.setattr(lowering, "GRAPH_PASSES", [exploding])
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: x.cos() + 1, backend="hpu_backend", options={"strict": True})(torch.randn(2))
+    msg = str(info.value)
+    assert "boom" in msg and "in pass 'exploding'" in msg and "after: capture" in msg
+    assert "at node: %cos" in msg and "test_backend.py" in msg
+
+
+def test_training_step_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(5, 8)
+    with collect_recipes() as found:
+        torch.compile(model, backend="hpu_backend")(x).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert sorted(r.kind for _, r, _ in found) == ["backward", "forward"]
+
+
+def test_recipe_records_inputs_outputs_and_name():
+    with collect_recipes() as found:
+        with torch.no_grad():
+            torch.compile(torch.nn.Linear(4, 3), backend="hpu_backend")(torch.randn(2, 4))
+    ((graph, recipe, hit),) = found
+    assert recipe.kind == "inference" and recipe.name.startswith("fx_graph_") and recipe.name.endswith("_inf")
+    assert [s.shape for s in recipe.inputs if s.kind == "tensor"] == [[3, 4], [3], [2, 4]]
+    assert "aten::addmm.default" in {n.op for n in recipe.nodes}
+    assert recipe.nodes[-1].out[0].shape == [2, 3]
