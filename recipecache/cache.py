@@ -323,8 +323,10 @@ class RecipeCache:
                 return
             if (st.st_dev, st.st_ino, st.st_size) != ident:
                 return  # replaced by a fresh entry since we read the bad one
-            if self._disk.quarantine(path) if quarantine else discard(path):
+            if quarantine and self._disk.quarantine(path):
                 self._reconcile_locked()  # rare, and a damaged file's size says nothing about what was counted
+            elif not quarantine and discard(path):
+                self._adjust_locked(-st.st_size, -1)  # an intact old-format file: common after an upgrade
 
     def _adjust_locked(self, size: int, entries: int) -> None:
         ledger = self._ledger.read()

@@ -68,6 +68,7 @@ def test_old_format_version_is_a_plain_miss_and_replaced(tmp_path):
     assert cache.get("ab01") is None
     cache.flush()
     assert cache.stats()["corrupt"] == 0 and quarantined(cache) == [] and not path.exists()
+    assert cache.total_bytes() == 0
     cache.put("ab01", b"v-current", wait=True)
     assert cache.get("ab01") == b"v-current"
 
