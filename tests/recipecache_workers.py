@@ -3,7 +3,6 @@
 import hashlib
 import json
 import logging
-import os
 import random
 import sys
 from pathlib import Path
