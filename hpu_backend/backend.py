@@ -33,9 +33,10 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
         log.debug("hpu_backend ignores mode=%r", kwargs["mode"])
     settings = Settings.from_options(options)
     graph_id = next(_graph_ids)
+    reason = _compile_reason()
 
     def compiler(kind: str):
-        return functools.partial(_compile_graph, kind=kind, graph_id=graph_id, settings=settings)
+        return functools.partial(_compile_graph, kind=kind, graph_id=graph_id, settings=settings, reason=reason)
 
     return aot_autograd(
         fw_compiler=compiler("forward"),
@@ -47,17 +48,23 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, graph_id: int,
-                   settings: Settings):
+                   settings: Settings, reason: str):
     name = f"fx_graph_{graph_id:04d}_{_SUFFIX[kind]}"
     ctx = LoweringContext(settings=settings, name=name, kind=kind, guards=_shape_guards())
     try:
-        return CompiledGraph.build(gm, ctx)
+        return CompiledGraph.build(gm, ctx, reason)
     except LoweringError as e:
         if settings.strict:
             raise
         log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
         log.debug("lowering failure of %s in full:\n%s", name, e)
         return make_boxed_func(gm)
+
+
+def _compile_reason() -> str:
+    """"guard failure" when Dynamo recompiles a frame whose earlier graphs' guards failed."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    return "guard failure" if compile_id is not None and compile_id.frame_compile_id else "new graph"
 
 
 def _shape_guards() -> list:

@@ -136,11 +136,15 @@ class CompiledGraph:
             if key is not None:
                 self.store.put(key, recipe, parts, detail, self.ctx.settings)
         self.recipes[bucket] = recipe
-        for found in _collectors:
-            found.append((self, recipe, hit))
         if key is not None:
             self.keys[bucket] = key
+        for found in _collectors:
+            found.append((self, recipe, hit))
         return recipe
+
+    def key_of(self, recipe: Recipe) -> str | None:
+        """The cache key this graph used for one of its recipes (None if the cache was bypassed)."""
+        return self.keys.get(tuple(tuple(recipe.bucket[s]) for s in self.captured.symbols))
 
     def compile_bucket(self, bucket: dict[str, list[int]], reason: str) -> Recipe:
         start = time.perf_counter()

@@ -65,10 +65,12 @@ def make_model(layers: int = 2) -> nn.Module:
 
 
 def make_inputs(batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and next-token targets."""
+    """Token ids and next-token targets (fresh contiguous tensors: a slice of a longer row would
+    carry a stride of seq + 1, which Dynamo turns into a second shape symbol)."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return tokens[:, :-1].clone(memory_format=torch.contiguous_format), tokens[:, 1:].clone(
+        memory_format=torch.contiguous_format)
 
 
 def loss(logits: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
