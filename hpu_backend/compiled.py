@@ -22,6 +22,7 @@ from .keys import GraphKey, graph_key
 from .lowering import LoweringContext, LoweringError, capture_graph, lower_bucket, lower_graph
 from .recipe import Recipe
 from .runtime import RecipeLoadError, build_callable
+from .runtime.dryrun import build_dry_run
 from .store import RecipeStore, store_for
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class CompiledGraph:
         ctx.gm = gm
         captured = capture_graph(gm, ctx)
         try:
-            run = build_callable(captured)
+            run = build_callable(captured) if ctx.settings.execute else build_dry_run(captured)
             policies = policies_for(ctx.settings.buckets, captured.symbols)
         except (RecipeLoadError, ValueError) as e:
             raise LoweringError(str(e), graph=ctx.name) from e

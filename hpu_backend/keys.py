@@ -1,6 +1,7 @@
 """Recipe keys: a hash over canonical parts, each hashed on its own so a miss can be explained.
 
-Parts: ``graph`` (ops and arguments with normalized value names, kind, constants' bytes),
+Parts: ``graph`` (ops and arguments with normalized value names and host devices, kind,
+constants' bytes),
 ``inputs`` (dtypes, symbolic shapes and strides by normalized symbol name), ``guards``,
 ``bucket``, ``settings`` (every field that changes a recipe) and ``toolchain`` (torch,
 hpu_backend and recipe format versions). Weights are graph inputs, so their values are never in
@@ -87,6 +88,10 @@ def _norm(arg: Any, names: dict[str, str]) -> Any:
     if isinstance(arg, dict):
         if len(arg) == 1 and "r" in arg:
             return {"r": names[arg["r"]]}
+        if len(arg) == 1 and "device" in arg:
+            # The recipe is for the HPU; the host device it was traced on (cpu, or meta for a
+            # compile-only prebuild) does not change it.
+            return {"device": "*"}
         return {k: _norm(v, names) for k, v in sorted(arg.items())}
     if isinstance(arg, (list, tuple)):
         return [_norm(a, names) for a in arg]

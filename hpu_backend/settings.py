@@ -40,6 +40,9 @@ class Settings:
     cache_config: str = _key(
         "", "PT_HPU_RECIPE_CACHE_CONFIG", "disk cache: <path>,<delete_on_start>,<max_size_mb>", key=False)
     model: str = _key("", "HPU_BACKEND_MODEL", "label stored with cache entries", key=False)
+    execute: bool = _key(
+        True, "HPU_BACKEND_EXECUTE",
+        "run recipes; false compiles and caches them but returns uninitialized outputs (prebuild)", key=False)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None,

@@ -1,0 +1,49 @@
+"""Compile-only execution: outputs with the right shapes, strides and dtypes, and no compute.
+
+``hpurecipe prebuild`` runs models this way (``options={"execute": False}``): every graph is
+traced, lowered and cached as usual, but its recipe is not run; each output is an uninitialized
+tensor sized by evaluating the recipe's symbolic output specs on the call's symbol values.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .. import symexpr
+from ..recipe import Recipe, ValueSpec
+from .executor import dtype_from_name
+
+
+def build_dry_run(recipe: Recipe) -> Callable[[list], list]:
+    """``run(args) -> outputs`` that allocates the outputs instead of computing them."""
+    specs = {name: [spec] for name, spec in zip(recipe.input_names, recipe.inputs)}
+    specs.update({node.name: node.out for node in recipe.nodes})
+    index = {name: i for i, name in enumerate(recipe.input_names)}
+    sources, symbols = recipe.symbol_sources, recipe.symbols
+
+    def run(args: list) -> list:
+        env = {s: (args[i] if d < 0 else args[i].shape[d]) for s, (i, d) in zip(symbols, sources)}
+        outs = [_make(o, specs, index, args, env) for o in recipe.outputs]
+        args.clear()
+        return outs
+
+    return run
+
+
+def _make(out, specs, index, args, env):
+    if not (isinstance(out, dict) and "r" in out):
+        return out  # a constant output (None, an int)
+    name = out["r"]
+    if name in index:
+        return args[index[name]]
+    spec: ValueSpec = specs[name][0]
+    if spec.kind == "tensor":
+        shape = [symexpr.evaluate(d, env) for d in spec.shape]
+        stride = [symexpr.evaluate(d, env) for d in spec.stride] or None
+        dtype = dtype_from_name(spec.dtype)
+        return torch.empty_strided(shape, stride, dtype=dtype) if stride else torch.empty(shape, dtype=dtype)
+    if spec.kind in ("sym", "scalar"):
+        return symexpr.evaluate(spec.expr, env)
+    return None
