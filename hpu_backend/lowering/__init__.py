@@ -17,16 +17,35 @@ from ..recipe import Recipe
 from .context import LoweringContext
 from .errors import LoweringError
 from .passes.capture import capture
+from .passes.estimate_cost import estimate_cost
+from .passes.find_transfers import find_transfers
+from .passes.fuse_attention import fuse_attention
+from .passes.fuse_tpc import fuse_tpc
+from .passes.partition import partition
+from .passes.place import place
+from .passes.plan_memory import plan_memory
+from .passes.size_transfers import size_transfers
 from .passes.specialize import specialize
 
 log = logging.getLogger(__name__)
 
 # Passes over the symbolic recipe, once per graph; each returns the (new) recipe. ``ctx.gm`` holds
 # the FX graph for passes that use torch.fx tooling (node names match recipe node names).
-GRAPH_PASSES: list[Callable[[Recipe, LoweringContext], Recipe]] = []
+GRAPH_PASSES: list[Callable[[Recipe, LoweringContext], Recipe]] = [
+    place,  # HPU engine or CPU fallback per node (op table, PT_HPU_PLACE_ON_CPU, strict)
+    partition,  # HPU nodes into clusters; fallbacks split them
+    find_transfers,  # values crossing the host link
+    fuse_attention,  # FusedSDPA groups (sdpa ops and hand-written attention)
+    fuse_tpc,  # TPC elementwise chains and reduction pro/epilogues
+]
 
 # Passes over the recipe for one bucket; each returns the (new) recipe.
-BUCKET_PASSES: list[Callable[[Recipe, LoweringContext], Recipe]] = [specialize]
+BUCKET_PASSES: list[Callable[[Recipe, LoweringContext], Recipe]] = [
+    specialize,  # bind to the bucket; plan at its upper end (facts["plan_at"])
+    size_transfers,  # bytes over the host link
+    plan_memory,  # liveness, buffer offsets, persistent vs arena bytes, peak
+    estimate_cost,  # roofline per cluster + CPU fallback + transfers (an estimate)
+]
 
 
 def capture_graph(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:

@@ -1,0 +1,88 @@
+"""Device figures for the cost model and memory plan: one frozen record per target, with sources.
+
+Peak figures are vendor-published numbers; figures the vendor does not publish (FP32 matrix
+throughput, TPC peaks for dtypes other than BF16, kernel launch overhead) are derived from the
+published ones by the ratios noted next to them. Every time computed from this table is an
+estimate, and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+TERA = 1e12
+GB = 1e9
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    hbm_bytes: int
+    hbm_bytes_per_s: float
+    sram_bytes: int
+    mme_flops: Mapping[str, float]  # dtype -> peak matrix FLOP/s
+    tpc_flops: Mapping[str, float]  # dtype -> peak vector FLOP/s
+    host_bytes_per_s: float  # host link (PCIe x16), one direction
+    host_latency_s: float = 10e-6  # per host<->device transfer (DMA setup + sync)
+    launch_s: float = 5e-6  # per cluster (recipe launch), an assumption
+    sources: tuple[str, ...] = field(default=())
+
+    def mme_peak(self, dtype: str) -> float:
+        return self.mme_flops.get(dtype, self.mme_flops["float32"])
+
+    def tpc_peak(self, dtype: str) -> float:
+        return self.tpc_flops.get(dtype, self.tpc_flops["float32"])
+
+
+def _per_dtype(bf16: float, fp8: float | None = None, fp32_ratio: float = 0.25) -> Mapping[str, float]:
+    """BF16/FP16 at the published peak, FP32 at ``fp32_ratio`` of it, FP8 where published."""
+    table = {"bfloat16": bf16, "float16": bf16, "float32": bf16 * fp32_ratio}
+    if fp8 is not None:
+        table.update({"float8_e4m3fn": fp8, "float8_e5m2": fp8})
+    return MappingProxyType(table)
+
+
+GAUDI2 = DeviceSpec(
+    name="gaudi2",
+    hbm_bytes=96 * GIB, hbm_bytes_per_s=2.45 * 1e12, sram_bytes=48 * MIB,
+    # 432 TFLOPS BF16 / 865 TFLOPS FP8 matrix; FP32 matrix assumed 1/4 of BF16.
+    mme_flops=_per_dtype(432 * TERA, fp8=865 * TERA),
+    # 11 TFLOPS BF16 vector (24 TPCs); FP32 assumed 1/2 of BF16; integers as FP32.
+    tpc_flops=_per_dtype(11 * TERA, fp32_ratio=0.5),
+    host_bytes_per_s=32 * GB,  # PCIe Gen4 x16
+    sources=("Intel Gaudi 2 AI Accelerator white paper (96 GB HBM2E at 2.45 TB/s, 48 MB SRAM, "
+             "24 TPCs, 2 MMEs)",
+             "Intel Gaudi 3 AI Accelerator white paper, Table 1 comparison with Gaudi 2 (BF16 MME "
+             "432 TFLOPS, FP8 MME 865 TFLOPS, BF16 vector 11 TFLOPS, host interface PCIe Gen4 x16)"),
+)
+
+GAUDI3 = DeviceSpec(
+    name="gaudi3",
+    hbm_bytes=128 * GIB, hbm_bytes_per_s=3.7 * 1e12, sram_bytes=96 * MIB,
+    # 1835 TFLOPS BF16 and FP8 matrix; FP32 matrix assumed 1/4 of BF16.
+    mme_flops=_per_dtype(1835 * TERA, fp8=1835 * TERA),
+    # 28.7 TFLOPS BF16 vector (64 TPCs); FP32 assumed 1/2 of BF16.
+    tpc_flops=_per_dtype(28.7 * TERA, fp32_ratio=0.5),
+    host_bytes_per_s=64 * GB,  # PCIe Gen5 x16
+    sources=("Intel Gaudi 3 AI Accelerator white paper (128 GB HBM2e at 3.7 TB/s, 96 MB SRAM, "
+             "8 MMEs, 64 TPCs, BF16/FP8 MME 1835 TFLOPS, BF16 vector 28.7 TFLOPS)",
+             "Intel Gaudi 3 AI Accelerator product brief (PCIe Gen5 x16 host interface)"),
+)
+
+# The host that runs CPU-fallback ops: a typical two-socket Xeon server (assumed, not measured).
+HOST_FLOPS = 2 * TERA
+HOST_BYTES_PER_S = 100 * GB
+
+DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in (GAUDI2, GAUDI3)})
+
+
+def device(target: str) -> DeviceSpec:
+    """The spec for a target name (``gaudi2`` | ``gaudi3``); KeyError names the known ones."""
+    try:
+        return DEVICES[target]
+    except KeyError:
+        raise KeyError(f"unknown target {target!r}; known: {', '.join(DEVICES)}") from None

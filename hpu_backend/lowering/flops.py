@@ -1,0 +1,46 @@
+"""FLOPs and HBM bytes of one op at concrete shapes, for the roofline cost model (an estimate)."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from ..recipe import Node, ValueSpec
+from .. import symexpr
+from .buffers import SDPA_BACKWARD, SDPA_FORWARD
+from .optable import packet_name
+
+# TPC FLOPs per element by op kind (transcendentals and normalizations take several).
+PER_ELEMENT = {"elementwise": 1, "reduction": 1, "softmax": 5, "norm": 8, "index": 1, "random": 4,
+               "factory": 0, "layout": 0, "sync": 0, "view": 0}
+MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
+
+
+def dims(spec: ValueSpec, env: Mapping[str, int]) -> list[int]:
+    return [int(symexpr.evaluate(d, env)) for d in spec.shape]
+
+
+def mme_flops(node: Node, ins: list[ValueSpec], env: Mapping[str, int]) -> float:
+    """Matrix FLOPs (2 per multiply-add) of an MME op."""
+    packet = packet_name(node.op)
+    out = math.prod(dims(node.out[0], env)) if node.out and node.out[0].kind == "tensor" else 0
+    if packet in MATMULS:
+        a = ins[-2] if packet in ("addmm", "baddbmm", "addbmm") else ins[0]
+        return 2.0 * out * dims(a, env)[-1]
+    if packet == "convolution":
+        w = dims(ins[1], env)
+        return 2.0 * out * math.prod(w[1:])
+    if packet == "convolution_backward":
+        w = dims(ins[2], env)
+        return 4.0 * math.prod(dims(ins[0], env)) * math.prod(w[1:])
+    if packet in SDPA_FORWARD | SDPA_BACKWARD:
+        off = 1 if packet in SDPA_BACKWARD else 0
+        q, k = dims(ins[off], env), dims(ins[off + 1], env)
+        fw = 4.0 * math.prod(q) * k[-2]  # QKᵀ and PV
+        return fw * (2.5 if packet in SDPA_BACKWARD else 1.0)
+    return 2.0 * out
+
+
+def tpc_flops(kind: str, ins: list[ValueSpec], node: Node, env: Mapping[str, int]) -> float:
+    sizes = [math.prod(dims(s, env)) for s in [*ins[:1], *node.out] if s.kind == "tensor"]
+    return float(PER_ELEMENT.get(kind, 1) * max(sizes, default=0))

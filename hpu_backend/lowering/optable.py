@@ -1,0 +1,168 @@
+"""The HPU op support table: which aten ops run on which engine, for which dtypes (else: CPU fallback).
+
+The table is plain immutable data built by ``default_table()`` (a fresh table per call, so tests
+can build and vary their own with ``OpTable.replace`` / ``OpTable.without``). A record's
+``capable`` check answers yes or no for any input and never raises. Ops are keyed by their aten
+packet name (``add`` for ``aten::add.Tensor``): support on the device is per op, not per overload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+FLOAT = frozenset({"float32", "bfloat16", "float16"})
+FP8 = frozenset({"float8_e4m3fn", "float8_e5m2"})
+INT = frozenset({"int8", "int16", "int32", "int64", "uint8"})
+BOOL = frozenset({"bool"})
+ALL = FLOAT | INT | BOOL
+
+ENGINES = ("mme", "tpc", "dma", "view", "host")
+
+# Kinds that the fusion pass may put into one TPC kernel.
+FUSIBLE_KINDS = frozenset({"elementwise", "reduction", "softmax"})
+
+# Host scalar ops: symbolic-int arithmetic and size queries the bridge evaluates while launching
+# a recipe. They are neither device kernels nor CPU fallbacks.
+HOST_NAMESPACES = ("operator::", "math::", "torch::", "builtins::")
+HOST_ATEN = frozenset({"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    """One supported op: its engine, its kind (for fusion and cost) and its dtypes."""
+
+    op: str  # aten packet name
+    engine: str  # one of ENGINES
+    kind: str  # matmul | conv | attention | elementwise | reduction | softmax | norm | index | ...
+    dtypes: frozenset
+
+    def capable(self, dtypes: Iterable[str]) -> bool:
+        """True if every dtype is supported; False for anything else, including malformed input."""
+        if isinstance(dtypes, str):
+            return False
+        try:
+            return all(isinstance(d, str) and d in self.dtypes for d in dtypes)
+        except TypeError:
+            return False
+
+
+class OpTable:
+    """An immutable map from aten packet name to its OpSupport record."""
+
+    def __init__(self, records: Iterable[OpSupport]):
+        self.records: Mapping[str, OpSupport] = MappingProxyType({r.op: r for r in records})
+
+    def lookup(self, op_name: str) -> OpSupport | None:
+        """The record for a recipe op name (``aten::add.Tensor``) or packet name (``add``)."""
+        return self.records.get(packet_name(op_name))
+
+    def capable(self, op_name: str, dtypes: Iterable[str]) -> bool:
+        record = self.lookup(op_name) if isinstance(op_name, str) else None
+        return record is not None and record.capable(dtypes)
+
+    def replace(self, op: str, **changes) -> "OpTable":
+        """A new table with one record added or changed (``dtypes=...``, ``engine=...``)."""
+        old = self.records.get(op) or OpSupport(op, "tpc", "elementwise", FLOAT)
+        return OpTable([*(r for k, r in self.records.items() if k != op), dataclasses.replace(old, **changes)])
+
+    def without(self, *ops: str) -> "OpTable":
+        return OpTable(r for k, r in self.records.items() if k not in ops)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def packet_name(op_name: str) -> str:
+    """``aten::add.Tensor`` → ``add``; a bare packet name is returned unchanged."""
+    rest = op_name.split("::", 1)[1] if "::" in op_name else op_name
+    return rest.split(".", 1)[0]
+
+
+def is_host_op(op_name: str) -> bool:
+    return op_name.startswith(HOST_NAMESPACES) or (
+        op_name.startswith("aten::") and packet_name(op_name) in HOST_ATEN)
+
+
+@functools.cache
+def shared_table() -> OpTable:
+    """The default table, built once per process (safe to share: tables are immutable)."""
+    return default_table()
+
+
+def _group(engine: str, kind: str, dtypes: frozenset, names: str) -> list[OpSupport]:
+    return [OpSupport(n, engine, kind, dtypes) for n in names.split()]
+
+
+def default_table() -> OpTable:
+    """The device's op support, as documented for the Gaudi PyTorch bridge (a fresh table)."""
+    return OpTable([
+        *_group("mme", "matmul", FLOAT | FP8, "mm bmm addmm baddbmm addbmm"),
+        *_group("mme", "conv", FLOAT, "convolution convolution_backward"),
+        *_group("mme", "attention", FLOAT, "_scaled_dot_product_flash_attention_for_cpu "
+                "_scaled_dot_product_flash_attention_for_cpu_backward"),
+        *_group("tpc", "elementwise", ALL, ELEMENTWISE_ANY),
+        *_group("tpc", "elementwise", FLOAT, ELEMENTWISE_FLOAT),
+        # Special functions: TPC kernels exist in FP32 only; BF16/FP16 fall back to the CPU.
+        *_group("tpc", "elementwise", frozenset({"float32"}), "digamma lgamma polygamma erfinv"),
+        *_group("tpc", "elementwise", ALL | FP8, "_to_copy to"),
+        *_group("tpc", "reduction", FLOAT | INT | BOOL, REDUCTIONS),
+        *_group("tpc", "softmax", FLOAT, "_softmax _log_softmax _softmax_backward_data "
+                "_log_softmax_backward_data"),
+        *_group("tpc", "norm", FLOAT, NORMS),
+        *_group("tpc", "index", FLOAT | INT | BOOL, INDEXING),
+        *_group("tpc", "random", FLOAT | INT | BOOL, RANDOM),
+        *_group("tpc", "factory", ALL, FACTORIES),
+        *_group("dma", "layout", ALL | FP8, LAYOUT_COPIES),
+        *_group("dma", "sync", ALL, "_local_scalar_dense"),
+        *_group("view", "view", ALL | FP8, VIEWS),
+    ])
+
+
+ELEMENTWISE_ANY = """
+add sub rsub mul div neg abs sign where clamp clamp_min clamp_max maximum minimum eq ne lt le gt ge
+logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor bitwise_not
+remainder fmod masked_fill relu threshold threshold_backward hardtanh isnan isinf isfinite
+ceil floor round trunc square pow copysign fmax fmin
+"""
+ELEMENTWISE_FLOAT = """
+exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan atan2
+sinh cosh tanh asinh acosh atanh erf erfc sigmoid sigmoid_backward tanh_backward gelu
+gelu_backward silu silu_backward elu elu_backward leaky_relu leaky_relu_backward hardsigmoid
+hardswish hardsigmoid_backward hardswish_backward softplus softplus_backward mish lerp addcmul
+addcdiv nan_to_num logit xlogy frac hypot logaddexp native_dropout_backward
+hardtanh_backward relu6 sgn
+"""
+REDUCTIONS = """
+sum mean amax amin max min argmax argmin prod var var_mean std any all cumsum cumprod logsumexp
+linalg_vector_norm norm sort topk
+"""
+NORMS = """
+native_layer_norm native_layer_norm_backward native_batch_norm native_batch_norm_backward
+_native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
+native_group_norm native_group_norm_backward
+"""
+INDEXING = """
+embedding embedding_dense_backward index index_select index_put _unsafe_index _unsafe_index_put
+gather scatter scatter_add scatter_reduce masked_scatter nll_loss_forward nll_loss_backward
+max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_backward
+_adaptive_avg_pool2d _adaptive_avg_pool2d_backward upsample_nearest2d upsample_bilinear2d
+nonzero flip roll tril triu
+"""
+RANDOM = "rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal"
+FACTORIES = """
+full full_like zeros zeros_like ones ones_like new_zeros new_ones new_full scalar_tensor arange fill
+empty empty_like empty_strided new_empty new_empty_strided
+"""
+LAYOUT_COPIES = """
+clone copy copy_ contiguous cat repeat constant_pad_nd lift_fresh_copy slice_scatter
+select_scatter diagonal_scatter
+"""
+VIEWS = """
+view _unsafe_view reshape alias permute t transpose expand squeeze unsqueeze slice select
+split_with_sizes split unbind as_strided diagonal narrow unflatten flatten detach movedim chunk
+tensor_split unfold
+"""

@@ -1,0 +1,94 @@
+"""Estimate cost: a roofline per cluster at the bucket's upper end, plus CPU-fallback and host-link time.
+
+A cluster's MME work, TPC work and HBM traffic overlap on the device (the engines run as a
+pipeline), so its time is the largest of the three plus one launch. Values that stay inside a
+fused kernel add no HBM traffic; an unfused sdpa op writes and reads its score matrices. CPU
+fallbacks run at assumed host rates and each host↔device copy pays the link. Figures come from
+``devices.py``; every number this pass writes is an estimate, and is labelled so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...recipe import Recipe
+from ..buffers import alias_roots, internal_values, sdpa_workspace_bytes
+from ..context import LoweringContext
+from ..devices import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, device
+from ..flops import mme_flops, tpc_flops
+from ..optable import shared_table
+from ..values import nbytes, node_refs, spec_map
+
+
+def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
+    dev = device(recipe.target)
+    env = recipe.facts["plan_at"]
+    work = _Work(recipe, env)
+    clusters: dict[int, dict[str, float]] = {}
+    cpu_s = 0.0
+    for node in recipe.nodes:
+        if node.engine in ("view", "host"):
+            continue
+        flops, moved, dtype = work.flops(node), work.hbm_bytes(node), work.dtype(node)
+        if node.placement == "cpu":
+            cpu_s += flops / HOST_FLOPS + moved / HOST_BYTES_PER_S
+            continue
+        c = clusters.setdefault(node.cluster, {"mme_s": 0.0, "tpc_s": 0.0, "hbm_bytes": 0, "flops": 0.0})
+        c["mme_s" if node.engine == "mme" else "tpc_s"] += flops / _peak(dev, node.engine, dtype)
+        c["hbm_bytes"] += moved
+        c["flops"] += flops
+    return dataclasses.replace(recipe, facts=dict(recipe.facts, cost=_summary(recipe, dev, clusters, cpu_s)))
+
+
+def _peak(dev: DeviceSpec, engine: str, dtype: str) -> float:
+    return dev.mme_peak(dtype) if engine == "mme" else dev.tpc_peak(dtype)
+
+
+def _summary(recipe: Recipe, dev: DeviceSpec, clusters: dict, cpu_s: float) -> dict:
+    rows = []
+    for cid in sorted(clusters):
+        c = clusters[cid]
+        terms = {"mme": c["mme_s"], "tpc": c["tpc_s"], "hbm": c["hbm_bytes"] / dev.hbm_bytes_per_s}
+        bound = max(terms, key=terms.get)
+        rows.append({"id": cid, "mme_s": terms["mme"], "tpc_s": terms["tpc"], "hbm_s": terms["hbm"],
+                     "hbm_bytes": c["hbm_bytes"], "flops": c["flops"], "bound": bound,
+                     "time_s": terms[bound] + dev.launch_s})
+    moves = recipe.facts.get("host_transfers", {"count": 0, "bytes": 0})
+    transfer_s = moves["bytes"] / dev.host_bytes_per_s + moves["count"] * dev.host_latency_s
+    device_s = sum(r["time_s"] for r in rows)
+    return {"estimate": True, "target": dev.name, "plan_at": dict(recipe.facts["plan_at"]),
+            "device_s": device_s, "cpu_s": cpu_s, "transfer_s": transfer_s,
+            "total_s": device_s + cpu_s + transfer_s, "clusters": rows, "sources": list(dev.sources),
+            "note": "estimate: roofline per cluster (max of MME, TPC, HBM time) from published peaks"}
+
+
+class _Work:
+    """FLOPs, HBM bytes and dtype of each node at the plan's shapes."""
+
+    def __init__(self, recipe: Recipe, env):
+        self.env = env
+        self.specs = spec_map(recipe)
+        self.roots = alias_roots(recipe)
+        self.on_chip = internal_values(recipe, self.roots)
+        self.table = shared_table()
+
+    def inputs(self, node):
+        return [s for r in node_refs(node) for s in self.specs.get(r, []) if s.kind == "tensor"]
+
+    def dtype(self, node) -> str:
+        found = [s.dtype for s in [*self.inputs(node), *node.out] if s.kind == "tensor"]
+        return found[0] if found else "float32"
+
+    def flops(self, node) -> float:
+        if node.engine == "mme":
+            return mme_flops(node, self.inputs(node), self.env)
+        record = self.table.lookup(node.op)
+        return tpc_flops(record.kind if record else "elementwise", self.inputs(node), node, self.env)
+
+    def hbm_bytes(self, node) -> int:
+        read = sum(nbytes(s, self.env) for r in node_refs(node) if self.roots.get((r, 0)) not in self.on_chip
+                   for s in self.specs.get(r, [])[:1])
+        written = sum(nbytes(s, self.env) for k, s in enumerate(node.out)
+                      if self.roots.get((node.name, k)) not in self.on_chip)
+        scratch = 2 * sdpa_workspace_bytes(node, self.specs, self.env) if node.fusion < 0 else 0
+        return read + written + scratch

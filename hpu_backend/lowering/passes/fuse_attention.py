@@ -1,0 +1,146 @@
+"""Fuse attention: each attention becomes one FusedSDPA kernel, as the Gaudi graph compiler builds it.
+
+Two shapes are recognized. The sdpa ops (``_scaled_dot_product_flash_attention_for_cpu`` and its
+backward) become a FusedSDPA group with their tuple elements. Attention written out by hand,
+``softmax(q @ kᵀ · scale [+ mask]) @ v`` (after decomposition: bmm, view/expand/clone, mul/div,
+add, ``_softmax`` or amax-sub-exp-sum-div, bmm; and the mirror image in backward around
+``_softmax_backward_data``) becomes one group holding every node on the paths from the score
+matmul to the output matmul(s), plus the layout ops that only prepare q, k and v for it. Values
+that stay inside a group (the S×S scores and probabilities, unless saved for backward) never
+reach HBM in the memory plan. The executor still runs the individual ops: fusion changes the
+plan and the estimate, never the numerics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...recipe import Recipe
+from ..context import LoweringContext
+from ..graphview import GraphView
+from ..optable import packet_name
+
+SDPA = {"_scaled_dot_product_flash_attention_for_cpu": "fused_sdpa",
+        "_scaled_dot_product_flash_attention_for_cpu_backward": "fused_sdpa_bwd",
+        "_scaled_dot_product_efficient_attention": "fused_sdpa",
+        "_scaled_dot_product_efficient_attention_backward": "fused_sdpa_bwd"}
+SOFTMAX = {"_softmax": "fused_sdpa", "_softmax_backward_data": "fused_sdpa_bwd"}
+MATMUL = {"bmm", "mm", "baddbmm"}
+# Ops allowed between the matmuls and the softmax: scale, mask, dropout, casts and views.
+THROUGH = {"view", "_unsafe_view", "expand", "clone", "permute", "transpose", "t", "unsqueeze",
+           "squeeze", "alias", "mul", "div", "add", "sub", "where", "masked_fill", "_to_copy",
+           "native_dropout", "getitem", "amax", "exp", "sum", "reshape"}
+PREP = {"view", "_unsafe_view", "expand", "clone", "permute", "transpose", "t", "unsqueeze", "reshape"}
+MAX_HOPS = 12
+
+
+def fuse_attention(recipe: Recipe, ctx: LoweringContext) -> Recipe:
+    if not ctx.settings.fusion:
+        return dataclasses.replace(recipe, facts=dict(recipe.facts, fusions=[]))
+    view = GraphView(recipe)
+    groups: list[tuple[str, list[str]]] = []
+    taken: set[str] = set()
+    for node in recipe.nodes:
+        found = _sdpa_group(view, node.name) or _explicit_group(view, node.name)
+        if found and not (set(found[1]) & taken) and _one_cluster(view, found[1]):
+            groups.append(found)
+            taken.update(found[1])
+    return _record(recipe, view, groups)
+
+
+def _packet(view: GraphView, name: str) -> str:
+    return packet_name(view.nodes[name].op)
+
+
+def _sdpa_group(view: GraphView, name: str):
+    kind = SDPA.get(_packet(view, name))
+    if kind is None:
+        return None
+    return kind, [name, *(u for u in view.users[name] if _packet(view, u) == "getitem")]
+
+
+def _explicit_group(view: GraphView, name: str):
+    kind = SOFTMAX.get(_packet(view, name)) or _decomposed_softmax(view, name)
+    if kind is None:
+        return None
+    source = _find_matmul(view, name)
+    sinks = _find_sinks(view, name)
+    if source is None or not sinks:
+        return None
+    last = max(view.order[s] for s in sinks)
+    between = view.descendants(source, last) & set().union(*(view.ancestors(s, view.order[source]) for s in sinks))
+    members = {source, *sinks, *between}
+    members |= _prep(view, members)
+    return kind, sorted(members, key=view.order.get)
+
+
+def _decomposed_softmax(view: GraphView, name: str) -> str | None:
+    """``div(exp(x - amax(x)), sum(exp(...)))``: the softmax after decomposition."""
+    if _packet(view, name) != "div" or len(view.inputs[name]) != 2:
+        return None
+    a, b = view.inputs[name]
+    if _packet(view, a) == "exp" and _packet(view, b) == "sum" and view.inputs[b] == [a]:
+        return "fused_sdpa"
+    return None
+
+
+def _find_matmul(view: GraphView, start: str) -> str | None:
+    """The nearest matmul upstream of ``start`` through THROUGH ops (the score matmul)."""
+    frontier, seen = [view.inputs[start][0]] if view.inputs[start] else [], set()
+    for _ in range(MAX_HOPS):
+        nxt = []
+        for n in frontier:
+            if n in seen:
+                continue
+            seen.add(n)
+            p = _packet(view, n)
+            if p in MATMUL:
+                return n
+            if p in THROUGH:
+                nxt.extend(view.inputs[n])
+        frontier = nxt
+    return None
+
+
+def _find_sinks(view: GraphView, start: str) -> list[str]:
+    """The matmuls downstream of the softmax through THROUGH ops (probabilities @ v)."""
+    frontier, seen, sinks = list(view.users[start]), set(), []
+    for _ in range(MAX_HOPS):
+        nxt = []
+        for n in frontier:
+            if n in seen:
+                continue
+            seen.add(n)
+            p = _packet(view, n)
+            if p in MATMUL:
+                sinks.append(n)
+            elif p in THROUGH:
+                nxt.extend(view.users[n])
+        frontier = nxt
+    return sinks
+
+
+def _prep(view: GraphView, members: set[str]) -> set[str]:
+    """Layout ops whose every reader is in the group: FusedSDPA reads q, k, v as they are."""
+    added, todo = set(), [i for m in members for i in view.inputs[m] if i not in members]
+    while todo:
+        n = todo.pop()
+        if n in added or n in members or _packet(view, n) not in PREP or n in view.outputs:
+            continue
+        if all(u in members or u in added for u in view.users[n]):
+            added.add(n)
+            todo.extend(view.inputs[n])
+    return added
+
+
+def _one_cluster(view: GraphView, names: list[str]) -> bool:
+    nodes = [view.nodes[n] for n in names]
+    return all(n.placement == "hpu" for n in nodes) and len({n.cluster for n in nodes}) == 1
+
+
+def _record(recipe: Recipe, view: GraphView, groups) -> Recipe:
+    fusion_of = {m: i for i, (_, members) in enumerate(groups) for m in members}
+    nodes = [dataclasses.replace(n, fusion=fusion_of.get(n.name, n.fusion)) for n in recipe.nodes]
+    fusions = [{"id": i, "kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster}
+               for i, (kind, members) in enumerate(groups)]
+    return dataclasses.replace(recipe, nodes=nodes, facts=dict(recipe.facts, fusions=fusions))

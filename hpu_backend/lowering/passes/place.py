@@ -1,0 +1,128 @@
+"""Place: every node on the HPU (with its engine) or the CPU, as the bridge decides from the op table.
+
+An op falls back to the CPU when the table does not list it, when a dtype it reads or writes is
+not supported, or when the user names it in ``place_on_cpu`` (``PT_HPU_PLACE_ON_CPU``). Strict
+mode turns a fallback into a LoweringError naming the op and dtype. Symbolic-int ops run on the
+host while the recipe launches; they are not fallbacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import torch
+
+from ...recipe import Node, Recipe
+from .. import optable
+from ..context import LoweringContext
+from ..errors import LoweringError
+from ..values import is_tensor_value, node_refs, spec_map, tensor_dtypes
+
+# c10 ScalarType names, as the bridge prints them in "HPU<Name>Type".
+SCALAR_TYPE = {
+    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+    "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+    "complex64": "ComplexFloat", "complex128": "ComplexDouble", "float8_e4m3fn": "Float8_e4m3fn",
+    "float8_e5m2": "Float8_e5m2",
+}
+
+
+def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = None) -> Recipe:
+    table = table or optable.shared_table()
+    specs = spec_map(recipe)
+    nodes, placed, fallbacks = [], {}, []
+    for node in recipe.nodes:
+        why = _fallback_reason(node, specs, placed, table, ctx.settings.place_on_cpu)
+        decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, specs, placed, table)
+        node = dataclasses.replace(node, **decision)
+        placed[node.name] = node.placement
+        if why is not None:
+            fallbacks.append(_fallback(node, specs, why, ctx))
+        nodes.append(node)
+    engines = Counter(n.engine for n in nodes)
+    facts = dict(recipe.facts, placement={"fallbacks": fallbacks, "engines": dict(sorted(engines.items()))})
+    return dataclasses.replace(recipe, nodes=nodes, facts=facts)
+
+
+def _decide(node: Node, specs, placed: dict[str, str], table: optable.OpTable) -> dict:
+    """The placement and engine of a node that does not fall back."""
+    refs = node_refs(node)
+    if _is_element_of(node, specs, placed):
+        return {"placement": placed[refs[0]], "engine": "view"}  # an element of a multi-output op
+    if optable.is_host_op(node.op):
+        return {"placement": "hpu", "engine": "host"}
+    return {"placement": "hpu", "engine": table.lookup(node.op).engine}
+
+
+def _is_element_of(node: Node, specs, placed) -> bool:
+    refs = node_refs(node)
+    return (node.op == "operator::getitem" and bool(refs) and refs[0] in placed
+            and is_tensor_value(specs.get(refs[0])))
+
+
+def _fallback_reason(node: Node, specs, placed, table: optable.OpTable, on_cpu: frozenset) -> str | None:
+    """Why a node falls back to the CPU, or None if it runs on the HPU (or the host)."""
+    if _is_element_of(node, specs, placed) or optable.is_host_op(node.op):
+        return None
+    if _user_placed_on_cpu(node.op, on_cpu):
+        return "placed on CPU by PT_HPU_PLACE_ON_CPU"
+    record = table.lookup(node.op)
+    if record is None:
+        return "op not supported on HPU"
+    dtypes = _dtypes(node, specs)
+    if not record.capable(dtypes):
+        bad = [d for d in dtypes if d not in record.dtypes]
+        return f"dtype {', '.join(bad)} not supported on HPU"
+    return None
+
+
+def _dtypes(node: Node, specs) -> list[str]:
+    """Dtypes the op reads and writes (the bridge checks both)."""
+    found = [d for r in node_refs(node) for d in tensor_dtypes(specs.get(r))]
+    return sorted(set(found + tensor_dtypes(node.out)))
+
+
+def _user_placed_on_cpu(op: str, names: frozenset) -> bool:
+    """PT_HPU_PLACE_ON_CPU names ops as ``digamma``, ``aten::digamma`` or ``aten::digamma.default``."""
+    packet = optable.packet_name(op)
+    return bool(names) and bool({packet, f"aten::{packet}", op} & names)
+
+
+def _fallback(node: Node, specs, why: str, ctx: LoweringContext) -> dict:
+    dtypes = _dtypes(node, specs)
+    packet = optable.packet_name(node.op)
+    if ctx.settings.strict:
+        raise LoweringError(f"CPU fallback of aten::{packet} ({', '.join(dtypes) or 'no tensors'}) "
+                            f"in strict mode: {why}", node=_fx_node(ctx, node.name))
+    return {"node": node.name, "op": f"aten::{packet}", "dtypes": dtypes, "reason": why,
+            "line": f"CPU fallback {packet} : {_arg_types(node, specs)}".rstrip()}
+
+
+def _arg_types(node: Node, specs) -> str:
+    """``self=HPUBFloat16Type other=HPUFloatType``: the tensor arguments by schema name."""
+    names = _schema_arg_names(node.op)
+    parts = []
+    for i, a in enumerate(node.args):
+        dts = [d for r in node_refs(Node("", "", [a], {}, [])) for d in tensor_dtypes(specs.get(r))]
+        if dts:
+            name = names[i] if i < len(names) else f"arg{i}"
+            parts.append(f"{name}={','.join(f'HPU{SCALAR_TYPE.get(d, d)}Type' for d in dts)}")
+    return " ".join(parts)
+
+
+def _schema_arg_names(op: str) -> list[str]:
+    namespace, _, rest = op.partition("::")
+    packet, _, overload = rest.partition(".")
+    try:
+        schema = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")._schema
+    except (AttributeError, RuntimeError):
+        return []
+    return [a.name for a in schema.arguments]
+
+
+def _fx_node(ctx: LoweringContext, name: str):
+    gm = ctx.gm
+    if gm is None:
+        return None
+    return next((n for n in gm.graph.nodes if n.name == name), None)
