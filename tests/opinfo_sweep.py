@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 import warnings
 
@@ -29,19 +30,41 @@ def _same(a, b) -> bool:
         return False
 
 
+class _EagerFallbacks(logging.Handler):
+    """Collects hpu_backend's "could not lower ... running it eagerly" warnings."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.reasons: list[str] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "could not lower" in message:
+            self.reasons.append(message.split("eagerly: ", 1)[-1].splitlines()[0][:160])
+
+
 def _run(backend, op, samples) -> str:
-    """'pass', or a one-line reason."""
+    """'pass', or a one-line reason. A graph hpu_backend ran eagerly (not lowered) is a failure;
+    a CPU fallback of an op is not: that op still runs from the recipe."""
     torch._dynamo.reset()
-    fn = torch.compile(lambda s: _call(op, s), backend=backend, fullgraph=False)
-    for s in samples:
-        try:
+    options = {"cache": False} if backend == "hpu_backend" else None
+    fn = torch.compile(lambda s: _call(op, s), backend=backend, options=options)
+    fallbacks = _EagerFallbacks()
+    logging.getLogger("hpu_backend").addHandler(fallbacks)
+    try:
+        for s in samples:
             with torch.no_grad():
                 expected = _call(op, s)
                 got = fn(s)
-        except Exception as e:  # noqa: BLE001 - the sweep reports every failure kind
-            return f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-        if not _same(got, expected):
-            return "mismatch"
+            if fallbacks.reasons:
+                return f"ran eagerly: {fallbacks.reasons[0]}"
+            if not _same(got, expected):
+                return "mismatch"
+    except Exception as e:  # noqa: BLE001 - the sweep reports every failure kind
+        lines = [line for line in str(e).splitlines() if line.strip() and not line.endswith("raised:")]
+        return f"error: {type(e).__name__}: {(lines or [''])[0][:160]}"
+    finally:
+        logging.getLogger("hpu_backend").removeHandler(fallbacks)
     return "pass"
 
 
