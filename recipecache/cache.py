@@ -167,6 +167,21 @@ class RecipeCache:
             logger.debug("recipe cache: cannot touch %s: %s", key, exc)
         return now
 
+    def peek(self, key: str) -> Entry | None:
+        """The entry under key as stored on disk, or None; counts no hit and keeps its recency (for inspection)."""
+        validate_key(key)
+        if self._limit == 0:
+            return None
+        try:
+            result = self._disk.read(key)
+        except OSError:
+            return None
+        try:
+            entry = None if result is None else decode_entry(result.data)
+        except CorruptEntry:
+            return None
+        return entry if entry is not None and entry.key == key else None
+
     def contains(self, key: str) -> bool:
         validate_key(key)
         if self._limit == 0:

@@ -1,0 +1,1 @@
+"""hpurecipe: the command line that prebuilds, warms, inspects, evicts, verifies and ships the recipe cache."""

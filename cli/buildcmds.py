@@ -1,0 +1,134 @@
+"""Commands that run a model file over its shape buckets: warm, prebuild, coverage, analyze."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated, Iterator
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hpu_backend import warmup
+from hpu_backend.modelfile import ModelSpec, load_model_file
+
+from . import render
+from .caches import config_for, config_string, open_cache
+from .errors import UsageError, fail
+from .options import Axis, CacheDir, Json, ModelFile, Train
+
+
+def load_spec(model_file: str, axis: list[str] | None) -> ModelSpec:
+    """The model file's spec, with ``--axis NAME=V1,V2`` overrides applied."""
+    spec = load_model_file(model_file)
+    return spec.with_axes(dict(_parse_axis(a) for a in axis)) if axis else spec
+
+
+def _parse_axis(text: str) -> tuple[str, list[int]]:
+    name, _, values = text.partition("=")
+    try:
+        sizes = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        sizes = []
+    if not name.strip() or not sizes:
+        raise UsageError(f"--axis {text!r}: expected NAME=V1,V2,... with integer sizes, e.g. seq=16,32")
+    return name.strip(), sizes
+
+
+@contextlib.contextmanager
+def progress(total: int, quiet: bool) -> Iterator:
+    """A progress bar on stderr, and the callback that advances it with one line per finished point."""
+    if quiet:
+        yield None
+        return
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=render.err_console, transient=True)
+
+    def on_point(p: warmup.PointResult) -> None:
+        bar.console.print(f"  {p.label:<24} {p.status:<9} {len(p.keys):>3} recipes  {render.duration(p.seconds)}",
+                          markup=False, highlight=False)
+        bar.advance(task)
+
+    with bar:
+        task = bar.add_task("buckets", total=total)
+        yield on_point
+
+
+def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
+         check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch.")] = False,
+         json: Json = False) -> None:
+    """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
+    spec = load_spec(model_file, axis)
+    config = config_for(cache_dir)
+    with progress(len(spec.points()), json) as on_point:
+        report = warmup.warm(spec, config_string(config), train=train, check=check, on_point=on_point)
+    _finish(report, spec, config, json, check)
+
+
+def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
+             jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Worker processes.")] = 1,
+             json: Json = False) -> None:
+    """Compile every bucket without running recipes (compile-only), across worker processes."""
+    spec = load_spec(model_file, axis)
+    config = config_for(cache_dir)
+    with progress(len(spec.points()), json) as on_point:
+        report = warmup.prebuild(spec, config_string(config), jobs=jobs, train=train, on_point=on_point)
+    _finish(report, spec, config, json, False)
+
+
+def _finish(report: warmup.WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
+    path = warmup.write_manifest(config.resolved_path(), warmup.manifest(report, spec))
+    if json:
+        render.emit_json({**report.to_dict(), "manifest": str(path)})
+    else:
+        _print_report(report, check)
+        s = report.summary()
+        render.note("{} buckets, {} recipes: {} compiled, {} from the cache, in {}. Manifest: {}", s["buckets"],
+                    s["recipes"], s["compiled"], s["hits"], render.duration(s["seconds"]), path)
+    if report.summary()["mismatches"]:
+        raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
+
+
+def _print_report(report: warmup.WarmReport, check: bool) -> None:
+    columns = ["bucket", "status", "recipes", "compiled", "hits", "time"] + (["max |diff|", "check"] if check else [])
+    rows = []
+    for p in report.points:
+        row = [p.label, p.status, len(p.keys), p.compiled, p.hits, render.duration(p.seconds)]
+        if check:
+            row += [f"{p.max_abs_diff:.2e}" if p.max_abs_diff is not None else "-", p.check_error or "ok"]
+        rows.append(row)
+    render.table(columns, rows, right=("recipes", "compiled", "hits", "time", "max |diff|"))
+
+
+def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
+             json: Json = False) -> None:
+    """Which buckets have all their recipes in the cache; exit 1 if any is missing (a deployment gate)."""
+    spec = load_spec(model_file, axis)
+    cache = open_cache(cache_dir, quiet=True)
+    points = warmup.plan(spec, train=train)
+    rows = [{"bucket": p.label, "recipes": len(p.keys),
+             "missing": [k for k in p.keys if cache is None or not cache.contains(k)]} for p in points]
+    uncovered = [r["bucket"] for r in rows if r["missing"]]
+    if json:
+        render.emit_json({"model": spec.name, "buckets": len(rows), "covered": len(rows) - len(uncovered),
+                          "uncovered": uncovered, "points": rows})
+    else:
+        render.table(["bucket", "recipes", "missing", "status"],
+                     ([r["bucket"], r["recipes"], len(r["missing"]), "missing" if r["missing"] else "ok"]
+                      for r in rows), right=("recipes", "missing"))
+        render.note("{} of {} buckets covered in {}.", len(rows) - len(uncovered), len(rows),
+                    config_for(cache_dir).resolved_path())
+    if uncovered:
+        raise fail(f"{len(uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
+
+
+def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
+            target: Annotated[str, typer.Option(help="Device to plan for: gaudi2 or gaudi3.")] = "gaudi2",
+            json: Json = False) -> None:
+    """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
+    that fits the target's HBM. Reads and writes no cache."""
+    from .analysis import analyze_spec, print_analysis
+
+    if target not in ("gaudi2", "gaudi3"):
+        raise UsageError(f"--target {target!r}: expected gaudi2 or gaudi3")
+    doc = analyze_spec(load_spec(model_file, axis), target, train)
+    render.emit_json(doc) if json else print_analysis(doc)

@@ -1,0 +1,131 @@
+"""Bundles: one tar file of cache entries (their own checksummed format), manifests and the toolchain.
+
+Layout: ``bundle.json`` (format, toolchain, entry list), ``entries/<key>.rcp`` (each entry exactly
+as the cache encodes it: header, payload, checksum) and ``manifests/<name>.json``. Reading never
+extracts to disk, accepts only those names and regular files, and checks every entry's checksum
+and that its payload is a recipe before anything is imported. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpu_backend.keys import toolchain
+from hpu_backend.recipe import Recipe, RecipeFormatError
+from recipecache import CorruptEntry, Entry, RecipeCache, decode_entry, encode_entry
+
+from .errors import CliError
+
+BUNDLE_FORMAT = "hpurecipe-bundle"
+BUNDLE_VERSION = 1
+_ENTRY = re.compile(r"entries/([0-9A-Za-z_-]{1,128})\.rcp")
+_MANIFEST = re.compile(r"manifests/([0-9A-Za-z_.-]{1,200}\.json)")
+MAX_MEMBER = 4 * 1024**3
+
+
+class BundleError(CliError):
+    """A bundle that is not ours, is damaged, or comes from another toolchain."""
+
+
+@dataclass
+class Bundle:
+    info: dict[str, Any]
+    entries: list[Entry] = field(default_factory=list)
+    manifests: dict[str, dict] = field(default_factory=dict)
+
+
+def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dict[str, dict]) -> dict[str, Any]:
+    """Write the entries under ``keys`` (read without counting hits) and ``manifests`` to a tar file."""
+    entries = [e for e in (cache.peek(k) for k in keys) if e is not None]
+    info = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "toolchain": toolchain(), "created": time.time(),
+            "entries": [{"key": e.key, "model": e.meta.get("model", ""), "graph": e.meta.get("graph", "")}
+                        for e in entries], "manifests": sorted(manifests)}
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tarfile.open(tmp, "w") as tar:
+        _add(tar, "bundle.json", json.dumps(info, indent=1, sort_keys=True).encode())
+        for e in entries:
+            _add(tar, f"entries/{e.key}.rcp", encode_entry(e.key, e.payload, e.meta, e.created))
+        for name, doc in sorted(manifests.items()):
+            _add(tar, f"manifests/{name}", json.dumps(doc, indent=1, sort_keys=True).encode())
+    tmp.replace(path)
+    return info
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    member = tarfile.TarInfo(name)
+    member.size, member.mtime, member.mode = len(data), int(time.time()), 0o600
+    tar.addfile(member, io.BytesIO(data))
+
+
+def read_bundle(path: Path) -> Bundle:
+    """Read and check a whole bundle (BundleError on anything unexpected); nothing touches the disk."""
+    try:
+        tar = tarfile.open(path, "r:*")
+    except (OSError, tarfile.TarError) as e:
+        raise BundleError(f"{path}: not a bundle (cannot read it as a tar file: {e})") from None
+    with tar:
+        files = {m.name: m for m in tar.getmembers()}
+        if "bundle.json" not in files:
+            raise BundleError(f"{path}: not an hpurecipe bundle (no bundle.json)")
+        bundle = Bundle(_info(path, _read(tar, files["bundle.json"])))
+        for name, member in files.items():
+            if (m := _ENTRY.fullmatch(name)) is not None:
+                bundle.entries.append(_entry(path, m.group(1), _read(tar, member)))
+            elif (m := _MANIFEST.fullmatch(name)) is not None:
+                bundle.manifests[m.group(1)] = _json(path, name, _read(tar, member))
+            elif name != "bundle.json":
+                raise BundleError(f"{path}: unexpected member {name!r}")
+    return bundle
+
+
+def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    if not member.isfile() or member.size > MAX_MEMBER:
+        raise BundleError(f"bundle member {member.name!r} is not a regular file of a sane size")
+    return tar.extractfile(member).read()
+
+
+def _json(path: Path, name: str, data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise BundleError(f"{path}: {name} is not JSON: {e}") from None
+
+
+def _info(path: Path, data: bytes) -> dict:
+    info = _json(path, "bundle.json", data)
+    if not isinstance(info, dict) or info.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{path}: not an hpurecipe bundle")
+    if info.get("version") != BUNDLE_VERSION:
+        raise BundleError(f"{path}: bundle version {info.get('version')!r}; this hpurecipe reads {BUNDLE_VERSION}")
+    return info
+
+
+def _entry(path: Path, key: str, data: bytes) -> Entry:
+    try:
+        entry = decode_entry(data)
+    except CorruptEntry as e:
+        raise BundleError(f"{path}: entry {key} fails its check: {e}") from None
+    if entry.key != key:
+        raise BundleError(f"{path}: entry file {key} holds key {entry.key}")
+    try:
+        Recipe.from_bytes(entry.payload)
+    except RecipeFormatError as e:
+        raise BundleError(f"{path}: entry {key} is not a recipe of this format: {e}") from None
+    return entry
+
+
+def check_toolchain(bundle: Bundle, force: bool) -> list[str]:
+    """The toolchain fields that differ from ours; BundleError if any differ and not ``force``."""
+    ours, theirs = toolchain(), bundle.info.get("toolchain") or {}
+    differ = [f"{k}: bundle {theirs.get(k)!r}, here {v!r}" for k, v in ours.items() if theirs.get(k) != v]
+    if differ and not force:
+        raise BundleError("bundle was built by another toolchain (" + "; ".join(differ)
+                          + "); its recipes would never be used here. Import anyway with --force")
+    return differ

@@ -1,0 +1,226 @@
+"""Commands that inspect and maintain a cache directory: ls, show, stats, evict, verify, clear, explain."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from hpu_backend.recipe import Recipe, RecipeFormatError
+from hpu_backend.store import explain as explain_keys
+from recipecache import EntryInfo, RecipeCache
+
+from . import render
+from .caches import open_cache, resolve_key
+from .errors import CliError
+from .options import CacheDir, DryRun, Json, Key, Model, Yes
+from .units import parse_age, parse_size
+
+
+class SortBy(str, Enum):
+    size = "size"
+    created = "created"
+    used = "used"
+    hits = "hits"
+
+
+_SORT_KEYS = {"size": lambda i: i.size, "created": lambda i: i.created, "used": lambda i: i.last_used,
+              "hits": lambda i: i.hits}
+
+
+def _row(info: EntryInfo) -> dict:
+    m = info.meta
+    return {"key": info.key, "graph": m.get("graph", ""), "kind": m.get("kind", ""), "model": m.get("model", ""),
+            "bucket": m.get("bucket", {}), "size": info.size, "created": info.created,
+            "last_used": info.last_used, "hits": info.hits}
+
+
+def ls(cache_dir: CacheDir = None, sort: Annotated[SortBy, typer.Option(help="Sort order (largest/newest first).")]
+       = SortBy.used, model: Model = None, json: Json = False) -> None:
+    """List cache entries: key, graph, model, bucket, size, created, last used, hits."""
+    cache = open_cache(cache_dir, quiet=json)
+    infos = [] if cache is None else [i for i in cache.entries() if model is None or i.meta.get("model") == model]
+    infos.sort(key=_SORT_KEYS[sort.value], reverse=True)
+    if json:
+        return render.emit_json([_row(i) for i in infos])
+    if cache is None:
+        return
+    if not infos:
+        return render.note("No entries{} in the recipe cache at {}.", f" for model {model}" if model else "",
+                           cache.path)
+    now = time.time()
+    render.table(["key", "graph", "model", "bucket", "size", "created", "last used", "hits"],
+                 ([i.key[:12], i.meta.get("graph", ""), i.meta.get("model", "") or "-",
+                   render.bucket(i.meta.get("bucket")), render.size(i.size), render.ago(i.created, now),
+                   render.ago(i.last_used, now), i.hits] for i in infos), right=("size", "hits"))
+    render.note("{} entries, {} in {}", len(infos), render.size(sum(i.size for i in infos)), cache.path)
+
+
+def show(key: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
+    """Show one recipe in full: inputs/outputs, placement and fallbacks, clusters, fusions, memory, cost, guards."""
+    from .recipeview import describe, print_description
+
+    cache = _existing(cache_dir)
+    infos = cache.entries()
+    full = resolve_key(cache, key, infos)
+    entry = cache.peek(full)
+    if entry is None:
+        raise CliError(f"entry {full} is unreadable; run: hpurecipe verify --fix")
+    try:
+        recipe = Recipe.from_bytes(entry.payload)
+    except RecipeFormatError as e:
+        raise CliError(f"entry {full} is not a recipe of this format: {e}") from None
+    doc = describe(entry, recipe, next(i.size for i in infos if i.key == full))
+    render.emit_json(doc) if json else print_description(doc)
+
+
+def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
+          "--zero", "-z", help="Zero the counters after printing them.")] = False, json: Json = False) -> None:
+    """Size and limit, entries, hits, misses, evictions, corrupt entries, compile time saved."""
+    cache = open_cache(cache_dir, quiet=json)
+    if cache is None:
+        return render.emit_json({"entries": 0, "total_bytes": 0}) if json else None
+    doc = cache.stats()
+    if zero:
+        cache.reset_stats()
+    if json:
+        return render.emit_json(doc)
+    limit = "unbounded" if doc["limit_bytes"] < 0 else render.size(doc["limit_bytes"])
+    lookups = doc["hits"] + doc["misses"]
+    render.pairs({
+        "path": doc["path"], "size": f"{render.size(doc['total_bytes'])} of {limit}", "entries": doc["entries"],
+        "hits": f"{doc['hits']} ({doc['disk_hits']} from disk)"
+                + (f", {100 * doc['hits'] / lookups:.0f}% of lookups" if lookups else ""),
+        "misses": doc["misses"], "evictions": f"{doc['evictions']} ({render.size(doc['bytes_evicted'])})",
+        "corrupt": doc["corrupt"], "written": render.size(doc["bytes_written"]),
+        "compile time saved": render.duration(doc["compile_time_saved_s"])})
+    if zero:
+        render.note("Counters zeroed.")
+
+
+def evict(cache_dir: CacheDir = None,
+          older_than: Annotated[Optional[str], typer.Option(help="Not used for this long: 30m, 12h, 7d.")] = None,
+          max_size: Annotated[Optional[str], typer.Option(help="Evict until the cache fits: 500MB, 2GB.")] = None,
+          model: Model = None,
+          key: Annotated[Optional[list[str]], typer.Option(help="This entry (a key or unique prefix; repeatable).")]
+          = None, dry_run: DryRun = False, yes: Yes = False, json: Json = False) -> None:
+    """Evict entries matching every filter given (none: trim to the size limit). Plans, prints, asks, then evicts."""
+    cache = _existing(cache_dir)
+    keys = [resolve_key(cache, k) for k in key] if key else None
+    predicate = (lambda i: i.meta.get("model") == model) if model is not None else None
+    plan = cache.evict(older_than_s=parse_age(older_than) if older_than else None,
+                       max_bytes=parse_size(max_size) if max_size else None, keys=keys, predicate=predicate,
+                       dry_run=True)
+    _print_plan(plan, "evict", json)
+    if plan and not dry_run and _confirm(f"Evict {len(plan)} entries?", yes):
+        done = cache.evict(keys=[i.key for i in plan])
+        _done(f"Evicted {len(done)} entries ({render.size(sum(i.size for i in done))}).", json)
+
+
+def clear(cache_dir: CacheDir = None, dry_run: DryRun = False, yes: Yes = False, json: Json = False) -> None:
+    """Remove every entry (the counters are kept)."""
+    cache = _existing(cache_dir)
+    plan = cache.entries()
+    _print_plan(plan, "remove", json)
+    if plan and not dry_run and _confirm(f"Remove all {len(plan)} entries from {cache.path}?", yes):
+        cache.clear()
+        _done(f"Removed {len(plan)} entries.", json)
+
+
+def verify(cache_dir: CacheDir = None, fix: Annotated[bool, typer.Option(
+           "--fix", help="Quarantine bad entry files; remove entries that are not recipes.")] = False,
+           json: Json = False) -> None:
+    """Check every entry's format and checksum, and that its payload is a recipe. Exit 1 if any is bad."""
+    cache = open_cache(cache_dir, quiet=json)
+    if cache is None:
+        return render.emit_json({"entries": 0, "bad": 0, "problems": []}) if json else None
+    readable = {i.key for i in cache.entries()}
+    bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix)]
+    count = len(readable | {b["entry"] for b in bad})
+    bad += _not_recipes(cache, fix)
+    if json:
+        render.emit_json({"entries": count, "bad": len(bad), "fixed": fix, "problems": bad})
+    elif not bad:
+        render.note("All {} entries are valid recipes.", count)
+    else:
+        render.table(["entry", "problem"], ([b["entry"], b["reason"]] for b in bad))
+        render.note(("Fixed: quarantined or removed {} entries." if fix else
+                     "{} bad entries; run: hpurecipe verify --fix"), len(bad))
+    if bad and not fix:
+        raise typer.Exit(1)
+
+
+def _not_recipes(cache: RecipeCache, fix: bool) -> list[dict]:
+    bad = []
+    for info in cache.entries():
+        entry = cache.peek(info.key)
+        if entry is None:
+            continue  # gone meanwhile, or caught by cache.verify
+        try:
+            Recipe.from_bytes(entry.payload)
+        except RecipeFormatError as e:
+            bad.append({"entry": info.key, "reason": f"not a recipe: {e}", "recipe": True})
+            if fix:
+                cache.remove(info.key)
+    return bad
+
+
+def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
+    """Why two recipes have different keys: the key parts that differ, with readable values where recorded."""
+    cache = _existing(cache_dir)
+    infos = cache.entries()
+    a, b = resolve_key(cache, key_a, infos), resolve_key(cache, key_b, infos)
+    rows = explain_keys(a, b, _Peeking(cache))
+    if json:
+        return render.emit_json({"a": a, "b": b, "differ": rows})
+    if not rows:
+        return render.note("{} and {} have the same key parts.", a[:12], b[:12])
+    render.table(["part", a[:12], b[:12]], ([r["part"], render.bucket(r["a"]) if r["part"] == "bucket" else r["a"],
+                                              render.bucket(r["b"]) if r["part"] == "bucket" else r["b"]]
+                                             for r in rows))
+
+
+class _Peeking:
+    """A cache whose get_entry reads without counting a hit (explain is inspection, not use)."""
+
+    def __init__(self, cache: RecipeCache):
+        self.get_entry = cache.peek
+
+
+def _existing(cache_dir) -> RecipeCache:
+    cache = open_cache(cache_dir, quiet=True)
+    if cache is None:
+        from .caches import config_for
+
+        raise CliError(f"no recipe cache at {config_for(cache_dir).resolved_path()}; "
+                       "fill it with: hpurecipe warm MODEL.py")
+    return cache
+
+
+def _print_plan(plan: list[EntryInfo], verb: str, json: bool) -> None:
+    if json:
+        return render.emit_json({"plan": [_row(i) for i in plan], "bytes": sum(i.size for i in plan)})
+    if not plan:
+        return render.note("Nothing to {}.", verb)
+    now = time.time()
+    render.table(["key", "graph", "model", "bucket", "size", "last used"],
+                 ([i.key[:12], i.meta.get("graph", ""), i.meta.get("model", "") or "-",
+                   render.bucket(i.meta.get("bucket")), render.size(i.size), render.ago(i.last_used, now)]
+                  for i in plan), title=f"Would {verb} {len(plan)} entries ({render.size(sum(i.size for i in plan))}):",
+                 right=("size",))
+
+
+def _confirm(question: str, yes: bool) -> bool:
+    if yes:
+        return True
+    if not typer.confirm(question, default=False):
+        render.note("Nothing changed.")
+        return False
+    return True
+
+
+def _done(message: str, json: bool) -> None:
+    if not json:
+        render.note(message)

@@ -1,0 +1,49 @@
+"""Opening the cache the commands work on, and finding entries by key prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recipecache import CacheConfig, EntryInfo, RecipeCache
+
+from .errors import CliError
+from .render import note
+
+
+def config_for(cache_dir: Path | None) -> CacheConfig:
+    """The backend's cache configuration (PT_HPU_RECIPE_CACHE_CONFIG), at ``cache_dir`` if given.
+
+    The command line never deletes on start: that is for serving processes that ask for it.
+    """
+    base = CacheConfig.from_env()
+    return CacheConfig(path=cache_dir or base.path, delete_on_start=False, max_size_mb=base.max_size_mb)
+
+
+def config_string(config: CacheConfig) -> str:
+    """The same configuration in PT_HPU_RECIPE_CACHE_CONFIG form, for the backend's ``cache_config`` option."""
+    size = config.max_size_mb if config.max_size_mb == -1 else int(config.max_size_mb)
+    return f"{config.path},false,{size}"
+
+
+def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = False) -> RecipeCache | None:
+    """The cache at ``cache_dir``; None (after a friendly note) if it does not exist and ``create`` is False."""
+    config = config_for(cache_dir)
+    if config.max_size_mb == 0:
+        raise CliError("the recipe cache is disabled (max_size_mb 0 in PT_HPU_RECIPE_CACHE_CONFIG)")
+    if not create and not Path(config.resolved_path()).is_dir():
+        if not quiet:
+            note("No recipe cache at {} yet. Fill it with: hpurecipe warm MODEL.py", config.resolved_path())
+        return None
+    return RecipeCache(config)
+
+
+def resolve_key(cache: RecipeCache | None, prefix: str, infos: list[EntryInfo] | None = None) -> str:
+    """The one key starting with ``prefix`` (CliError if none or several)."""
+    infos = (cache.entries() if cache is not None else []) if infos is None else infos
+    matches = [i.key for i in infos if i.key.startswith(prefix)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise CliError(f"no entry with key {prefix!r} in the recipe cache")
+    shown = ", ".join(m[:16] for m in matches[:5]) + (" ..." if len(matches) > 5 else "")
+    raise CliError(f"key prefix {prefix!r} is ambiguous: {len(matches)} entries match ({shown})")

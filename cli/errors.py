@@ -1,0 +1,56 @@
+"""Domain errors → one line on stderr and an exit code, in one place (usage errors exit 2, the rest 1)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import typer
+from rich.markup import escape
+
+from hpu_backend.buckets import BucketError
+from hpu_backend.modelfile import ModelFileError
+from hpu_backend.settings import SettingsError
+from recipecache import CacheError, ConfigError
+
+from .render import err_console
+
+
+class CliError(Exception):
+    """A failure the user can act on; ``code`` is the exit code (1 failure, 2 usage)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+class UsageError(CliError):
+    def __init__(self, message: str):
+        super().__init__(message, 2)
+
+
+# Most specific first: ConfigError is a CacheError, SettingsError and BucketError are ValueErrors.
+EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (CacheError, 1),
+]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def mapped(fn: Callable) -> Callable:
+    """Run a command, turning our named errors into one line and an exit code instead of a traceback."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CliError as e:
+            raise fail(str(e), e.code) from None
+        except tuple(cls for cls, _ in EXIT_CODES) as e:
+            code = next(c for cls, c in EXIT_CODES if isinstance(e, cls))
+            raise fail(str(e), code) from None
+
+    return run

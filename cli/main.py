@@ -1,0 +1,35 @@
+"""The ``hpurecipe`` application: every command registered on one typer app, errors mapped in one place."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from . import buildcmds, cachecmds, shipcmds
+from .errors import mapped
+
+app = typer.Typer(
+    name="hpurecipe", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Prebuild, warm, inspect, evict, verify and ship the hpu_backend recipe cache.\n\n"
+         "Every command works on the backend's cache (PT_HPU_RECIPE_CACHE_CONFIG, else "
+         "~/.cache/hpu_backend/recipes) unless given --cache-dir.")
+
+COMMANDS = [
+    ("warm", buildcmds.warm), ("prebuild", buildcmds.prebuild), ("coverage", buildcmds.coverage),
+    ("analyze", buildcmds.analyze), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
+    ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
+    ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
+]
+for _name, _fn in COMMANDS:
+    app.command(_name)(mapped(_fn))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":
+    main()

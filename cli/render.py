@@ -1,0 +1,89 @@
+"""Human output: one console, sizes, relative times, tables, and JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+console = Console(highlight=False, soft_wrap=False)
+err_console = Console(stderr=True, highlight=False)
+
+_UNITS = ("B", "KB", "MB", "GB", "TB")
+
+
+def size(n: float) -> str:
+    """1536 → '1.5 KB' (powers of 1024, as the cache limit is counted)."""
+    n = float(n)
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def ago(t: float, now: float | None = None) -> str:
+    """A time as '3 min ago' (or 'never' for 0)."""
+    if not t:
+        return "never"
+    delta = (time.time() if now is None else now) - t
+    if delta < 45:
+        return "just now"
+    for unit, seconds in (("d", 86400), ("h", 3600), ("min", 60)):
+        if delta >= seconds:
+            return f"{delta / seconds:.0f} {unit} ago"
+    return f"{delta:.0f} s ago"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None,
+          right: Sequence[str] = ()) -> None:
+    """Print a table; columns named in ``right`` are right-aligned (numbers)."""
+    t = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
+    for row in rows:
+        t.add_row(*(Text("" if v is None else str(v)) for v in row))
+    console.print(t)
+
+
+def pairs(items: Mapping[str, Any], title: str | None = None) -> None:
+    """Print a two-column name/value table."""
+    if title:
+        console.print(f"[bold]{title}[/bold]")
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="dim")
+    t.add_column(overflow="fold")
+    for k, v in items.items():
+        t.add_row(Text(str(k)), Text("" if v is None else str(v)))
+    console.print(t)
+
+
+def emit_json(doc: Any) -> None:
+    """Print JSON on stdout (never through rich, so it is never wrapped or coloured)."""
+    typer.echo(json.dumps(doc, indent=1, sort_keys=True, default=str))
+
+
+def note(text: str, *data: Any) -> None:
+    """Print ``text`` (rich markup) with ``{}`` fields filled by ``data``, escaped so it is never read as markup."""
+    console.print(text.format(*(escape(str(d)) for d in data)) if data else text, soft_wrap=True)
+
+
+def bucket(b: Mapping[str, Any] | None) -> str:
+    """{'s0': [0, 16], 's1': [17, 32]} → 's0=0-16 s1=17-32'; an empty bucket (static graph) → 'static'."""
+    if not b:
+        return "static"
+    return " ".join(f"{s}={r[0]}-{r[1]}" if r[0] != r[1] else f"{s}={r[0]}" for s, r in b.items())

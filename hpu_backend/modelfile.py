@@ -1,0 +1,163 @@
+"""Model files: load a plain Python file (``model.py`` or ``model.py:attr``) and check it holds a warm-up spec.
+
+A model file defines ``make_model()`` (returns the module), ``make_inputs(**axes, seed=0)`` (a tuple
+of example inputs for one shape), ``AXES = {axis: [values]}`` (the shapes to cover; one recipe set per
+point of their cartesian product) and ``COMPILE = {"dynamic": ..., "options": {...}}`` (the
+``torch.compile`` arguments). Optional: ``MODEL_INPUTS`` (how many leading inputs feed the model; the
+default is all of them) and ``loss(output, *inputs)`` (needed to warm training graphs). With
+``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import itertools
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .settings import Settings, SettingsError
+
+REQUIRED = {
+    "make_model": "a function returning the nn.Module",
+    "make_inputs": "a function (**axes, seed=0) returning a tuple of example inputs for one shape",
+    "AXES": 'the shape axes and the values to cover, e.g. AXES = {"batch": [1, 8]}',
+    "COMPILE": 'the torch.compile arguments, e.g. COMPILE = {"dynamic": True, "options": {}}',
+}
+COMPILE_KEYS = ("dynamic", "options")
+
+
+class ModelFileError(ValueError):
+    """A model file that cannot be loaded or lacks part of the spec (one line naming what is wrong)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model file says: how to build the model and its inputs, which shapes, which compile arguments."""
+
+    name: str  # label stored with cache entries (COMPILE options' "model", else the file's stem)
+    path: str  # the selector it was loaded from ("models/gpt.py" or "models/gpt.py:SPEC")
+    make_model: Callable[[], Any]
+    make_inputs: Callable[..., tuple]
+    axes: dict[str, list[int]]
+    dynamic: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+    model_inputs: int | None = None
+    loss: Callable[..., Any] | None = None
+    source_hash: str = ""
+
+    def points(self) -> list[dict[str, int]]:
+        """Every shape to cover: the cartesian product of the axes, in file order."""
+        names = list(self.axes)
+        return [dict(zip(names, values)) for values in itertools.product(*self.axes.values())]
+
+    def with_axes(self, overrides: Mapping[str, list[int]]) -> "ModelSpec":
+        """The same spec covering other values on some axes (ModelFileError for an unknown axis)."""
+        unknown = sorted(set(overrides) - set(self.axes))
+        if unknown:
+            raise ModelFileError(f"{self.path}: no axis {', '.join(unknown)}; its axes are {', '.join(self.axes)}")
+        axes = {name: list(overrides.get(name, values)) for name, values in self.axes.items()}
+        return ModelSpec(**{**self.__dict__, "axes": axes})
+
+    def split(self, inputs: tuple) -> tuple:
+        """The inputs that feed the model."""
+        return inputs if self.model_inputs is None else inputs[:self.model_inputs]
+
+
+def point_label(point: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in point.items())
+
+
+def load_model_file(selector: str | Path) -> ModelSpec:
+    """Import ``path.py`` (or ``path.py:attr``) and return its checked ModelSpec."""
+    path, _, attr = str(selector).partition(":") if not Path(str(selector)).exists() else (str(selector), "", "")
+    module = _import(Path(path))
+    holder = module
+    if attr:
+        if not hasattr(module, attr):
+            raise ModelFileError(f"{path}: no attribute {attr!r} (from the selector {selector})")
+        holder = getattr(module, attr)
+    return spec_from(holder, str(selector), _stem_label(path), _hash(Path(path)))
+
+
+def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str = "") -> ModelSpec:
+    """A ModelSpec from a module, object, class, namespace or dict holding the model-file names."""
+    get = holder.get if isinstance(holder, Mapping) else (lambda n, d=None: getattr(holder, n, d))
+    missing = [n for n in REQUIRED if get(n) is None]
+    if missing:
+        raise ModelFileError(f"{where}: missing " + "; ".join(f"{n} ({REQUIRED[n]})" for n in missing))
+    axes = _check_axes(get("AXES"), where)
+    dynamic, options = _check_compile(get("COMPILE"), where)
+    for name in ("make_model", "make_inputs"):
+        if not callable(get(name)):
+            raise ModelFileError(f"{where}: {name} must be a function ({REQUIRED[name]})")
+    _check_signature(get("make_inputs"), axes, where)
+    model_inputs = get("MODEL_INPUTS")
+    if model_inputs is not None and (not isinstance(model_inputs, int) or model_inputs < 1):
+        raise ModelFileError(f"{where}: MODEL_INPUTS must be a positive integer, got {model_inputs!r}")
+    name = str(options.get("model") or default_name or "model")
+    return ModelSpec(name, where, get("make_model"), get("make_inputs"), axes, dynamic, options, model_inputs,
+                     get("loss"), source_hash)
+
+
+def _import(path: Path):
+    if path.suffix != ".py" or not path.is_file():
+        raise ModelFileError(f"{path}: no such model file (expected a .py file, optionally path.py:attr)")
+    name = f"hpurecipe_model_{_stem_label(str(path))}_{_hash(path)[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's code: any error means "this file does not load"
+        sys.modules.pop(name, None)
+        raise ModelFileError(f"{path}: failed to import: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _check_axes(axes: Any, where: str) -> dict[str, list[int]]:
+    ok = isinstance(axes, Mapping) and axes and all(
+        isinstance(k, str) and isinstance(v, (list, tuple)) and v and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v) for k, v in axes.items())
+    if not ok:
+        raise ModelFileError(f"{where}: AXES must map axis names to non-empty lists of sizes, "
+                             f'e.g. {{"batch": [1, 8]}}; got {axes!r}')
+    return {k: list(v) for k, v in axes.items()}
+
+
+def _check_compile(compile_args: Any, where: str) -> tuple[Any, dict]:
+    if not isinstance(compile_args, Mapping) or set(compile_args) - set(COMPILE_KEYS):
+        raise ModelFileError(f"{where}: COMPILE must be a dict with keys {', '.join(COMPILE_KEYS)}; "
+                             f"got {compile_args!r}")
+    options = dict(compile_args.get("options") or {})
+    try:
+        Settings.from_options(options, env={})
+    except SettingsError as e:
+        raise ModelFileError(f"{where}: COMPILE options: {e}") from None
+    return compile_args.get("dynamic"), options
+
+
+def _check_signature(make_inputs: Callable, axes: dict, where: str) -> None:
+    try:
+        sig = inspect.signature(make_inputs)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: trust it
+    try:
+        sig.bind(**{a: 1 for a in axes}, seed=0)
+    except TypeError as e:
+        raise ModelFileError(f"{where}: make_inputs must accept the axes ({', '.join(axes)}) and seed= "
+                             f"as keyword arguments: {e}") from None
+
+
+def _stem_label(path: str) -> str:
+    return Path(path).stem
+
+
+def _hash(path: Path) -> str:
+    try:
+        return hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
+    except OSError:
+        return ""

@@ -1,0 +1,309 @@
+"""Warm-up: run a compiled model once per shape point of a model spec, recording which recipes each point uses.
+
+``warmup(compiled_model, spec)`` is for a serving process: at start-up it takes every bucket's
+recipes into the process (from the disk cache, or compiled if missing), so serving compiles
+nothing. ``warm`` and ``prebuild`` are the drivers behind ``hpurecipe warm`` / ``prebuild``: they
+compile the spec's model against one cache directory, in this process or across worker processes,
+and write a manifest (model → point → recipe keys) next to the cache's entries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from . import metrics
+from .compiled import collect_recipes
+from .modelfile import ModelSpec, load_model_file, point_label, spec_from
+
+MANIFEST_DIR = "manifests"
+
+
+@dataclass
+class PointResult:
+    """What warming one shape point did."""
+
+    point: dict[str, int]
+    keys: list[str] = field(default_factory=list)  # the recipe keys this point uses
+    compiled: int = 0  # recipes built (lowered) for this point
+    hits: int = 0  # recipes found in the cache for this point
+    seconds: float = 0.0
+    max_abs_diff: float | None = None  # vs eager, with check=True
+    check_error: str = ""
+
+    @property
+    def label(self) -> str:
+        return point_label(self.point)
+
+    @property
+    def status(self) -> str:
+        return "compiled" if self.compiled else "hit"
+
+
+@dataclass
+class WarmReport:
+    """All points of one warm-up, with the totals ``--json`` prints."""
+
+    model: str
+    mode: str  # "inference" | "train"
+    points: list[PointResult]
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        keys = {k for p in self.points for k in p.keys}
+        return {"model": self.model, "mode": self.mode, "buckets": len(self.points),
+                "compiled": sum(p.compiled for p in self.points), "hits": sum(p.hits for p in self.points),
+                "recipes": len(keys), "seconds": round(self.seconds, 3),
+                "mismatches": sum(bool(p.check_error) for p in self.points)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "points": [asdict(p) for p in self.points]}
+
+
+class _GraphTracker:
+    """Which recipes each point uses: new recipes reported by the backend, plus known buckets re-used."""
+
+    def __init__(self):
+        self.graphs: dict[int, Any] = {}
+
+    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any, bool]]]:
+        for graph in self.graphs.values():
+            graph.known.clear()  # a pure memo (values → bucket): cleared, it records this point's values
+        with collect_recipes() as found:
+            out = fn()
+        for graph, _, _ in found:
+            self.graphs.setdefault(id(graph), graph)
+        return out, found
+
+    def used(self, found: list) -> list[tuple[Any, Any]]:
+        """(compiled graph, recipe) for every recipe the last run used, each once."""
+        pairs = {id(r): (g, r) for g, r, _ in found}
+        for graph in self.graphs.values():
+            for bucket in set(graph.known.values()):
+                recipe = graph.recipes.get(bucket)
+                if recipe is not None:
+                    pairs.setdefault(id(recipe), (graph, recipe))
+        return list(pairs.values())
+
+
+def keys_of(used: list[tuple[Any, Any]]) -> list[str]:
+    return sorted({k for g, r in used if (k := g.key_of(r))})
+
+
+def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str, int]], *,
+               train: bool = False, eager: torch.nn.Module | None = None,
+               on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
+    """Call ``compiled`` once per point (forward, or forward + loss + backward with ``train``).
+
+    With ``eager`` given, each point's output (and loss) is compared with the eager module's.
+    """
+    tracker, results = _GraphTracker(), []
+    for point in points:
+        result = _run_point(compiled, spec, dict(point), train, eager, tracker)
+        results.append(result)
+        if on_point is not None:
+            on_point(result)
+    return results
+
+
+def _run_point(compiled, spec, point, train, eager, tracker) -> PointResult:
+    inputs = spec.make_inputs(**point, seed=0)
+    start = time.perf_counter()
+    with metrics.metric_localcontext("graph_compilation") as gc:
+        out, found = tracker.run(lambda: _step(compiled, spec, inputs, train))
+    used = tracker.used(found)
+    result = PointResult(point, keys_of(used), dict(gc.stats())["TotalNumber"],
+                         sum(1 for _, _, hit in found if hit), time.perf_counter() - start)
+    result.used = used  # not a field: live objects for analysis, never serialized
+    if eager is not None:
+        _compare(result, out, _step(eager, spec, inputs, train))
+    return result
+
+
+def _step(model: Callable, spec: ModelSpec, inputs: tuple, train: bool):
+    torch.manual_seed(0)  # the same dropout masks for the compiled model and eager
+    if not train:
+        with torch.no_grad():
+            return model(*spec.split(inputs))
+    output = model(*spec.split(inputs))
+    loss = spec.loss(output, *inputs)
+    loss.backward()
+    return output.detach(), loss.detach()
+
+
+def _compare(result: PointResult, got: Any, want: Any) -> None:
+    got_t, want_t = _tensors(got), _tensors(want)
+    try:
+        torch.testing.assert_close(got_t, want_t)
+    except AssertionError as e:
+        result.check_error = str(e).strip().splitlines()[0]
+    diffs = [(g.double() - w.double()).abs().max().item() for g, w in zip(got_t, want_t)
+             if g.shape == w.shape and g.numel()]
+    result.max_abs_diff = max(diffs, default=0.0)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value.detach()]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def as_spec(spec: Any) -> ModelSpec:
+    """A ModelSpec from a spec, a model-file selector, or an object/module/dict holding the model-file names."""
+    if isinstance(spec, ModelSpec):
+        return spec
+    if isinstance(spec, (str, os.PathLike)):
+        return load_model_file(spec)
+    return spec_from(spec, getattr(spec, "__name__", type(spec).__name__))
+
+
+def warmup(compiled_model: Callable, spec: Any, *, train: bool = False,
+           axes: Mapping[str, list[int]] | None = None) -> WarmReport:
+    """Run ``compiled_model`` once per shape point of ``spec`` so that serving compiles nothing.
+
+    Call it at a server's start-up: every bucket's recipes are taken into this process from the
+    disk cache (or compiled, if the cache lacks them; the report counts both). ``spec`` is a
+    ModelSpec, a model file path (``models/gpt.py``), or anything holding ``make_inputs`` and
+    ``AXES`` (a module, namespace or dict); ``axes`` overrides some of its axes.
+    """
+    spec = as_spec(spec)
+    if axes:
+        spec = spec.with_axes(axes)
+    start = time.perf_counter()
+    points = run_points(compiled_model, spec, spec.points(), train=train)
+    return WarmReport(spec.name, _mode(train), points, time.perf_counter() - start)
+
+
+def compile_spec(spec: ModelSpec, cache_config: str, *, execute: bool = True, cache: bool = True,
+                 train: bool = False) -> tuple[torch.nn.Module, Callable]:
+    """(eager model, compiled model) for a spec, against one cache configuration string."""
+    model = spec.make_model()
+    model.train(train)
+    options = dict(spec.options, model=spec.name, cache_config=cache_config, execute=execute, cache=cache)
+    kwargs = {} if spec.dynamic is None else {"dynamic": spec.dynamic}
+    return model, torch.compile(model, backend="hpu_backend", options=options, **kwargs)
+
+
+def warm(spec: ModelSpec, cache_config: str, *, train: bool = False, check: bool = False, execute: bool = True,
+         on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
+    """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk."""
+    start = time.perf_counter()
+    model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
+    eager = model if check else None
+    points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
+    flush(spec, cache_config)
+    return WarmReport(spec.name, _mode(train), points, time.perf_counter() - start)
+
+
+def flush(spec: ModelSpec, cache_config: str) -> None:
+    """Wait until every recipe put into the cache is on disk."""
+    from .settings import Settings
+    from .store import store_for
+
+    store = store_for(Settings.from_options(dict(spec.options, cache_config=cache_config)))
+    if store.disk is not None:
+        store.disk.flush()
+
+
+def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None) -> list[PointResult]:
+    """Each point's recipes and keys from a compile-only run that reads and writes no cache (coverage, analyze)."""
+    if target is not None:
+        spec = ModelSpec(**{**spec.__dict__, "options": dict(spec.options, target=target)})
+    _, compiled = compile_spec(spec, "", execute=False, cache=False, train=train)
+    return run_points(compiled, spec, spec.points(), train=train)
+
+
+# -- prebuild across processes ---------------------------------------------------------------------------
+
+_worker_state: dict[tuple, tuple] = {}
+
+
+def _prebuild_point(selector: str, axes: dict, cache_config: str, train: bool, point: dict) -> dict:
+    """Worker: compile-only run of one point (the compiled model is kept per process)."""
+    ident = (selector, cache_config, train)
+    if ident not in _worker_state:
+        spec = load_model_file(selector).with_axes(axes)
+        _worker_state[ident] = (spec, compile_spec(spec, cache_config, execute=False, train=train)[1],
+                                _GraphTracker())
+    spec, compiled, tracker = _worker_state[ident]
+    result = _run_point(compiled, spec, point, train, None, tracker)
+    flush(spec, cache_config)
+    return asdict(result)
+
+
+def prebuild(spec: ModelSpec, cache_config: str, *, jobs: int = 1, train: bool = False,
+             on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
+    """Compile every point without executing recipes, across ``jobs`` worker processes."""
+    if jobs <= 1:
+        return warm(spec, cache_config, train=train, execute=False, on_point=on_point)
+    import multiprocessing
+
+    start, results = time.perf_counter(), {}
+    points = spec.points()
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_prebuild_point, spec.path, spec.axes, cache_config, train, p): i
+                   for i, p in enumerate(points)}
+        for future in as_completed(futures):
+            result = PointResult(**future.result())
+            results[futures[future]] = result
+            if on_point is not None:
+                on_point(result)
+    ordered = [results[i] for i in range(len(points))]
+    return WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start)
+
+
+# -- manifests -------------------------------------------------------------------------------------------
+
+def manifest_path(cache_dir: Path, model: str, mode: str) -> Path:
+    """``<cache>/manifests/<model>.<mode>.json``, with the name made safe (it may come from a bundle)."""
+    name = re.sub(r"[^0-9A-Za-z_.-]", "_", f"{model}.{mode}").lstrip(".") or "model"
+    return Path(cache_dir) / MANIFEST_DIR / f"{name}.json"
+
+
+def manifest(report: WarmReport, spec: ModelSpec) -> dict[str, Any]:
+    """model → point → recipe keys, with the toolchain and compile arguments they were built under."""
+    from .keys import toolchain
+
+    return {"model": report.model, "mode": report.mode, "file": spec.path, "source_hash": spec.source_hash,
+            "toolchain": toolchain(), "compile": {"dynamic": spec.dynamic, "options": spec.options},
+            "axes": spec.axes, "created": time.time(),
+            "buckets": {p.label: p.keys for p in report.points}}
+
+
+def write_manifest(cache_dir: Path, doc: dict[str, Any]) -> Path:
+    """Write (atomically) ``<cache>/manifests/<model>.<mode>.json``; returns its path."""
+    path = manifest_path(cache_dir, doc["model"], doc["mode"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifests(cache_dir: Path) -> list[dict[str, Any]]:
+    """Every readable manifest in a cache directory (unreadable ones are skipped)."""
+    docs = []
+    for path in sorted((Path(cache_dir) / MANIFEST_DIR).glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("buckets"), dict):
+            docs.append(doc)
+    return docs
+
+
+def _mode(train: bool) -> str:
+    return "train" if train else "inference"
