@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import metrics, symexpr
+from . import fallback, metrics, symexpr
 from .buckets import Policy, policies_for
 from .keys import GraphKey, graph_key
 from .lowering import LoweringContext, LoweringError, capture_graph, lower_bucket, lower_graph
@@ -136,6 +136,7 @@ class CompiledGraph:
             recipe = self.compile_bucket(named, reason=self.first_reason if not self.recipes else "new bucket")
             if key is not None:
                 self.store.put(key, recipe, parts, detail, self.ctx.settings)
+        fallback.report(recipe, strict=self.ctx.settings.strict)  # lines, counts, cpu_fallback metric
         self.recipes[bucket] = recipe
         if key is not None:
             self.keys[bucket] = key

@@ -112,7 +112,7 @@ def default_table() -> OpTable:
         *_group("tpc", "reduction", FLOAT | INT | BOOL, REDUCTIONS),
         *_group("tpc", "softmax", FLOAT, "_softmax _log_softmax _softmax_backward_data "
                 "_log_softmax_backward_data"),
-        *_group("tpc", "norm", FLOAT, NORMS),
+        *_group("tpc", "norm", FLOAT | {"uint8"}, NORMS),  # uint8: batch norm's reserve buffer
         *_group("tpc", "index", FLOAT | INT | BOOL, INDEXING),
         *_group("tpc", "random", FLOAT | INT | BOOL, RANDOM),
         *_group("tpc", "factory", ALL, FACTORIES),
@@ -126,40 +126,50 @@ ELEMENTWISE_ANY = """
 add sub rsub mul div neg abs sign where clamp clamp_min clamp_max maximum minimum eq ne lt le gt ge
 logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor bitwise_not
 remainder fmod masked_fill relu threshold threshold_backward hardtanh isnan isinf isfinite
-ceil floor round trunc square pow copysign fmax fmin
+ceil floor round trunc square pow copysign fmax fmin signbit native_dropout_backward
 """
 ELEMENTWISE_FLOAT = """
 exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan atan2
 sinh cosh tanh asinh acosh atanh erf erfc sigmoid sigmoid_backward tanh_backward gelu
 gelu_backward silu silu_backward elu elu_backward leaky_relu leaky_relu_backward hardsigmoid
 hardswish hardsigmoid_backward hardswish_backward softplus softplus_backward mish lerp addcmul
-addcdiv nan_to_num logit xlogy frac hypot logaddexp native_dropout_backward
-hardtanh_backward relu6 sgn
+addcdiv nan_to_num logit xlogy frac hypot logaddexp hardtanh_backward relu6 sgn angle nextafter
+i0 special_i0e special_i1 special_i1e special_erfcx special_ndtri special_xlog1py special_entr igamma
+igammac _pdist_forward _cdist_forward cdist dist _trilinear
 """
 REDUCTIONS = """
 sum mean amax amin max min argmax argmin prod var var_mean std any all cumsum cumprod logsumexp
-linalg_vector_norm norm sort topk
+linalg_vector_norm norm sort topk median nanmedian mode kthvalue logcumsumexp cummax cummin aminmax
+histc searchsorted bucketize nansum
 """
 NORMS = """
 native_layer_norm native_layer_norm_backward native_batch_norm native_batch_norm_backward
 _native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
-native_group_norm native_group_norm_backward
+native_group_norm native_group_norm_backward _batch_norm_with_update _batch_norm_with_update_functional
+_batch_norm_no_update batch_norm_backward
 """
 INDEXING = """
 embedding embedding_dense_backward index index_select index_put _unsafe_index _unsafe_index_put
 gather scatter scatter_add scatter_reduce masked_scatter nll_loss_forward nll_loss_backward
 max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_backward
 _adaptive_avg_pool2d _adaptive_avg_pool2d_backward upsample_nearest2d upsample_bilinear2d
-nonzero flip roll tril triu
+nonzero nonzero_static flip roll tril triu index_reduce index_add index_copy index_fill masked_select
+take put segment_reduce grid_sampler_2d grid_sampler_3d adaptive_max_pool2d adaptive_max_pool3d
+max_pool3d_with_indices avg_pool3d _adaptive_avg_pool3d upsample_nearest1d upsample_linear1d
+upsample_bicubic2d upsample_nearest3d upsample_trilinear3d _upsample_bilinear2d_aa reflection_pad1d
+reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d _embedding_bag
+_embedding_bag_forward_only col2im im2col pixel_shuffle pixel_unshuffle
 """
 RANDOM = "rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal"
 FACTORIES = """
 full full_like zeros zeros_like ones ones_like new_zeros new_ones new_full scalar_tensor arange fill
-empty empty_like empty_strided new_empty new_empty_strided
+empty empty_like empty_strided empty_permuted new_empty new_empty_strided
 """
 LAYOUT_COPIES = """
 clone copy copy_ contiguous cat repeat constant_pad_nd lift_fresh_copy slice_scatter
-select_scatter diagonal_scatter
+select_scatter diagonal_scatter as_strided_scatter view_copy permute_copy narrow_copy unbind_copy
+as_strided_copy expand_copy t_copy transpose_copy unsqueeze_copy squeeze_copy select_copy slice_copy
+split_copy split_with_sizes_copy diagonal_copy alias_copy detach_copy unfold_copy
 """
 VIEWS = """
 view _unsafe_view reshape alias permute t transpose expand squeeze unsqueeze slice select

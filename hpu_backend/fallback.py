@@ -1,0 +1,94 @@
+"""CPU-fallback reporting in the Gaudi bridge's format: one line per fallback op, a frequency table at exit.
+
+With ``LOG_LEVEL_PT_FALLBACK`` (or ``LOG_LEVEL_ALL``) at 1 or lower, each fallback op prints
+``CPU fallback digamma : self=HPUBFloat16Type`` and the process ends with::
+
+    Frequency of op and op name that were executed on CPU:
+    1       aten::digamma
+
+on the console (stderr) when ``ENABLE_CONSOLE=true``, else through the ``hpu_backend.fallback``
+logger. Every fallback also counts in the ``cpu_fallback`` metric. A fallback is reported when a
+recipe holding it is taken up by this process (compiled, or loaded from the cache), once per
+recipe: the simulated device does not count executions.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+from collections import Counter
+from typing import Mapping
+
+from . import metrics
+from .lowering.errors import LoweringError
+from .recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+HEADER = "Frequency of op and op name that were executed on CPU:"
+
+_lock = threading.Lock()
+_counts: Counter = Counter()
+_exit_registered = False
+
+
+def enabled(env: Mapping[str, str] = os.environ) -> bool:
+    """The bridge logs fallbacks at level 1 (debug) and below; 0 is trace."""
+    level = env.get("LOG_LEVEL_PT_FALLBACK", env.get("LOG_LEVEL_ALL", ""))
+    try:
+        return int(level.strip()) <= 1
+    except ValueError:
+        return False
+
+
+def report(recipe: Recipe, strict: bool = False, env: Mapping[str, str] = os.environ) -> None:
+    """Count (and, if enabled, print) the CPU fallbacks of a recipe this process takes up.
+
+    In strict mode a recipe with fallbacks is a LoweringError: lowering raises it already, and a
+    recipe from the cache (strict is not part of its key) must not slip past it.
+    """
+    fallbacks = recipe.facts.get("placement", {}).get("fallbacks", [])
+    if not fallbacks:
+        return
+    if strict:
+        fb = fallbacks[0]
+        raise LoweringError(f"CPU fallback of {fb['op']} ({', '.join(fb['dtypes'])}) in strict mode: "
+                            f"{fb.get('reason', 'not supported on HPU')}", graph=recipe.name)
+    show = enabled(env)
+    for fb in fallbacks:
+        metrics.record_fallback(fb["op"])
+        with _lock:
+            _counts[fb["op"]] += 1
+        if show:
+            _emit(fb["line"], env)
+    if show:
+        _print_table_at_exit(env)
+
+
+def counts() -> Counter:
+    with _lock:
+        return Counter(_counts)
+
+
+def frequency_table(table: Mapping[str, int]) -> str:
+    rows = sorted(table.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "\n".join([HEADER, *(f"{n:<8}{op}" for op, n in rows)])
+
+
+def _emit(text: str, env: Mapping[str, str]) -> None:
+    if env.get("ENABLE_CONSOLE", "").strip().lower() == "true":
+        print(text, file=sys.stderr, flush=True)
+    else:
+        log.info("%s", text)
+
+
+def _print_table_at_exit(env: Mapping[str, str]) -> None:
+    global _exit_registered
+    with _lock:
+        if _exit_registered:
+            return
+        _exit_registered = True
+    atexit.register(lambda: _emit(frequency_table(counts()), env))

@@ -1,0 +1,69 @@
+"""CPU fallback reporting in the bridge's format (real subprocesses), metrics, and strict mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpu_backend import fallback
+from hpu_backend.metrics import metric_localcontext
+from tests.conftest import ROOT
+
+DIGAMMA = """
+import torch
+def f(x):
+    return torch.special.digamma(x) * 2
+x = torch.rand(8, dtype=torch.bfloat16) + 0.5
+out = torch.compile(f, backend="hpu_backend", options={"cache": False})(x)
+torch.testing.assert_close(out, f(x))
+print("RESULT OK")
+"""
+
+
+def _run(env: dict) -> tuple[str, str]:
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", DIGAMMA], capture_output=True, text=True, timeout=300,
+                          cwd=str(ROOT), env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, proc.stderr
+
+
+def test_fallback_line_and_exit_table_on_the_console():
+    out, err = _run({"LOG_LEVEL_PT_FALLBACK": "1", "ENABLE_CONSOLE": "true"})
+    console = out + err
+    assert "RESULT OK" in out
+    assert "CPU fallback digamma : self=HPUBFloat16Type" in console
+    table = console[console.index(fallback.HEADER):].splitlines()
+    assert table[:2] == [fallback.HEADER, "1       aten::digamma"]
+    assert console.index("CPU fallback digamma") < console.index(fallback.HEADER)
+
+
+def test_no_fallback_output_without_the_log_level():
+    out, err = _run({"LOG_LEVEL_PT_FALLBACK": "", "LOG_LEVEL_ALL": "", "ENABLE_CONSOLE": "true"})
+    assert "RESULT OK" in out and "CPU fallback" not in out + err and fallback.HEADER not in out + err
+
+
+def test_fallbacks_feed_the_cpu_fallback_metric():
+    x = torch.rand(8, dtype=torch.bfloat16) + 0.5
+    with metric_localcontext("cpu_fallback") as m:
+        torch.compile(lambda t: torch.special.digamma(t) + 1, backend="hpu_backend", options={"cache": False})(x)
+    stats = dict(m.stats())
+    assert stats["TotalNumber"] == 1 and stats["FallbackOps"] == {"aten::digamma": 1}
+
+
+def test_strict_mode_raises_naming_the_op():
+    x = torch.rand(8, dtype=torch.bfloat16) + 0.5
+    fn = torch.compile(lambda t: torch.special.digamma(t) + 1, backend="hpu_backend",
+                       options={"strict": True, "cache": False})
+    with pytest.raises(Exception, match=r"aten::digamma \(bfloat16\).*strict"):
+        fn(x)
+
+
+def test_frequency_table_format_and_enabled_levels():
+    assert fallback.frequency_table({"aten::digamma": 1, "aten::lgamma": 3}).splitlines() == [
+        fallback.HEADER, "3       aten::lgamma", "1       aten::digamma"]
+    assert fallback.enabled({"LOG_LEVEL_PT_FALLBACK": "1"}) and fallback.enabled({"LOG_LEVEL_ALL": "0"})
+    assert not fallback.enabled({"LOG_LEVEL_PT_FALLBACK": "3"}) and not fallback.enabled({})
