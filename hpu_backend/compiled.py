@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import weakref
 from typing import Callable
 
 import torch
@@ -40,6 +41,14 @@ def collect_recipes():
         yield found
     finally:
         _collectors.remove(found)
+
+
+_live: "weakref.WeakSet[CompiledGraph]" = weakref.WeakSet()
+
+
+def live_graphs() -> list["CompiledGraph"]:
+    """Every compiled graph alive in this process (warm-up watches them to see which recipes a call uses)."""
+    return list(_live)
 
 
 class GuardViolation(RuntimeError):
@@ -77,6 +86,7 @@ class CompiledGraph:
         self.known: dict[tuple, tuple] = {}  # symbol values -> bucket
         self.recipes: dict[tuple, Recipe] = {}  # bucket -> recipe
         self.keys: dict[tuple, str] = {}  # bucket -> recipe key (for warm-up manifests)
+        _live.add(self)
 
     @classmethod
     def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, reason: str = "new graph") -> "CompiledGraph":
