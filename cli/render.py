@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -12,8 +14,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-console = Console(highlight=False, soft_wrap=False)
-err_console = Console(stderr=True, highlight=False)
+
+
+def _width(stream) -> int | None:
+    """The terminal's width; for pipes and files, wide enough that tables are not folded."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    return None if stream.isatty() else 160
+
+
+console = Console(highlight=False, width=_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 _UNITS = ("B", "KB", "MB", "GB", "TB")
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from . import metrics
-from .compiled import collect_recipes
+from .compiled import collect_recipes, live_graphs
 from .modelfile import ModelSpec, load_model_file, point_label, spec_from
 
 MANIFEST_DIR = "manifests"
@@ -34,7 +34,7 @@ class PointResult:
     point: dict[str, int]
     keys: list[str] = field(default_factory=list)  # the recipe keys this point uses
     compiled: int = 0  # recipes built (lowered) for this point
-    hits: int = 0  # recipes found in the cache for this point
+    hits: int = 0  # recipes this point used without building them (from the cache: disk or memory)
     seconds: float = 0.0
     max_abs_diff: float | None = None  # vs eager, with check=True
     check_error: str = ""
@@ -69,29 +69,41 @@ class WarmReport:
 
 
 class _GraphTracker:
-    """Which recipes each point uses: new recipes reported by the backend, plus known buckets re-used."""
+    """Which recipes a point uses: recipes the backend takes up meanwhile, plus buckets of graphs it already had.
 
-    def __init__(self):
-        self.graphs: dict[int, Any] = {}
+    Dynamo may serve a point with graphs compiled long before (by an earlier warm-up, or by the
+    server itself), so every live graph is watched while the point runs.
+    """
 
-    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any, bool]]]:
-        for graph in self.graphs.values():
-            graph.known.clear()  # a pure memo (values → bucket): cleared, it records this point's values
-        with collect_recipes() as found:
-            out = fn()
-        for graph, _, _ in found:
-            self.graphs.setdefault(id(graph), graph)
-        return out, found
+    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any]]]:
+        """``fn()`` and the (graph, recipe) pairs it used."""
+        calls: dict[tuple[int, tuple], Any] = {}
+        graphs = live_graphs()
+        runs = [graph.run for graph in graphs]
+        for graph in graphs:
+            graph.run = _watched(graph, graph.run, calls)
+        try:
+            with collect_recipes() as found:
+                out = fn()
+        finally:
+            for graph, run in zip(graphs, runs):
+                graph.run = run
+        used = {id(r): (g, r) for g, r, _ in found}
+        for (_, bucket), graph in calls.items():
+            recipe = graph.recipes.get(bucket)
+            if recipe is not None:
+                used.setdefault(id(recipe), (graph, recipe))
+        return out, list(used.values())
 
-    def used(self, found: list) -> list[tuple[Any, Any]]:
-        """(compiled graph, recipe) for every recipe the last run used, each once."""
-        pairs = {id(r): (g, r) for g, r, _ in found}
-        for graph in self.graphs.values():
-            for bucket in set(graph.known.values()):
-                recipe = graph.recipes.get(bucket)
-                if recipe is not None:
-                    pairs.setdefault(id(recipe), (graph, recipe))
-        return list(pairs.values())
+
+def _watched(graph, run: Callable[[list], list], calls: dict) -> Callable[[list], list]:
+    def watched(args: list) -> list:
+        values = graph.read_symbols(args) if graph.read_symbols is not None else None
+        bucket = () if values is None else graph.known.get(values, ())
+        calls[(id(graph), bucket)] = graph
+        return run(args)
+
+    return watched
 
 
 def keys_of(used: list[tuple[Any, Any]]) -> list[str]:
@@ -118,10 +130,9 @@ def _run_point(compiled, spec, point, train, eager, tracker) -> PointResult:
     inputs = spec.make_inputs(**point, seed=0)
     start = time.perf_counter()
     with metrics.metric_localcontext("graph_compilation") as gc:
-        out, found = tracker.run(lambda: _step(compiled, spec, inputs, train))
-    used = tracker.used(found)
-    result = PointResult(point, keys_of(used), dict(gc.stats())["TotalNumber"],
-                         sum(1 for _, _, hit in found if hit), time.perf_counter() - start)
+        out, used = tracker.run(lambda: _step(compiled, spec, inputs, train))
+    built = dict(gc.stats())["TotalNumber"]
+    result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start)
     result.used = used  # not a field: live objects for analysis, never serialized
     if eager is not None:
         _compare(result, out, _step(eager, spec, inputs, train))

@@ -1,0 +1,46 @@
+"""Helpers shared by the CLI and warm-up tests: a tiny model file and a CliRunner wrapper."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from hpurecipe.main import app
+
+TINY = '''
+import torch
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+def make_inputs(batch, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 8, generator=g), torch.randint(0, 4, (batch,), generator=g)
+
+def loss(output, x, labels):
+    return torch.nn.functional.cross_entropy(output, labels)
+
+MODEL_INPUTS = 1
+AXES = {"batch": [2, 8]}
+COMPILE = {"dynamic": True, "options": {"buckets": "exp:2"}}
+'''
+
+
+def tiny_model(directory: Path, name: str = "tiny", text: str = TINY) -> Path:
+    path = Path(directory) / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+def cli(*args, input: str | None = None, code: int = 0):
+    """Run hpurecipe in-process; check the exit code; return the result."""
+    result = CliRunner().invoke(app, [str(a) for a in args], input=input)
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    return result
+
+
+def cli_json(*args, code: int = 0):
+    return json.loads(cli(*args, "--json", code=code).stdout)

@@ -1,0 +1,263 @@
+"""hpurecipe commands through typer's CliRunner on real temporary caches, with a tiny model file."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+
+import pytest
+
+from hpu_backend.warmup import read_manifests
+from recipecache import CacheConfig, RecipeCache
+
+from cli_helpers import TINY, cli, cli_json, tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_file(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def warmed_master(tmp_path_factory, tiny_file):
+    cache = tmp_path_factory.mktemp("warmed") / "cache"
+    cli("warm", tiny_file, "--cache-dir", cache)
+    return cache
+
+
+@pytest.fixture
+def warmed(tmp_path, warmed_master):
+    """A private copy of a cache warmed with the tiny model (2 buckets, 2 recipes)."""
+    return shutil.copytree(warmed_master, tmp_path / "cache")
+
+
+def keys_of(cache_dir) -> list[str]:
+    return sorted(row["key"] for row in cli_json("ls", "-d", cache_dir))
+
+
+# -- warm / prebuild / coverage / analyze ------------------------------------------------------------------
+
+def test_warm_fills_the_cache_then_hits_and_writes_a_manifest(tmp_path, tiny_file):
+    cache = tmp_path / "c"
+    first = cli_json("warm", tiny_file, "-d", cache)
+    assert (first["buckets"], first["compiled"], first["hits"]) == (2, 2, 0) and first["seconds"] > 0
+    again = cli_json("warm", tiny_file, "-d", cache)
+    assert (again["buckets"], again["compiled"], again["hits"]) == (2, 0, 2)
+    (manifest,) = read_manifests(cache)
+    assert manifest["model"] == "tiny" and set(manifest["buckets"]) == {"batch=2", "batch=8"}
+    assert sorted(k for ks in manifest["buckets"].values() for k in ks) == keys_of(cache)
+
+
+def test_warm_human_output_has_a_table_and_summary(tmp_path, tiny_file):
+    out = cli("warm", tiny_file, "-d", tmp_path / "c", "--check").output
+    assert "batch=8" in out and "compiled" in out and "ok" in out
+    assert "2 buckets, 2 recipes: 2 compiled, 0 from the cache" in out
+
+
+def test_warm_check_compares_with_eager(tmp_path, tiny_file):
+    doc = cli_json("warm", tiny_file, "-d", tmp_path / "c", "--check")
+    assert doc["mismatches"] == 0 and all(p["max_abs_diff"] is not None for p in doc["points"])
+
+
+def test_warm_train_caches_forward_and_backward(tmp_path, tiny_file):
+    cache = tmp_path / "c"
+    doc = cli_json("warm", tiny_file, "-d", cache, "--train", "--check")
+    assert doc["mode"] == "train" and doc["mismatches"] == 0
+    kinds = {row["kind"] for row in cli_json("ls", "-d", cache)}
+    assert kinds == {"forward", "backward"}
+
+
+def test_axis_override_and_bad_axes(tmp_path, tiny_file):
+    doc = cli_json("warm", tiny_file, "-d", tmp_path / "c", "--axis", "batch=3,4,16")
+    assert [p["point"] for p in doc["points"]] == [{"batch": 3}, {"batch": 4}, {"batch": 16}]
+    assert "no axis seq" in cli("warm", tiny_file, "--axis", "seq=1", code=1).output
+    assert "NAME=V1,V2" in cli("warm", tiny_file, "--axis", "batch", code=2).output
+
+
+def test_prebuild_in_process_matches_warm(tmp_path, tiny_file, warmed):
+    doc = cli_json("prebuild", tiny_file, "-d", tmp_path / "p")
+    assert doc["compiled"] == 2
+    assert keys_of(tmp_path / "p") == keys_of(warmed)
+
+
+def test_model_file_missing_names_is_one_line(tmp_path):
+    bad = tiny_model(tmp_path, "bad", "import torch\ndef make_model():\n    return torch.nn.Linear(2, 2)\n")
+    result = cli("warm", bad, "-d", tmp_path / "c", code=1)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "missing make_inputs" in lines[0] and "AXES" in lines[0] and "COMPILE" in lines[0]
+    assert "no such model file" in cli("warm", tmp_path / "nope.py", code=1).output
+
+
+def test_coverage_is_a_deployment_gate(tmp_path, tiny_file, warmed):
+    doc = cli_json("coverage", tiny_file, "-d", warmed)
+    assert (doc["buckets"], doc["covered"], doc["uncovered"]) == (2, 2, [])
+    assert "2 of 2 buckets covered" in cli("coverage", tiny_file, "-d", warmed).output
+    victim = doc["points"][1]
+    cli("evict", "-d", warmed, "--key", cli_json("ls", "-d", warmed)[0]["key"], "--yes")
+    missing = cli_json("coverage", tiny_file, "-d", warmed, code=1)
+    assert missing["covered"] == 1 and len(missing["uncovered"]) == 1 and victim["recipes"] == 1
+    assert "not fully cached" in cli("coverage", tiny_file, "-d", tmp_path / "empty", code=1).output
+
+
+def test_analyze_reports_buckets_and_largest_batch(tiny_file):
+    doc = cli_json("analyze", tiny_file, "--target", "gaudi3")
+    assert doc["target"] == "gaudi3" and [r["bucket"] for r in doc["buckets"]] == ["batch=2", "batch=8"]
+    row = doc["buckets"][1]
+    assert row["fallbacks"] == 0 and row["graph_breaks"] == 0 and row["recipes"] == 1
+    assert row["time_s"] > 0 and row["peak_hbm_bytes"] > 0
+    assert doc["max_batch"]["batch"] > 8
+    out = cli("analyze", tiny_file).output
+    assert "peak HBM" in out and "Largest batch" in out
+    assert "gaudi2 or gaudi3" in cli("analyze", tiny_file, "--target", "tpu", code=2).output
+
+
+# -- inspecting ----------------------------------------------------------------------------------------
+
+def test_ls_lists_entries_sorted_and_filtered(warmed):
+    rows = cli_json("ls", "-d", warmed, "--sort", "size")
+    assert len(rows) == 2 and {r["model"] for r in rows} == {"tiny"}
+    assert [r["size"] for r in rows] == sorted((r["size"] for r in rows), reverse=True)
+    assert cli_json("ls", "-d", warmed, "--model", "other") == []
+    out = cli("ls", "-d", warmed).output
+    assert rows[0]["key"][:12] in out and "s0=" in out and ("ago" in out or "just now" in out)
+
+
+def test_missing_or_empty_cache_is_a_friendly_message(tmp_path):
+    assert "No recipe cache at" in cli("ls", "-d", tmp_path / "none").output
+    assert cli_json("ls", "-d", tmp_path / "none") == []
+    assert cli_json("stats", "-d", tmp_path / "none")["entries"] == 0
+    out = cli("show", "abc", "-d", tmp_path / "none", code=1).output
+    assert out.startswith("error: no recipe cache") and len(out.strip().splitlines()) == 1
+    RecipeCache(CacheConfig(tmp_path / "empty", max_size_mb=10))
+    assert "No entries" in cli("ls", "-d", tmp_path / "empty").output
+    assert "Nothing to evict" in cli("evict", "-d", tmp_path / "empty", "--older-than", "1d").output
+
+
+def test_show_prints_a_recipe_by_unique_prefix(warmed):
+    key = keys_of(warmed)[0]
+    doc = cli_json("show", key[:6], "-d", warmed)
+    assert doc["key"] == key and doc["model"] == "tiny" and doc["kind"] == "inference"
+    assert doc["inputs"] and doc["outputs"][0]["shape"] and "placement" in doc and "guards" in doc
+    assert "compile_time_s" in doc["facts"]
+    out = cli("show", key[:6], "-d", warmed).output
+    for section in ("inputs", "outputs", "placement", "guards", "toolchain"):
+        assert section in out
+    assert "no entry with key" in cli("show", "zzzz", "-d", warmed, code=1).output
+    assert "ambiguous" in cli("show", "", "-d", warmed, code=1).output
+
+
+def test_show_does_not_count_as_a_hit(warmed):
+    before = cli_json("stats", "-d", warmed)["hits"]
+    cli("show", keys_of(warmed)[0], "-d", warmed)
+    assert cli_json("stats", "-d", warmed)["hits"] == before
+
+
+def test_stats_and_zero(tmp_path, tiny_file, warmed):
+    cli("warm", tiny_file, "-d", warmed)  # all hits
+    doc = cli_json("stats", "-d", warmed)
+    assert doc["entries"] == 2 and doc["hits"] >= 2 and doc["compile_time_saved_s"] > 0
+    assert "compile time saved" in cli("stats", "-d", warmed).output
+    cli("stats", "-d", warmed, "--zero")
+    assert cli_json("stats", "-d", warmed)["hits"] == 0
+
+
+def test_explain_names_the_differing_parts(warmed):
+    a, b = keys_of(warmed)
+    doc = cli_json("explain", a[:8], b[:8], "-d", warmed)
+    assert [row["part"] for row in doc["differ"]] == ["bucket"]
+    assert "bucket" in cli("explain", a, b, "-d", warmed).output
+    assert "same key parts" in cli("explain", a, a, "-d", warmed).output
+
+
+# -- changing ------------------------------------------------------------------------------------------
+
+def test_evict_plans_then_honours_dry_run_confirmation_and_filters(warmed):
+    keys = keys_of(warmed)
+    plan = cli_json("evict", "-d", warmed, "--max-size", "0", "--dry-run")
+    assert len(plan["plan"]) == 2 and keys_of(warmed) == keys
+    assert "Would evict 2 entries" in cli("evict", "-d", warmed, "--max-size", "0", "--dry-run").output
+    out = cli("evict", "-d", warmed, "--key", keys[0][:8], input="n\n").output
+    assert "Nothing changed" in out and keys_of(warmed) == keys
+    assert "Nothing to evict" in cli("evict", "-d", warmed, "--older-than", "7d").output
+    assert "Nothing to evict" in cli("evict", "-d", warmed, "--model", "other", "--yes").output
+    assert "Evicted 1 entries" in cli("evict", "-d", warmed, "--key", keys[0][:8], input="y\n").output
+    assert keys_of(warmed) == keys[1:]
+    cli("evict", "-d", warmed, "--model", "tiny", "--yes")
+    assert keys_of(warmed) == []
+    assert "expected a size" in cli("evict", "-d", warmed, "--max-size", "lots", code=2).output
+
+
+def test_clear_asks_unless_yes(warmed):
+    assert "Nothing changed" in cli("clear", "-d", warmed, input="n\n").output
+    assert len(keys_of(warmed)) == 2
+    assert "Removed 2 entries" in cli("clear", "-d", warmed, "--yes").output
+    assert keys_of(warmed) == []
+
+
+def test_verify_finds_damage_and_payloads_that_are_not_recipes(warmed):
+    assert cli_json("verify", "-d", warmed) == {"entries": 2, "bad": 0, "fixed": False, "problems": []}
+    victim = next((warmed / "entries").rglob(keys_of(warmed)[0] + "*"))
+    data = bytearray(victim.read_bytes())
+    data[-20] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    cache = RecipeCache(CacheConfig(warmed, max_size_mb=100))
+    cache.put("notarecipe", b"\x01\x02 not msgpack of a recipe", {"model": "x"}, wait=True)
+    doc = cli_json("verify", "-d", warmed, code=1)
+    assert doc["bad"] == 2 and {p["entry"] for p in doc["problems"]} >= {"notarecipe"}
+    assert "verify --fix" in cli("verify", "-d", warmed, code=1).output
+    assert cli_json("verify", "-d", warmed, "--fix")["fixed"] is True
+    assert cli_json("verify", "-d", warmed) == {"entries": 1, "bad": 0, "fixed": False, "problems": []}
+
+
+def test_export_import_round_trip_and_coverage(tmp_path, tiny_file, warmed):
+    bundle = tmp_path / "tiny.tar"
+    assert cli_json("export", bundle, "-d", warmed, "--model", "tiny")["entries"] == 2
+    target = tmp_path / "imported"
+    doc = cli_json("import", bundle, "-d", target)
+    assert (doc["imported"], doc["present"], doc["manifests"]) == (2, 0, 1)
+    assert keys_of(target) == keys_of(warmed) and read_manifests(target)[0]["model"] == "tiny"
+    cli("coverage", tiny_file, "-d", target)
+    assert cli_json("import", bundle, "-d", target)["present"] == 2
+    assert "no entries for model other" in cli("export", bundle, "-d", warmed, "--model", "other", code=1).output
+
+
+def _rewrite(bundle, tmp_path, edit) -> "Path":
+    out = tmp_path / "edited.tar"
+    with tarfile.open(bundle) as src, tarfile.open(out, "w") as dst:
+        for member in src.getmembers():
+            data = edit(member.name, src.extractfile(member).read())
+            member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
+    return out
+
+
+def test_import_refuses_another_toolchain_unless_forced_and_damaged_entries(tmp_path, warmed):
+    bundle = tmp_path / "b.tar"
+    cli("export", bundle, "-d", warmed)
+
+    def other_torch(name, data):
+        if name != "bundle.json":
+            return data
+        info = json.loads(data)
+        info["toolchain"]["torch"] = "1.0"
+        return json.dumps(info).encode()
+
+    foreign = _rewrite(bundle, tmp_path, other_torch)
+    out = cli("import", foreign, "-d", tmp_path / "t", code=1).output
+    assert "another toolchain" in out and "--force" in out and len(out.strip().splitlines()) == 1
+    assert cli_json("import", foreign, "-d", tmp_path / "t", "--force")["imported"] == 2
+
+    def flip(name, data):
+        return data[:-20] + bytes([data[-20] ^ 0xFF]) + data[-19:] if name.startswith("entries/") else data
+
+    out = cli("import", _rewrite(bundle, tmp_path, flip), "-d", tmp_path / "u", code=1).output
+    assert "fails its check" in out
+    (tmp_path / "junk.tar").write_bytes(b"not a tar")
+    assert "not a bundle" in cli("import", tmp_path / "junk.tar", "-d", tmp_path / "u", code=1).output
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert "color" in cli("ls", "--sort", "color", code=2).output
+    assert "Missing argument" in cli("warm", code=2).output
