@@ -30,7 +30,8 @@ def _register_alias() -> None:
 
 _register_alias()
 
+from .analysis import analyze  # noqa: E402
 from .backend import hpu_backend  # noqa: E402
 from .settings import Settings, SettingsError  # noqa: E402
 
-__all__ = ["hpu_backend", "Settings", "SettingsError", "__version__"]
+__all__ = ["analyze", "hpu_backend", "Settings", "SettingsError", "__version__"]
