@@ -16,6 +16,7 @@ import weakref
 from typing import Callable
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import fallback, metrics, symexpr
 from .buckets import Policy, policies_for
@@ -93,7 +94,8 @@ class CompiledGraph:
         ctx.gm = gm
         captured = capture_graph(gm, ctx)
         try:
-            run = build_callable(captured) if ctx.settings.execute else build_dry_run(captured)
+            with unset_fake_temporarily():  # constants must be real tensors, not the tracer's fakes
+                run = build_callable(captured) if ctx.settings.execute else build_dry_run(captured)
             policies = policies_for(ctx.settings.buckets, captured.symbols)
         except (RecipeLoadError, ValueError) as e:
             raise LoweringError(str(e), graph=ctx.name) from e

@@ -94,6 +94,11 @@ class _Codegen:
             return self.bind(LAYOUTS[v])
         if tag == "memory_format" and v in MEMORY_FORMATS:
             return self.bind(MEMORY_FORMATS[v])
+        if tag == "op" and isinstance(v, str):  # an op passed as an argument (with_effects)
+            try:
+                return self.bind(ops.resolve(v))
+            except ops.OpNotAllowed as e:
+                raise RecipeLoadError(str(e)) from None
         if tag == "complex" and isinstance(v, list) and len(v) == 2:
             return self.bind(complex(float(v[0]), float(v[1])))
         raise RecipeLoadError(f"unsupported tagged argument {tag!r}={v!r:.60}")

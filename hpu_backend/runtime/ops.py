@@ -29,6 +29,12 @@ MUTATING_ALLOWED = frozenset({"copy_"})
 # Ops that read or write files or process state: never allowed, whatever their tags say.
 DENY_ATEN = frozenset({"from_file", "_debug_has_internal_overlap", "set_", "_set_grad_enabled"})
 
+def _with_effects(token, op, *args, **kwargs):
+    """torch.ops.higher_order.with_effects: run an effectful op in order; the token passes through."""
+    out = op(*args, **kwargs)
+    return (token, *out) if isinstance(out, tuple) else (token, out)
+
+
 SYM_OPS = {
     "operator::add": operator.add, "operator::sub": operator.sub, "operator::mul": operator.mul,
     "operator::floordiv": operator.floordiv, "operator::truediv": operator.truediv,
@@ -40,9 +46,11 @@ SYM_OPS = {
     "math::sqrt": math.sqrt, "torch::sym_float": torch.sym_float, "torch::sym_int": torch.sym_int,
     "torch::sym_max": torch.sym_max, "torch::sym_min": torch.sym_min, "torch::sym_not": torch.sym_not,
     "torch::sym_sqrt": getattr(torch, "_sym_sqrt", math.sqrt),
+    "higher_order::with_effects": _with_effects,
 }
 
-SYM_FUNCTIONS = {fn: name for name, fn in SYM_OPS.items()}
+SYM_FUNCTIONS = {fn: name for name, fn in SYM_OPS.items() if fn is not _with_effects}
+SYM_FUNCTIONS[torch.ops.higher_order.with_effects] = "higher_order::with_effects"
 
 
 @functools.cache

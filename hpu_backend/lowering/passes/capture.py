@@ -144,6 +144,8 @@ class _Capture:
             return {"layout": str(a).removeprefix("torch.")}
         if isinstance(a, torch.memory_format):
             return {"memory_format": str(a).removeprefix("torch.")}
+        if isinstance(a, torch._ops.OpOverload):
+            return {"op": ops.op_name(a)}
         if isinstance(a, complex):
             return {"complex": [a.real, a.imag]}
         raise LoweringError(f"unsupported argument {a!r:.60} of type {type(a).__name__}", node=node)
