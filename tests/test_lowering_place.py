@@ -119,10 +119,24 @@ def test_independent_fallback_does_not_split_a_cluster():
     assert hpu == {0} and r.facts["transfers"] == [{"value": "arg1_1", "to": "cpu"}, {"value": "digamma", "to": "hpu"}]
 
 
-def test_partition_needs_the_graph():
-    captured, ctx = context(lambda x: x + 1, torch.randn(2))
+def test_partition_works_from_recipe_data_alone_and_keeps_clusters_acyclic():
+    def f(x):
+        a = torch.relu(x)
+        b = torch.special.digamma(a.bfloat16())  # CPU
+        c = a * 2  # independent of the fallback: stays in the first cluster
+        return b.float() + c
+
+    captured, ctx = context(f, torch.randn(8))
     placed = place(captured, ctx)
-    ctx.gm = None
-    with pytest.raises(LoweringError, match="ctx.gm"):
-        partition(placed, ctx)
-    assert find_transfers(placed, ctx).facts["transfers"] == []
+    ctx.gm = None  # a recipe without its FX graph partitions the same way
+    r = partition(placed, ctx)
+    cluster = {n.name: n.cluster for n in r.nodes}
+    assert cluster["relu"] == cluster["mul"] == 0 and cluster["add"] == 1 and cluster["digamma"] == -1
+    assert r.facts["clusters"] == {"count": 2, "sizes": [3, 2]}
+    order = {n.name: i for i, n in enumerate(r.nodes)}
+    for n in r.nodes:  # no edge goes from a later cluster back to an earlier one
+        for ref in (x["r"] for x in n.args if isinstance(x, dict)):
+            if ref in cluster and cluster[ref] >= 0 and n.cluster >= 0:
+                assert cluster[ref] <= n.cluster, (ref, n.name, order[ref])
+    assert find_transfers(r, ctx).facts["transfers"] == [{"value": "_to_copy", "to": "cpu"},
+                                                         {"value": "digamma", "to": "hpu"}]

@@ -5,13 +5,23 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from .. import symexpr
-from ..recipe import Node, Recipe, ValueSpec, iter_refs
+import copy
+
+from ..recipe import Node, Recipe, ValueSpec
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
     "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16, "uint16": 2, "uint32": 4, "uint64": 8,
 }
+
+
+def with_fields(node: Node, **changes) -> Node:
+    """A copy of ``node`` with some fields changed (cheaper than dataclasses.replace on hot paths)."""
+    out = copy.copy(node)
+    for k, v in changes.items():
+        setattr(out, k, v)
+    return out
 
 
 def spec_map(recipe: Recipe) -> dict[str, list[ValueSpec]]:
@@ -25,8 +35,20 @@ def spec_map(recipe: Recipe) -> dict[str, list[ValueSpec]]:
 
 
 def node_refs(node: Node) -> list[str]:
-    """The value names a node reads, in argument order, each once."""
-    return list(dict.fromkeys(iter_refs([node.args, list(node.kwargs.values())])))
+    """The value names a node reads, in argument order, each once (hot: no generators)."""
+    out: list[str] = []
+    stack = list(reversed(node.args)) + list(reversed(node.kwargs.values())) if node.kwargs else list(reversed(node.args))
+    while stack:
+        a = stack.pop()
+        if isinstance(a, dict):
+            if len(a) == 1 and "r" in a:
+                if a["r"] not in out:
+                    out.append(a["r"])
+            else:
+                stack.extend(reversed(list(a.values())))
+        elif isinstance(a, list):
+            stack.extend(reversed(a))
+    return out
 
 
 def is_tensor_value(specs: list[ValueSpec] | None) -> bool:

@@ -19,6 +19,7 @@ from ...recipe import Recipe
 from ..context import LoweringContext
 from ..graphview import GraphView
 from ..optable import packet_name
+from ..values import with_fields
 
 SDPA = {"_scaled_dot_product_flash_attention_for_cpu": "fused_sdpa",
         "_scaled_dot_product_flash_attention_for_cpu_backward": "fused_sdpa_bwd",
@@ -140,7 +141,7 @@ def _one_cluster(view: GraphView, names: list[str]) -> bool:
 
 def _record(recipe: Recipe, view: GraphView, groups) -> Recipe:
     fusion_of = {m: i for i, (_, members) in enumerate(groups) for m in members}
-    nodes = [dataclasses.replace(n, fusion=fusion_of.get(n.name, n.fusion)) for n in recipe.nodes]
+    nodes = [with_fields(n, fusion=fusion_of[n.name]) if n.name in fusion_of else n for n in recipe.nodes]
     fusions = [{"id": i, "kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster}
                for i, (kind, members) in enumerate(groups)]
     return dataclasses.replace(recipe, nodes=nodes, facts=dict(recipe.facts, fusions=fusions))

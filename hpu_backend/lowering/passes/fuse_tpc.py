@@ -16,7 +16,7 @@ from ...recipe import Recipe
 from ..context import LoweringContext
 from ..graphview import GraphView
 from ..optable import FUSIBLE_KINDS, shared_table
-from ..values import numel_key
+from ..values import numel_key, with_fields
 
 
 def fuse_tpc(recipe: Recipe, ctx: LoweringContext) -> Recipe:
@@ -95,5 +95,5 @@ def _record(recipe: Recipe, view: GraphView, kinds, groups: list[list[str]]) -> 
         fusions.append({"id": fid, "kind": "tpc_reduction" if reduces else "tpc_elementwise",
                         "nodes": ordered, "cluster": view.nodes[ordered[0]].cluster})
         fusion_of.update(dict.fromkeys(members, fid))
-    nodes = [dataclasses.replace(n, fusion=fusion_of.get(n.name, n.fusion)) for n in recipe.nodes]
+    nodes = [with_fields(n, fusion=fusion_of[n.name]) if n.name in fusion_of else n for n in recipe.nodes]
     return dataclasses.replace(recipe, nodes=nodes, facts=dict(recipe.facts, fusions=fusions))

@@ -17,7 +17,7 @@ from ...recipe import Node, Recipe
 from .. import optable
 from ..context import LoweringContext
 from ..errors import LoweringError
-from ..values import is_tensor_value, node_refs, spec_map, tensor_dtypes
+from ..values import is_tensor_value, node_refs, spec_map, tensor_dtypes, with_fields
 
 # c10 ScalarType names, as the bridge prints them in "HPU<Name>Type".
 SCALAR_TYPE = {
@@ -33,9 +33,10 @@ def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = 
     specs = spec_map(recipe)
     nodes, placed, fallbacks = [], {}, []
     for node in recipe.nodes:
-        why = _fallback_reason(node, specs, placed, table, ctx.settings.place_on_cpu)
-        decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, specs, placed, table)
-        node = dataclasses.replace(node, **decision)
+        refs = node_refs(node)
+        why = _fallback_reason(node, refs, specs, placed, table, ctx.settings.place_on_cpu)
+        decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, refs, specs, placed, table)
+        node = with_fields(node, **decision)
         placed[node.name] = node.placement
         if why is not None:
             fallbacks.append(_fallback(node, specs, why, ctx))
@@ -45,41 +46,40 @@ def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = 
     return dataclasses.replace(recipe, nodes=nodes, facts=facts)
 
 
-def _decide(node: Node, specs, placed: dict[str, str], table: optable.OpTable) -> dict:
+def _decide(node: Node, refs: list[str], specs, placed: dict[str, str], table: optable.OpTable) -> dict:
     """The placement and engine of a node that does not fall back."""
-    refs = node_refs(node)
-    if _is_element_of(node, specs, placed):
+    if _is_element_of(node, refs, specs, placed):
         return {"placement": placed[refs[0]], "engine": "view"}  # an element of a multi-output op
     if optable.is_host_op(node.op):
         return {"placement": "hpu", "engine": "host"}
     return {"placement": "hpu", "engine": table.lookup(node.op).engine}
 
 
-def _is_element_of(node: Node, specs, placed) -> bool:
-    refs = node_refs(node)
+def _is_element_of(node: Node, refs: list[str], specs, placed) -> bool:
     return (node.op == "operator::getitem" and bool(refs) and refs[0] in placed
             and is_tensor_value(specs.get(refs[0])))
 
 
-def _fallback_reason(node: Node, specs, placed, table: optable.OpTable, on_cpu: frozenset) -> str | None:
+def _fallback_reason(node: Node, refs: list[str], specs, placed, table: optable.OpTable,
+                     on_cpu: frozenset) -> str | None:
     """Why a node falls back to the CPU, or None if it runs on the HPU (or the host)."""
-    if _is_element_of(node, specs, placed) or optable.is_host_op(node.op):
+    if _is_element_of(node, refs, specs, placed) or optable.is_host_op(node.op):
         return None
     if _user_placed_on_cpu(node.op, on_cpu):
         return "placed on CPU by PT_HPU_PLACE_ON_CPU"
     record = table.lookup(node.op)
     if record is None:
         return "op not supported on HPU"
-    dtypes = _dtypes(node, specs)
+    dtypes = _dtypes(node, refs, specs)
     if not record.capable(dtypes):
         bad = [d for d in dtypes if d not in record.dtypes]
         return f"dtype {', '.join(bad)} not supported on HPU"
     return None
 
 
-def _dtypes(node: Node, specs) -> list[str]:
+def _dtypes(node: Node, refs: list[str], specs) -> list[str]:
     """Dtypes the op reads and writes (the bridge checks both)."""
-    found = [d for r in node_refs(node) for d in tensor_dtypes(specs.get(r))]
+    found = [d for r in refs for d in tensor_dtypes(specs.get(r))]
     return sorted(set(found + tensor_dtypes(node.out)))
 
 
@@ -90,7 +90,7 @@ def _user_placed_on_cpu(op: str, names: frozenset) -> bool:
 
 
 def _fallback(node: Node, specs, why: str, ctx: LoweringContext) -> dict:
-    dtypes = _dtypes(node, specs)
+    dtypes = _dtypes(node, node_refs(node), specs)
     packet = optable.packet_name(node.op)
     if ctx.settings.strict:
         raise LoweringError(f"CPU fallback of aten::{packet} ({', '.join(dtypes) or 'no tensors'}) "
