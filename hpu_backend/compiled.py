@@ -92,14 +92,16 @@ class CompiledGraph:
     @classmethod
     def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, reason: str = "new graph") -> "CompiledGraph":
         ctx.gm = gm
-        captured = capture_graph(gm, ctx)
+        with _phase("capture"):
+            captured = capture_graph(gm, ctx)
         try:
-            with unset_fake_temporarily():  # constants must be real tensors, not the tracer's fakes
+            with _phase("executor"), unset_fake_temporarily():  # constants must be real tensors
                 run = build_callable(captured) if ctx.settings.execute else build_dry_run(captured)
             policies = policies_for(ctx.settings.buckets, captured.symbols)
         except (RecipeLoadError, ValueError) as e:
             raise LoweringError(str(e), graph=ctx.name) from e
-        gkey = _safe_graph_key(captured, ctx)
+        with _phase("key"):
+            gkey = _safe_graph_key(captured, ctx)
         graph = cls(ctx, captured, run, policies, gkey, store_for(ctx.settings), reason)
         if not captured.symbols:
             graph.ensure(())
@@ -141,7 +143,8 @@ class CompiledGraph:
         hit = False
         if self.gkey is not None:
             key, parts, detail = self.gkey.for_bucket(named)
-            recipe = self.store.get(key)
+            with _phase("cache_get"):
+                recipe = self.store.get(key)
             hit = recipe is not None
             metrics.record_cache(self.ctx.name, hit=hit)
         if recipe is None:
@@ -167,10 +170,20 @@ class CompiledGraph:
             self.template = lower_graph(self.captured, self.ctx)
         recipe = lower_bucket(self.template, self.ctx)
         seconds = time.perf_counter() - start
+        metrics.record_phase("lowering", seconds)
         recipe.facts["compile_time_s"] = seconds
         metrics.record_compilation(seconds, reason)
         log.debug("compiled %s bucket %s in %.1f ms (%s)", self.ctx.name, bucket, seconds * 1e3, reason)
         return recipe
+
+
+@contextlib.contextmanager
+def _phase(name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics.record_phase(name, time.perf_counter() - start)
 
 
 def _safe_graph_key(captured: Recipe, ctx: LoweringContext) -> GraphKey | None:

@@ -28,6 +28,20 @@ _COUNTERS: dict[str, dict[str, Any]] = {
 }
 
 
+# Time spent in each compile phase of this backend (seconds), for benchmarks; not a bridge metric.
+_PHASES: Counter = Counter()
+
+
+def record_phase(name: str, seconds: float) -> None:
+    with _lock:
+        _PHASES[name] += seconds
+
+
+def phase_times() -> dict[str, float]:
+    with _lock:
+        return dict(_PHASES)
+
+
 class MetricError(KeyError):
     """An unknown metric name (raised by ``metric_global`` / ``metric_localcontext``)."""
 

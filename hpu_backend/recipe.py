@@ -10,6 +10,7 @@ annotations below before anything else looks at it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -109,48 +110,71 @@ class Recipe:
 
 def _build(tp: Any, value: Any, where: str) -> Any:
     """Check ``value`` against annotation ``tp`` and construct dataclasses; RecipeFormatError if off."""
+    return _converter(tp)(value, where)
+
+
+@functools.cache
+def _converter(tp: Any):
+    """A function (value, where) -> checked value for annotation ``tp``, built once per type."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
+        return _dataclass_converter(tp)
+    if tp is Any:
+        return lambda v, where: v
+    if origin in (Union, types.UnionType):
+        options = [_converter(t) for t in typing.get_args(tp)]
+        return functools.partial(_first_match, options, tp)
+    if origin in (list, dict):
+        item = _converter(typing.get_args(tp)[-1])
+        return functools.partial(_list if origin is list else _map, item)
+    if tp is type(None):
+        return functools.partial(_scalar, (type(None),))
+    return functools.partial(_scalar, (tp,))
+
+
+def _dataclass_converter(tp: type):
+    hints = typing.get_type_hints(tp)
+    fields = {f.name: _converter(hints[f.name]) for f in dataclasses.fields(tp)}
+
+    def convert(value: Any, where: str):
         if not isinstance(value, dict):
             raise RecipeFormatError(f"{where}: expected a map, got {type(value).__name__}")
-        hints = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        unknown = set(value) - names
+        unknown = set(value) - set(fields)
         if unknown:
             raise RecipeFormatError(f"{where}: unknown fields {sorted(unknown)}")
-        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in value.items()}
         try:
-            return tp(**kwargs)
+            return tp(**{k: fields[k](v, f"{where}.{k}") for k, v in value.items()})
         except TypeError as e:
             raise RecipeFormatError(f"{where}: {e}") from None
-    if tp is Any:
+
+    return convert
+
+
+def _first_match(options, tp, value, where):
+    for option in options:
+        try:
+            return option(value, where)
+        except RecipeFormatError:
+            continue
+    raise RecipeFormatError(f"{where}: {value!r:.60} does not match {tp}")
+
+
+def _list(item, value, where):
+    if not isinstance(value, list):
+        raise RecipeFormatError(f"{where}: expected a list, got {type(value).__name__}")
+    return [item(v, where) for v in value]
+
+
+def _map(item, value, where):
+    if not isinstance(value, dict):
+        raise RecipeFormatError(f"{where}: expected a map, got {type(value).__name__}")
+    return {k: item(v, where) for k, v in value.items()}
+
+
+def _scalar(types_, value, where):
+    if type(value) in types_:  # exact: a bool is not an int here, an int is not a float
         return value
-    if origin in (Union, types.UnionType):
-        for option in typing.get_args(tp):
-            try:
-                return _build(option, value, where)
-            except RecipeFormatError:
-                continue
-        raise RecipeFormatError(f"{where}: {value!r:.60} does not match {tp}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise RecipeFormatError(f"{where}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(tp)
-        return [_build(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise RecipeFormatError(f"{where}: expected a map, got {type(value).__name__}")
-        _, item = typing.get_args(tp)
-        return {k: _build(item, v, f"{where}.{k}") for k, v in value.items()}
-    if tp is type(None):
-        if value is not None:
-            raise RecipeFormatError(f"{where}: expected nil")
-        return value
-    if tp is float and isinstance(value, float):
-        return value
-    if tp in (int, str, bytes, bool) and type(value) is tp:
-        return value
-    raise RecipeFormatError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(value).__name__}")
+    raise RecipeFormatError(f"{where}: expected {types_[0].__name__}, got {type(value).__name__}")
 
 
 def _check_semantics(recipe: Recipe) -> None:

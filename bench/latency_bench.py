@@ -1,0 +1,68 @@
+"""Steady-state per-call latency: eager vs aot_eager vs inductor vs hpu_backend, in one run.
+
+Host-bound: 8× Linear(64,64)+GELU at batch 8, and models/gpt.py at batch 1, seq 32 (inference).
+Compute-bound: models/gpt.py at batch 8, seq 512. Writes bench/results/latency_bench.json.
+Targets (ratios to eager): hpu_backend ≤ 0.9 host-bound, ≤ 1.05 compute-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from common import BACKENDS, load_model_file, maybe_plot, per_call_us, print_table, write_results
+
+
+def mlp_case():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(64, 64), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers).eval(), (torch.randn(8, 64),)
+
+
+def gpt_case(batch: int, seq: int):
+    gpt = load_model_file("gpt")
+    model = gpt.make_model().eval()
+    return model, gpt.make_inputs(batch, seq)[:1]
+
+
+CASES = {
+    "mlp8_b8": (mlp_case, "host"),
+    "gpt_b1_s32": (lambda: gpt_case(1, 32), "host"),
+    "gpt_b8_s512": (lambda: gpt_case(8, 512), "compute"),
+}
+
+
+def measure(case: str, backend: str, repeat: int) -> float:
+    model, inputs = CASES[case][0]()
+    torch._dynamo.reset()
+    fn = model if backend == "eager" else torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*inputs)  # compile and warm up
+        return per_call_us(lambda: fn(*inputs), repeat)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="few repetitions, no inductor (CI smoke run)")
+    args = ap.parse_args()
+    backends = [b for b in BACKENDS if not (args.quick and b == "inductor")]
+    results, rows = {}, []
+    for case, (_, kind) in CASES.items():
+        repeat = 20 if args.quick else (20 if kind == "compute" else 2000)
+        us = {b: measure(case, b, repeat) for b in backends}
+        results[case] = {"kind": kind, "us_per_call": us, "ratio_to_eager": {b: us[b] / us["eager"] for b in us}}
+        rows.append([case, kind, *[us[b] for b in backends], *[us[b] / us["eager"] for b in backends[1:]]])
+    print_table("per-call latency (µs) and ratio to eager", ["case", "kind", *backends,
+                *[f"{b}/eager" for b in backends[1:]]], rows)
+    path = write_results("latency_bench" + ("_quick" if args.quick else ""), {"cases": results})
+    maybe_plot("latency_bench", list(results), {b: [results[c]["ratio_to_eager"][b] for c in results]
+                                               for b in backends}, "time / eager")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
