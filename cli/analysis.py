@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hpu_backend import warmup
+from hpu_backend.warmup import PointResult, plan
 from hpu_backend.modelfile import ModelSpec
 
 from . import render
@@ -22,7 +22,7 @@ HBM_BYTES = {"gaudi2": 96 * 1024**3, "gaudi3": 128 * 1024**3}  # used when lower
 
 def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
     breaks = _graph_breaks(spec, train)
-    points = warmup.plan(spec, train=train, target=target)
+    points = plan(spec, train=train, target=target)
     rows = [_row(p) for p in points]
     hbm = _hbm_bytes(target)
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
@@ -30,7 +30,7 @@ def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
             "max_batch": _max_batch(spec, rows, hbm)}
 
 
-def _row(p: warmup.PointResult) -> dict[str, Any]:
+def _row(p: PointResult) -> dict[str, Any]:
     used = getattr(p, "used", [])
     fallbacks = sorted({n.op for _, r in used for n in r.nodes if n.placement == "cpu"})
     frames = {r.name.rsplit("_", 1)[0] for _, r in used}

@@ -8,7 +8,9 @@ from typing import Annotated, Iterator
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hpu_backend import warmup
+from hpu_backend.warmup import PointResult, WarmReport, manifest, plan, write_manifest
+from hpu_backend.warmup import prebuild as prebuild_spec
+from hpu_backend.warmup import warm as warm_spec
 from hpu_backend.modelfile import ModelSpec, load_model_file
 
 from . import render
@@ -43,7 +45,7 @@ def progress(total: int, quiet: bool) -> Iterator:
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=render.err_console, transient=True)
 
-    def on_point(p: warmup.PointResult) -> None:
+    def on_point(p: PointResult) -> None:
         bar.console.print(f"  {p.label:<24} {p.status:<9} {len(p.keys):>3} recipes  {render.duration(p.seconds)}",
                           markup=False, highlight=False)
         bar.advance(task)
@@ -60,7 +62,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
     spec = load_spec(model_file, axis)
     config = config_for(cache_dir)
     with progress(len(spec.points()), json) as on_point:
-        report = warmup.warm(spec, config_string(config), train=train, check=check, on_point=on_point)
+        report = warm_spec(spec, config_string(config), train=train, check=check, on_point=on_point)
     _finish(report, spec, config, json, check)
 
 
@@ -71,12 +73,12 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     spec = load_spec(model_file, axis)
     config = config_for(cache_dir)
     with progress(len(spec.points()), json) as on_point:
-        report = warmup.prebuild(spec, config_string(config), jobs=jobs, train=train, on_point=on_point)
+        report = prebuild_spec(spec, config_string(config), jobs=jobs, train=train, on_point=on_point)
     _finish(report, spec, config, json, False)
 
 
-def _finish(report: warmup.WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
-    path = warmup.write_manifest(config.resolved_path(), warmup.manifest(report, spec))
+def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
+    path = write_manifest(config.resolved_path(), manifest(report, spec))
     if json:
         render.emit_json({**report.to_dict(), "manifest": str(path)})
     else:
@@ -88,7 +90,7 @@ def _finish(report: warmup.WarmReport, spec: ModelSpec, config, json: bool, chec
         raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
 
 
-def _print_report(report: warmup.WarmReport, check: bool) -> None:
+def _print_report(report: WarmReport, check: bool) -> None:
     columns = ["bucket", "status", "recipes", "compiled", "hits", "time"] + (["max |diff|", "check"] if check else [])
     rows = []
     for p in report.points:
@@ -104,7 +106,7 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     """Which buckets have all their recipes in the cache; exit 1 if any is missing (a deployment gate)."""
     spec = load_spec(model_file, axis)
     cache = open_cache(cache_dir, quiet=True)
-    points = warmup.plan(spec, train=train)
+    points = plan(spec, train=train)
     rows = [{"bucket": p.label, "recipes": len(p.keys),
              "missing": [k for k in p.keys if cache is None or not cache.contains(k)]} for p in points]
     uncovered = [r["bucket"] for r in rows if r["missing"]]

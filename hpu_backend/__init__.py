@@ -33,5 +33,7 @@ _register_alias()
 from .analysis import analyze  # noqa: E402
 from .backend import hpu_backend  # noqa: E402
 from .settings import Settings, SettingsError  # noqa: E402
+from .modelfile import load_model_file  # noqa: E402
+from .warmup import warmup  # noqa: E402
 
-__all__ = ["analyze", "hpu_backend", "Settings", "SettingsError", "__version__"]
+__all__ = ["analyze", "hpu_backend", "Settings", "SettingsError", "load_model_file", "warmup", "__version__"]

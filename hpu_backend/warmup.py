@@ -238,20 +238,20 @@ def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None) -> 
 
 # -- prebuild across processes ---------------------------------------------------------------------------
 
-_worker_state: dict[tuple, tuple] = {}
-
-
-def _prebuild_point(selector: str, axes: dict, cache_config: str, train: bool, point: dict) -> dict:
-    """Worker: compile-only run of one point (the compiled model is kept per process)."""
-    ident = (selector, cache_config, train)
-    if ident not in _worker_state:
-        spec = load_model_file(selector).with_axes(axes)
-        _worker_state[ident] = (spec, compile_spec(spec, cache_config, execute=False, train=train)[1],
-                                _GraphTracker())
-    spec, compiled, tracker = _worker_state[ident]
-    result = _run_point(compiled, spec, point, train, None, tracker)
+def _prebuild_chunk(selector: str, axes: dict, cache_config: str, train: bool, points: list[dict]) -> list[dict]:
+    """Worker: a compile-only run over some points, flushed to disk before it returns."""
+    spec = load_model_file(selector).with_axes(axes)
+    _, compiled = compile_spec(spec, cache_config, execute=False, train=train)
+    results = run_points(compiled, spec, points, train=train)
     flush(spec, cache_config)
-    return asdict(result)
+    return [asdict(r) for r in results]
+
+
+def chunks(points: list, jobs: int) -> list[list]:
+    """Contiguous slices: points that differ only in the inner axes mostly share Dynamo graphs, so keeping
+    them in one worker traces each graph once instead of once per worker."""
+    n = min(jobs, len(points))
+    return [points[i * len(points) // n:(i + 1) * len(points) // n] for i in range(n)]
 
 
 def prebuild(spec: ModelSpec, cache_config: str, *, jobs: int = 1, train: bool = False,
@@ -259,20 +259,28 @@ def prebuild(spec: ModelSpec, cache_config: str, *, jobs: int = 1, train: bool =
     """Compile every point without executing recipes, across ``jobs`` worker processes."""
     if jobs <= 1:
         return warm(spec, cache_config, train=train, execute=False, on_point=on_point)
-    import multiprocessing
-
-    start, results = time.perf_counter(), {}
-    points = spec.points()
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_prebuild_point, spec.path, spec.axes, cache_config, train, p): i
-                   for i, p in enumerate(points)}
+    start, parts = time.perf_counter(), chunks(spec.points(), jobs)
+    done: dict[int, list[PointResult]] = {}
+    with ProcessPoolExecutor(len(parts), mp_context=_start_method()) as pool:
+        futures = {pool.submit(_prebuild_chunk, spec.path, spec.axes, cache_config, train, part): i
+                   for i, part in enumerate(parts)}
         for future in as_completed(futures):
-            result = PointResult(**future.result())
-            results[futures[future]] = result
-            if on_point is not None:
-                on_point(result)
-    ordered = [results[i] for i in range(len(points))]
+            done[futures[future]] = [PointResult(**r) for r in future.result()]
+            for result in done[futures[future]]:
+                if on_point is not None:
+                    on_point(result)
+    ordered = [r for i in range(len(parts)) for r in done[i]]
     return WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start)
+
+
+def _start_method():
+    """fork (no second import of torch) from a single-threaded Linux process, else spawn, which is always safe."""
+    import multiprocessing
+    import sys
+    import threading
+
+    fork_ok = sys.platform == "linux" and threading.active_count() == 1
+    return multiprocessing.get_context("fork" if fork_ok else "spawn")
 
 
 # -- manifests -------------------------------------------------------------------------------------------

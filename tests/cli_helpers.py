@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -44,3 +46,11 @@ def cli(*args, input: str | None = None, code: int = 0):
 
 def cli_json(*args, code: int = 0):
     return json.loads(cli(*args, "--json", code=code).stdout)
+
+
+def cli_process(*args) -> dict:
+    """Run ``hpurecipe ... --json`` in a fresh process (as a deployment would) and return its JSON output."""
+    proc = subprocess.run([sys.executable, "-m", "hpurecipe.main", *map(str, args), "--json"], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parent.parent, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)

@@ -12,7 +12,7 @@ import pytest
 from hpu_backend.warmup import read_manifests
 from recipecache import CacheConfig, RecipeCache
 
-from cli_helpers import TINY, cli, cli_json, tiny_model
+from cli_helpers import cli, cli_json, cli_process, tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +80,16 @@ def test_prebuild_in_process_matches_warm(tmp_path, tiny_file, warmed):
     doc = cli_json("prebuild", tiny_file, "-d", tmp_path / "p")
     assert doc["compiled"] == 2
     assert keys_of(tmp_path / "p") == keys_of(warmed)
+
+
+def test_prebuild_in_two_worker_processes_makes_the_keys_warm_makes(tmp_path, tiny_file):
+    axes = ["--axis", "batch=1,2,8"]  # batch 1 gets a graph of its own (Dynamo specializes it)
+    warm = cli_json("warm", tiny_file, "-d", tmp_path / "w", *axes)
+    doc = cli_process("prebuild", tiny_file, "-d", tmp_path / "p", "-j", "2", *axes)
+    assert doc["buckets"] == 3 and doc["compiled"] == warm["compiled"] == 3
+    assert [p["keys"] for p in doc["points"]] == [p["keys"] for p in warm["points"]]
+    assert keys_of(tmp_path / "p") == keys_of(tmp_path / "w")
+    assert read_manifests(tmp_path / "p")[0]["buckets"] == read_manifests(tmp_path / "w")[0]["buckets"]
 
 
 def test_model_file_missing_names_is_one_line(tmp_path):
