@@ -1,0 +1,74 @@
+"""Run every benchmark in one go and summarize the targets: bench/results/summary.json.
+
+``python bench/run_all.py`` (full, ~15 min on 2 cores) or ``--quick`` (CI smoke run: small sizes,
+no inductor; it asserts nothing about time). Each benchmark also writes its own JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+from common import RESULTS, ROOT, print_table, write_results
+
+SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench"]
+
+
+def _load(name: str, quick: bool) -> dict:
+    for candidate in ([f"{name}_quick", name] if quick else [name]):
+        path = RESULTS / f"{candidate}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+    return {}
+
+
+def summarize(quick: bool) -> list[list]:
+    """Rows of (measure, value, target, met) from the benchmarks' JSON files."""
+    rows = []
+    lat = _load("latency_bench", quick).get("cases", {})
+    for case, target in (("mlp8_b8", 0.9), ("gpt_b1_s32", 0.9), ("gpt_b8_s512", 1.05)):
+        if case in lat:
+            r = lat[case]["ratio_to_eager"]["hpu_backend"]
+            rows.append([f"latency {case}: hpu_backend / eager", r, f"≤ {target}", r <= target])
+    first = _load("first_call_bench", quick).get("cases", {})
+    for case, target in (("hpu_backend cold", 1.3), ("hpu_backend warm", 1.0)):
+        if case in first:
+            r = first[case]["ratio_to_aot_eager"]
+            rows.append([f"first result, {case} / aot_eager", r, f"≤ {target}", r <= target])
+    low = _load("lowering_bench", quick).get("rows", [])
+    if low:
+        worst = max(r["lowering_pct_of_trace"] for r in low)
+        rows.append(["lowering % of AOTAutograd trace (worst depth)", worst, "≤ 10", worst <= 10])
+    disp = _load("dispatch_bench", quick)
+    if disp:
+        sel = disp["bucket_selection"]["selection_us"]
+        rows.append(["bucket selection µs per call", sel, "< 2", sel < 2])
+        ratio = disp["load_vs_build"]["ratio"]
+        rows.append(["recipe load / build", ratio, "≤ 0.1", ratio <= 0.1])
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="+", choices=SCRIPTS, help="run just these")
+    args = ap.parse_args()
+    timings = {}
+    for name in args.only or SCRIPTS:
+        start = time.time()
+        cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *(["--quick"] if args.quick else [])]
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        timings[name] = time.time() - start
+    rows = summarize(args.quick)
+    print_table("targets (estimates of this machine, ratios from the same run)", ["measure", "value", "target",
+                "met"], rows)
+    write_results("summary" + ("_quick" if args.quick else ""),
+                  {"seconds": timings, "targets": [dict(zip(["measure", "value", "target", "met"], r))
+                                                   for r in rows]})
+
+
+if __name__ == "__main__":
+    main()
