@@ -38,20 +38,18 @@ def _parse_axis(text: str) -> tuple[str, list[int]]:
 
 @contextlib.contextmanager
 def progress(total: int, quiet: bool) -> Iterator:
-    """A progress bar on stderr, and the callback that advances it with one line per finished point."""
+    """A progress bar on stderr showing the last bucket done (compiled or hit, time), and its callback."""
     if quiet:
         yield None
         return
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=render.err_console, transient=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[last]}"), console=render.err_console, transient=True)
 
     def on_point(p: PointResult) -> None:
-        bar.console.print(f"  {p.label:<24} {p.status:<9} {len(p.keys):>3} recipes  {render.duration(p.seconds)}",
-                          markup=False, highlight=False)
-        bar.advance(task)
+        bar.update(task, advance=1, last=f"{p.label}: {p.status}, {render.duration(p.seconds)}")
 
     with bar:
-        task = bar.add_task("buckets", total=total)
+        task = bar.add_task("buckets", total=total, last="compiling the first bucket...")
         yield on_point
 
 

@@ -114,9 +114,9 @@ def evict(cache_dir: CacheDir = None,
                        max_bytes=parse_size(max_size) if max_size else None, keys=keys, predicate=predicate,
                        dry_run=True)
     _print_plan(plan, "evict", json)
-    if plan and not dry_run and _confirm(f"Evict {len(plan)} entries?", yes):
+    if plan and not dry_run and _confirm(f"Evict {render.plural(len(plan), 'entry')}?", yes):
         done = cache.evict(keys=[i.key for i in plan])
-        _done(f"Evicted {len(done)} entries ({render.size(sum(i.size for i in done))}).", json)
+        _done(f"Evicted {render.plural(len(done), 'entry')} ({render.size(sum(i.size for i in done))}).", json)
 
 
 def clear(cache_dir: CacheDir = None, dry_run: DryRun = False, yes: Yes = False, json: Json = False) -> None:
@@ -126,7 +126,7 @@ def clear(cache_dir: CacheDir = None, dry_run: DryRun = False, yes: Yes = False,
     _print_plan(plan, "remove", json)
     if plan and not dry_run and _confirm(f"Remove all {len(plan)} entries from {cache.path}?", yes):
         cache.clear()
-        _done(f"Removed {len(plan)} entries.", json)
+        _done(f"Removed {render.plural(len(plan), 'entry')}.", json)
 
 
 def verify(cache_dir: CacheDir = None, fix: Annotated[bool, typer.Option(
@@ -208,7 +208,7 @@ def _print_plan(plan: list[EntryInfo], verb: str, json: bool) -> None:
     render.table(["key", "graph", "model", "bucket", "size", "last used"],
                  ([i.key[:12], i.meta.get("graph", ""), i.meta.get("model", "") or "-",
                    render.bucket(i.meta.get("bucket")), render.size(i.size), render.ago(i.last_used, now)]
-                  for i in plan), title=f"Would {verb} {len(plan)} entries ({render.size(sum(i.size for i in plan))}):",
+                  for i in plan), title=f"Would {verb} {render.plural(len(plan), 'entry')} ({render.size(sum(i.size for i in plan))}):",
                  right=("size",))
 
 

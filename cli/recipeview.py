@@ -74,7 +74,7 @@ def print_description(doc: dict[str, Any]) -> None:
 def _print_placement(p: dict[str, Any]) -> None:
     render.pairs({"nodes": p["nodes"], "placement": _inline(p["by_placement"]), "engines": _inline(p["by_engine"]),
                   "clusters": _inline(p["clusters"]) or "none", "fused nodes": p["fused_nodes"],
-                  "fallbacks": len(p["fallbacks"])}, title="\nplacement")
+                  "fallbacks": len(p["fallbacks"])}, title="\nnodes")
     if p["fallbacks"]:
         render.table(["node", "op", "source"], ([f["node"], f["op"], f["source"]] for f in p["fallbacks"]),
                      title="CPU fallbacks")
@@ -109,6 +109,8 @@ def _fmt(name: str, v: Any) -> str:
         return render.duration(v) if v >= 1e-3 else f"{v * 1e6:.2f} µs"
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, list) and len(v) > 8:
+        return f"{len(v)} items (all with --json)"
     return _inline(v) if isinstance(v, (dict, list)) else str(v)
 
 

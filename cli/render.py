@@ -98,3 +98,10 @@ def bucket(b: Mapping[str, Any] | None) -> str:
     if not b:
         return "static"
     return " ".join(f"{s}={r[0]}-{r[1]}" if r[0] != r[1] else f"{s}={r[0]}" for s, r in b.items())
+
+
+def plural(n: int, word: str) -> str:
+    """'1 entry', '2 entries', '3 manifests'."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n} {word[:-1]}ies" if word.endswith("y") else f"{n} {word}s"

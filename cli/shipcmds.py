@@ -33,8 +33,8 @@ def export(bundle: BundlePath, cache_dir: CacheDir = None, model: Model = None, 
     if json:
         return render.emit_json({"bundle": str(bundle), "entries": len(info["entries"]),
                                  "manifests": info["manifests"], "bytes": size})
-    render.note("Exported {} entries and {} manifests ({}) to {}.", len(info["entries"]), len(manifests),
-                render.size(size), bundle)
+    render.note("Exported {} and {} ({}) to {}.", render.plural(len(info["entries"]), "entry"),
+                render.plural(len(manifests), "manifest"), render.size(size), bundle)
 
 
 def import_(bundle: BundlePath, cache_dir: CacheDir = None,
@@ -57,7 +57,7 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
         return render.emit_json({"entries": len(found.entries), "imported": added,
                                  "present": len(found.entries) - added, "manifests": len(found.manifests),
                                  "toolchain_differs": differ})
-    render.note("Imported {} entries ({} were already there) and {} manifests into {}.", added,
-                len(found.entries) - added, len(found.manifests), cache.path)
+    render.note("Imported {} ({} already there) and {} into {}.", render.plural(added, "entry"),
+                len(found.entries) - added, render.plural(len(found.manifests), "manifest"), cache.path)
     if differ:
         render.note("[yellow]warning:[/yellow] forced past a toolchain mismatch: {}", "; ".join(differ))

@@ -302,8 +302,15 @@ def manifest(report: WarmReport, spec: ModelSpec) -> dict[str, Any]:
 
 
 def write_manifest(cache_dir: Path, doc: dict[str, Any]) -> Path:
-    """Write (atomically) ``<cache>/manifests/<model>.<mode>.json``; returns its path."""
+    """Write (atomically) ``<cache>/manifests/<model>.<mode>.json``; returns its path.
+
+    Buckets already listed there under the same toolchain are kept (a warm of a few axes values
+    adds to the manifest instead of replacing it).
+    """
     path = manifest_path(cache_dir, doc["model"], doc["mode"])
+    old = _read_json(path)
+    if isinstance(old, dict) and old.get("toolchain") == doc.get("toolchain") and isinstance(old.get("buckets"), dict):
+        doc = dict(doc, buckets={**old["buckets"], **doc["buckets"]})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str))
@@ -313,15 +320,15 @@ def write_manifest(cache_dir: Path, doc: dict[str, Any]) -> Path:
 
 def read_manifests(cache_dir: Path) -> list[dict[str, Any]]:
     """Every readable manifest in a cache directory (unreadable ones are skipped)."""
-    docs = []
-    for path in sorted((Path(cache_dir) / MANIFEST_DIR).glob("*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("buckets"), dict):
-            docs.append(doc)
-    return docs
+    docs = [_read_json(path) for path in sorted((Path(cache_dir) / MANIFEST_DIR).glob("*.json"))]
+    return [doc for doc in docs if isinstance(doc, dict) and isinstance(doc.get("buckets"), dict)]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _mode(train: bool) -> str:

@@ -192,7 +192,7 @@ def test_evict_plans_then_honours_dry_run_confirmation_and_filters(warmed):
     assert "Nothing changed" in out and keys_of(warmed) == keys
     assert "Nothing to evict" in cli("evict", "-d", warmed, "--older-than", "7d").output
     assert "Nothing to evict" in cli("evict", "-d", warmed, "--model", "other", "--yes").output
-    assert "Evicted 1 entries" in cli("evict", "-d", warmed, "--key", keys[0][:8], input="y\n").output
+    assert "Evicted 1 entry" in cli("evict", "-d", warmed, "--key", keys[0][:8], input="y\n").output
     assert keys_of(warmed) == keys[1:]
     cli("evict", "-d", warmed, "--model", "tiny", "--yes")
     assert keys_of(warmed) == []

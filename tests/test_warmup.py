@@ -80,3 +80,13 @@ def test_warmup_reports_what_an_already_serving_model_uses(tmp_path):
     assert first.summary()["compiled"] == 2
     assert again.summary()["compiled"] == 0 and again.summary()["recipes"] == 1
     assert again.points[0].keys == first.points[1].keys  # 5 and 8 share the bucket 5-8
+
+
+def test_a_warm_of_some_axis_values_adds_to_the_manifest(tmp_path):
+    from hpu_backend.warmup import read_manifests
+
+    path = tiny_model(tmp_path)
+    cli("warm", path, "-d", tmp_path / "c")
+    cli("warm", path, "-d", tmp_path / "c", "--axis", "batch=3")
+    (doc,) = read_manifests(tmp_path / "c")
+    assert set(doc["buckets"]) == {"batch=2", "batch=3", "batch=8"}
