@@ -1,19 +1,22 @@
 """``hpurecipe analyze``: per-bucket fallbacks, graph breaks, recompilations, time and HBM, from a model's recipes.
 
-It compiles each bucket (compile-only, no cache) and reads what the lowering recorded: node
-placement for CPU fallbacks, and the recipes' ``facts`` (cost ``total_s``, memory
-``persistent_bytes`` + ``arena_bytes``) wherever present, so it keeps working as facts are added.
+It compiles each bucket (compile-only, no cache) and reads each recipe through
+``hpu_backend.analysis.GraphReport`` (the same reading as ``hpu_backend.analyze()``); graph breaks
+per bucket are the Dynamo graphs it ran beyond the first, recompilations the graphs a guard
+failure compiled, and the reasons come from ``torch._dynamo.explain`` at the first bucket.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from hpu_backend.warmup import PointResult, plan
+from hpu_backend.analysis import GraphReport
 from hpu_backend.modelfile import ModelSpec
+from hpu_backend.warmup import PointResult, plan
 
 from . import render
 
@@ -31,39 +34,22 @@ def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
 
 
 def _row(p: PointResult) -> dict[str, Any]:
-    used = getattr(p, "used", [])
-    fallbacks = sorted({n.op for _, r in used for n in r.nodes if n.placement == "cpu"})
-    frames = {r.name.rsplit("_", 1)[0] for _, r in used}
-    new_frames = {g.ctx.name.rsplit("_", 1)[0] for g, r in used
+    graphs = [GraphReport.from_recipe(r) for _, r in getattr(p, "used", [])]
+    frames = {g.name.rsplit("_", 1)[0] for g in graphs}
+    new_frames = {g.ctx.name.rsplit("_", 1)[0] for g, r in getattr(p, "used", [])
                   if g.first_reason == "guard failure" and _is_first(g, r)}
-    times = [_number(r.facts, "cost", "total_s") for _, r in used]
-    peaks = [_peak(r.facts) for _, r in used]
     return {"bucket": p.label, "point": p.point, "recipes": len(p.keys),
-            "fallbacks": sum(1 for _, r in used for n in r.nodes if n.placement == "cpu"),
-            "fallback_ops": fallbacks, "graphs": len(frames), "graph_breaks": max(len(frames) - 1, 0),
-            "recompilations": len(new_frames),
-            "time_s": sum(times) if times and None not in times else None,
-            "peak_hbm_bytes": max(peaks) if peaks and None not in peaks else None}
+            "fallbacks": sum(len(g.fallbacks) for g in graphs),
+            "fallback_ops": sorted({fb["op"] for g in graphs for fb in g.fallbacks}),
+            "graphs": [asdict(g) for g in graphs], "graph_breaks": max(len(frames) - 1, 0),
+            "recompilations": len(new_frames), "time_s": sum(g.est_time_s for g in graphs),
+            "peak_hbm_bytes": max((g.est_peak_bytes for g in graphs), default=0),
+            "fits_hbm": all(g.fits_hbm for g in graphs)}
 
 
 def _is_first(graph, recipe) -> bool:
     """The recipe that made the graph compile (its first)."""
     return next(iter(graph.recipes.values()), None) is recipe
-
-
-def _number(facts: dict, *path: str) -> float | None:
-    for name in path:
-        facts = facts.get(name) if isinstance(facts, dict) else None
-    return float(facts) if isinstance(facts, (int, float)) and not isinstance(facts, bool) else None
-
-
-def _peak(facts: dict) -> float | None:
-    """Device memory while the recipe runs: persistent buffers plus its arena (or a recorded peak)."""
-    peak = _number(facts, "memory", "peak_bytes")
-    if peak is not None:
-        return peak
-    parts = [_number(facts, "memory", "persistent_bytes"), _number(facts, "memory", "arena_bytes")]
-    return None if None in parts else sum(parts)
 
 
 def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
@@ -108,7 +94,7 @@ def _max_batch(spec: ModelSpec, rows: list[dict], hbm: int) -> dict[str, Any] | 
 def print_analysis(doc: dict[str, Any]) -> None:
     render.table(["bucket", "recipes", "fallbacks", "graph breaks", "recompilations", "est. time", "peak HBM"],
                  ([r["bucket"], r["recipes"], r["fallbacks"], r["graph_breaks"], r["recompilations"],
-                   _time(r["time_s"]), render.size(r["peak_hbm_bytes"]) if r["peak_hbm_bytes"] is not None else "-"]
+                   _time(r["time_s"]), render.size(r["peak_hbm_bytes"]) + ("" if r["fits_hbm"] else " (does not fit)")]
                   for r in doc["buckets"]),
                  title=f"{doc['model']} ({doc['mode']}) on {doc['target']}, {render.size(doc['hbm_bytes'])} HBM",
                  right=("recipes", "fallbacks", "graph breaks", "recompilations", "est. time", "peak HBM"))
