@@ -173,8 +173,11 @@ def main(argv=None) -> int:
     parser.add_argument("--entry-kb", type=int, default=100, help="entry payload size in KB")
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync before publishing")
     parser.add_argument("--dir", type=Path, help="where to build the caches (default: a temp dir, removed)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.out is None:  # a quick (smoke) run never overwrites the full results
+        full = RESULTS
+        args.out = full.with_name(full.stem + "_quick.json") if args.quick else full
     sizes = args.sizes or ([100, 500] if args.quick else [1000, 10000])
     ops = args.ops or (100 if args.quick else 1000)
     payload = random.Random(0).randbytes(args.entry_kb * 1024)

@@ -104,8 +104,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.out is None:  # a quick (smoke) run never overwrites the full results
+        full = RESULTS
+        args.out = full.with_name(full.stem + "_quick.json") if args.quick else full
     layers, repeat = ([2, 8], 1) if args.quick else (args.layers, args.repeat)
     rows = [measure(n, args.seq, repeat) for n in layers]
     print(f"{'layers':>6} {'nodes':>6} {'trace ms':>9} {'capture ms':>10} {'lowering ms':>11} {'% of trace':>10}")

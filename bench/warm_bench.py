@@ -56,8 +56,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only seq 16 and 32 (4 buckets instead of 8)")
     parser.add_argument("--jobs", type=int, default=2, help="prebuild worker processes")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "warm_bench.json")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.out is None:  # a quick (smoke) run never overwrites the full results
+        full = ROOT / "bench" / "results" / "warm_bench.json"
+        args.out = full.with_name(full.stem + "_quick.json") if args.quick else full
     axes = ["seq=16,32"] if args.quick else []
     axis_args = [x for a in axes for x in ("--axis", a)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ def assign_offsets(buffers: list[Buffer]) -> tuple[dict[str, int], int]:
     """Offsets by buffer name, and the arena size (the largest offset + size)."""
     order = sorted(range(len(buffers)), key=lambda i: (-buffers[i].size, buffers[i].first, buffers[i].name))
     n = len(buffers)
-    first, last = np.empty(n, np.int64), np.empty(n, np.int64)
-    start, end = np.empty(n, np.int64), np.empty(n, np.int64)
+    # Placed buffers' lifetimes and byte ranges as int64 vectors: the overlap test is one vector op.
+    first, last, start, end = torch.empty((4, n), dtype=torch.int64)
     offsets: dict[str, int] = {}
     arena = 0
     for placed, i in enumerate(order):
@@ -39,7 +39,7 @@ def assign_offsets(buffers: list[Buffer]) -> tuple[dict[str, int], int]:
     return offsets, arena
 
 
-def _first_fit(starts: np.ndarray, ends: np.ndarray, size: int) -> int:
+def _first_fit(starts: torch.Tensor, ends: torch.Tensor, size: int) -> int:
     """The lowest offset where ``size`` bytes fit between the occupied [start, end) ranges."""
     offset = 0
     for s, e in sorted(zip(starts.tolist(), ends.tolist())):
