@@ -12,6 +12,7 @@ import logging
 from typing import Callable
 
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..recipe import Recipe
 from .context import LoweringContext
@@ -64,8 +65,11 @@ def lower_bucket(template: Recipe, ctx: LoweringContext) -> Recipe:
 
 
 def _run_all(passes, done: list[str], recipe: Recipe, ctx: LoweringContext) -> Recipe:
-    for p in passes:
-        recipe = _run(p, done, ctx, recipe, ctx)
+    # Passes work on plain data (and may use real tensors as vectors); the tracer's fake mode,
+    # active while AOTAutograd calls the compilers, must not intercept them.
+    with unset_fake_temporarily():
+        for p in passes:
+            recipe = _run(p, done, ctx, recipe, ctx)
     return recipe
 
 

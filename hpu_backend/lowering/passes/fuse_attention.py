@@ -87,25 +87,18 @@ def _decomposed_softmax(view: GraphView, name: str) -> str | None:
 
 def _find_matmul(view: GraphView, start: str) -> str | None:
     """The nearest matmul upstream of ``start`` through THROUGH ops (the score matmul)."""
-    frontier, seen = [view.inputs[start][0]] if view.inputs[start] else [], set()
-    for _ in range(MAX_HOPS):
-        nxt = []
-        for n in frontier:
-            if n in seen:
-                continue
-            seen.add(n)
-            p = _packet(view, n)
-            if p in MATMUL:
-                return n
-            if p in THROUGH:
-                nxt.extend(view.inputs[n])
-        frontier = nxt
-    return None
+    found = _matmuls_through(view, view.inputs[start][:1], view.inputs)
+    return found[0] if found else None
 
 
 def _find_sinks(view: GraphView, start: str) -> list[str]:
     """The matmuls downstream of the softmax through THROUGH ops (probabilities @ v)."""
-    frontier, seen, sinks = list(view.users[start]), set(), []
+    return _matmuls_through(view, list(view.users[start]), view.users)
+
+
+def _matmuls_through(view: GraphView, frontier: list[str], edges) -> list[str]:
+    """Matmuls reached from ``frontier`` along ``edges`` (inputs or users) via THROUGH ops, nearest first."""
+    seen, found = set(), []
     for _ in range(MAX_HOPS):
         nxt = []
         for n in frontier:
@@ -114,11 +107,11 @@ def _find_sinks(view: GraphView, start: str) -> list[str]:
             seen.add(n)
             p = _packet(view, n)
             if p in MATMUL:
-                sinks.append(n)
+                found.append(n)
             elif p in THROUGH:
-                nxt.extend(view.users[n])
+                nxt.extend(edges[n])
         frontier = nxt
-    return sinks
+    return found
 
 
 def _prep(view: GraphView, members: set[str]) -> set[str]:
