@@ -16,6 +16,7 @@ import weakref
 from typing import Callable
 
 import torch
+from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import fallback, metrics, symexpr
@@ -130,7 +131,14 @@ class CompiledGraph:
                 raise GuardViolation(f"{self.ctx.name}: values {env} break the guard {symexpr.to_str(g)} "
                                      "its recipes were compiled under")
         bucket = self.bucket_of(values)
-        self.ensure(bucket)
+        try:
+            self.ensure(bucket)
+        except LoweringError as e:
+            if self.ctx.settings.strict or self.ctx.gm is None:
+                raise
+            log.warning("hpu_backend: could not lower %s, running it eagerly: %s", self.ctx.name, e.reason)
+            self.run, self.read_symbols = make_boxed_func(self.ctx.gm), None
+            return
         self.known[values] = bucket
 
     def ensure(self, bucket: tuple) -> Recipe:

@@ -111,3 +111,25 @@ def test_recipe_records_inputs_outputs_and_name():
     assert [s.shape for s in recipe.inputs if s.kind == "tensor"] == [[3, 4], [3], [2, 4]]
     assert "aten::addmm.default" in {n.op for n in recipe.nodes}
     assert recipe.nodes[-1].out[0].shape == [2, 3]
+
+
+def test_a_dynamic_graph_whose_bucket_fails_to_lower_runs_eagerly(monkeypatch, caplog):
+    """Bucket passes run at the first call of a dynamic graph; a failure there falls back too."""
+    from hpu_backend import lowering
+
+    def exploding(recipe, ctx):
+        raise LoweringError("no plan for this bucket")
+
+    monkeypatch.setattr(lowering, "BUCKET_PASSES", [*lowering.BUCKET_PASSES, exploding])
+    f = lambda x: x.cos() * 3  # noqa: E731
+    compiled = torch.compile(f, backend="hpu_backend", dynamic=True, options={"cache": False})
+    with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        for n in (5, 9, 30):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), f(x))
+    warnings = [r.getMessage() for r in caplog.records if "could not lower" in r.getMessage()]
+    assert len(warnings) == 1 and "no plan for this bucket" in warnings[0]
+    torch._dynamo.reset()
+    strict = torch.compile(f, backend="hpu_backend", dynamic=True, options={"cache": False, "strict": True})
+    with pytest.raises(LoweringError, match="no plan for this bucket"):
+        strict(torch.randn(5))
