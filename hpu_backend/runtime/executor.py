@@ -8,6 +8,7 @@ recipe is ever executed: strings appear only through ``repr`` of a checked ``str
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import math
 import re
@@ -17,6 +18,7 @@ import torch
 
 from ..recipe import Constant, Recipe, iter_refs
 from . import ops
+from .peephole import fold_linear
 
 _KWARG = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -114,11 +116,10 @@ class _Codegen:
         if node.op == "operator::getitem" and len(args) == 2:
             return f"{args[0]}[{args[1]}]"
         try:
-            fn = ops.resolve(node.op)
+            fn = ops.fast_callable(node.op)
         except ops.OpNotAllowed as e:
             raise RecipeLoadError(str(e)) from None
-        # OpOverload._op is the dispatcher entry itself; calling it skips a Python frame per op.
-        return f"{self.bind(getattr(fn, '_op', fn), 'f')}({', '.join(args)})"
+        return f"{self.bind(fn, 'f')}({', '.join(args)})"
 
     def render(self) -> str:
         r = self.recipe
@@ -165,7 +166,7 @@ class _Codegen:
 
 def build_callable(recipe: Recipe) -> Callable[[list], list]:
     """Compile a recipe into ``run(args: list) -> list`` (boxed: it clears ``args``)."""
-    gen = _Codegen(recipe)
+    gen = _Codegen(dataclasses.replace(recipe, nodes=fold_linear(recipe)))
     source = gen.render()
     namespace: dict[str, Any] = dict(gen.bound)
     code = compile(source, f"<recipe {recipe.name}>", "exec")

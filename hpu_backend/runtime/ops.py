@@ -1,7 +1,7 @@
 """The runtime's op allowlist: the only way an op name in a recipe becomes a callable.
 
-A name resolves when it is a registered ATen or prims schema (checked against the dispatcher's
-own schema list before any attribute lookup), the op is functional (it mutates nothing, except
+A name resolves when it is a registered ATen or prims schema (asked of the dispatcher before any
+attribute lookup), the op is functional (it mutates nothing, except
 the input writes in ``MUTATING_ALLOWED``) and it is not in ``DENY_ATEN`` (ops that touch files or
 process state); symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table. Anything else
 is an ``OpNotAllowed`` error at recipe load time.
@@ -53,12 +53,13 @@ SYM_FUNCTIONS = {fn: name for name, fn in SYM_OPS.items() if fn is not _with_eff
 SYM_FUNCTIONS[torch.ops.higher_order.with_effects] = "higher_order::with_effects"
 
 
-@functools.cache
-def _registered_schemas() -> frozenset[str]:
-    names = set()
-    for s in torch._C._jit_get_all_schemas():
-        names.add(f"{s.name}.{s.overload_name or 'default'}")
-    return frozenset(names)
+def _registered(namespace_packet: str, overload: str) -> bool:
+    """Whether the dispatcher has this schema (asked before any attribute lookup by name)."""
+    try:
+        torch._C._get_schema(namespace_packet, "" if overload == "default" else overload)
+    except RuntimeError:
+        return False
+    return True
 
 
 def op_name(target) -> str | None:
@@ -76,16 +77,38 @@ def is_allowed(name: str) -> bool:
     return True
 
 
+# Generated Python bindings of ATen (the ones eager PyTorch calls). They take the same positional
+# arguments and keyword-only names as the schema and pick the overload by argument types, which is
+# the overload the recipe recorded; calling them skips OpOverload's generic argument conversion.
+_BINDINGS = (torch._C._VariableFunctions, torch._C._nn)
+_TENSOR_METHODS = frozenset({"view", "expand"})
+
+
+@functools.cache
+def fast_callable(name: str):
+    """The quickest callable for an allowlisted op: its generated binding if it has one."""
+    op = resolve(name)
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return op
+    packet = op._schema.name.split("::", 1)[1]
+    if packet in _TENSOR_METHODS and op._overloadname == "default":
+        return getattr(torch.Tensor, packet)
+    for module in _BINDINGS:
+        binding = getattr(module, packet, None)
+        if binding is not None:
+            return binding
+    return op._op  # the dispatcher entry itself, still one Python frame less than OpOverload
+
+
 @functools.cache
 def resolve(name: str):
     """The callable for an allowlisted op name; OpNotAllowed otherwise."""
     if name in SYM_OPS:
         return SYM_OPS[name]
-    if name not in _registered_schemas():
-        raise OpNotAllowed(name)
-    namespace, rest = name.split("::", 1)
-    packet_name, overload = rest.rsplit(".", 1)
-    if namespace not in ("aten", "prims") or packet_name in DENY_ATEN:
+    namespace, _, rest = name.partition("::")
+    packet_name, _, overload = rest.rpartition(".")
+    if (namespace not in ("aten", "prims") or packet_name in DENY_ATEN or not packet_name
+            or not _registered(f"{namespace}::{packet_name}", overload)):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)
     op = getattr(packet, overload)
