@@ -26,6 +26,7 @@ from .lowering import LoweringContext, LoweringError, capture_graph, lower_bucke
 from .recipe import Recipe
 from .runtime import RecipeLoadError, build_callable
 from .runtime.dryrun import build_dry_run
+from .runtime.symbols import symbol_reader
 from .store import RecipeStore, store_for
 
 log = logging.getLogger(__name__)
@@ -57,17 +58,6 @@ class GuardViolation(RuntimeError):
     """Symbol values that break the guards a recipe was compiled under (raised per call)."""
 
 
-def _symbol_reader(sources: list[list[int]]) -> Callable[[list], tuple] | None:
-    """A function args → tuple of symbol values (SymInt inputs or tensor dims)."""
-    if not sources:
-        return None
-    getters = [(lambda a, i=i: a[i]) if d < 0 else (lambda a, i=i, d=d: a[i].shape[d]) for i, d in sources]
-    if len(getters) == 1:
-        g = getters[0]
-        return lambda a: (g(a),)
-    return lambda a: tuple(g(a) for g in getters)
-
-
 class CompiledGraph:
 
     def __init__(self, ctx: LoweringContext, captured: Recipe, run: Callable[[list], list],
@@ -84,7 +74,7 @@ class CompiledGraph:
         self.gkey = gkey
         self.store = store
         self.template: Recipe | None = None  # graph passes' result, made on the first miss
-        self.read_symbols = _symbol_reader(captured.symbol_sources)
+        self.read_symbols = symbol_reader(captured.symbol_sources)
         self.known: dict[tuple, tuple] = {}  # symbol values -> bucket
         self.recipes: dict[tuple, Recipe] = {}  # bucket -> recipe
         self.keys: dict[tuple, str] = {}  # bucket -> recipe key (for warm-up manifests)

@@ -13,6 +13,7 @@ import atexit
 import copy
 import datetime
 import json
+import logging
 import os
 import threading
 from collections import Counter
@@ -150,8 +151,6 @@ def _dump_at_exit() -> None:
         try:
             dump(base)
         except OSError as e:
-            import logging
-
             logging.getLogger(__name__).warning("could not write PT_HPU_METRICS_FILE %s: %s", base, e)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache
 
+from .keys import explain as differing
 from .recipe import Recipe, RecipeFormatError
 from .settings import Settings, SettingsError
 
@@ -106,8 +107,6 @@ def explain(key_a: str, key_b: str, disk: RecipeCache) -> list[dict[str, Any]]:
     Each row is ``{"part", "a", "b"}`` with the readable values where the entry recorded them
     (settings, toolchain, bucket) and the part hashes otherwise. KeyError if an entry is missing.
     """
-    from .keys import explain as differing
-
     metas = []
     for key in (key_a, key_b):
         entry = disk.get_entry(key)

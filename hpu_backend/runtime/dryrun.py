@@ -14,6 +14,7 @@ import torch
 from .. import symexpr
 from ..recipe import Recipe, ValueSpec
 from .executor import dtype_from_name
+from .symbols import symbol_reader
 
 
 def build_dry_run(recipe: Recipe) -> Callable[[list], list]:
@@ -21,10 +22,10 @@ def build_dry_run(recipe: Recipe) -> Callable[[list], list]:
     specs = {name: [spec] for name, spec in zip(recipe.input_names, recipe.inputs)}
     specs.update({node.name: node.out for node in recipe.nodes})
     index = {name: i for i, name in enumerate(recipe.input_names)}
-    sources, symbols = recipe.symbol_sources, recipe.symbols
+    read, symbols = symbol_reader(recipe.symbol_sources), recipe.symbols
 
     def run(args: list) -> list:
-        env = {s: (args[i] if d < 0 else args[i].shape[d]) for s, (i, d) in zip(symbols, sources)}
+        env = dict(zip(symbols, read(args))) if read is not None else {}
         outs = [_make(o, specs, index, args, env) for o in recipe.outputs]
         args.clear()
         return outs
