@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-__version__ = "0.1.0"
+from .version import __version__
 
 log = logging.getLogger(__name__)
 

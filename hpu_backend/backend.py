@@ -1,4 +1,4 @@
-"""The torch.compile entry point: Dynamo graph → AOTAutograd → lowering → recipe → executor.
+"""The torch.compile entry point: Dynamo graph → stored program (hit), or AOTAutograd → lowering (miss).
 
 ``hpu_backend`` is registered under the ``torch_dynamo_backends`` entry point, so
 ``torch.compile(model, backend="hpu_backend")`` needs no import of ours. A graph that cannot be
@@ -10,16 +10,22 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import time
 from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
+from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+from torch._dynamo.symbolic_convert import TensorifyState
 
-from .compiled import CompiledGraph
+from . import metrics
+from .compiled import CompiledGraph, Event, boxed, emit
 from .decompositions import hpu_decompositions
+from .keys import ProgramKey, Unkeyable, program_key
 from .lowering import LoweringContext, LoweringError
+from .programs import Recorder, restart_program, serve
 from .settings import Settings
+from .store import store_for
 
 log = logging.getLogger(__name__)
 
@@ -28,37 +34,98 @@ _SUFFIX = {"forward": "fw", "backward": "bw", "inference": "inf"}
 
 
 def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, **kwargs: Any):
-    """Dynamo backend: lower each AOTAutograd graph of ``gm`` to recipes for the simulated HPU."""
+    """Dynamo backend: serve ``gm`` from its stored program, or lower its AOTAutograd graphs to recipes."""
     if kwargs.get("mode") not in (None, "default"):
         log.debug("hpu_backend ignores mode=%r", kwargs["mode"])
     settings = Settings.from_options(options)
     graph_id = next(_graph_ids)
     reason = _compile_reason()
+    name_of = functools.partial(_graph_name, graph_id)
+    store = store_for(settings)
+    pkey = _program_key(gm, example_inputs, settings, name_of("program"))
+    if pkey is not None:
+        served = _serve(pkey, store, gm, example_inputs, settings, name_of, reason)
+        if served is not None:
+            return served
+    recorder = None if pkey is None else Recorder(pkey, store, settings, name_of("program"))
+    inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
 
     def compiler(kind: str):
-        return functools.partial(_compile_graph, kind=kind, graph_id=graph_id, settings=settings, reason=reason)
+        return functools.partial(_compile_graph, kind=kind, name=name_of(kind), settings=settings,
+                                 reason=reason, recorder=recorder, inner=inner)
 
-    return aot_autograd(
-        fw_compiler=compiler("forward"),
-        bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"),
-        decompositions=hpu_decompositions(),
-        keep_inference_input_mutations=True,
-    )(gm, example_inputs)
+    start = time.perf_counter()
+    specialized = set(TensorifyState.force_specializations)
+    try:
+        return aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=hpu_decompositions(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
+    except TensorifyScalarRestartAnalysis:
+        # AOTAutograd's float pass asks Dynamo to trace again with some floats specialized: store
+        # that answer, so that a later process replays it without tracing to find it out.
+        if pkey is not None:
+            program = restart_program(list(TensorifyState.force_specializations - specialized))
+            store.put_program(pkey, program, settings, name_of("program"))
+            emit(Event("program", key=pkey.key))
+        raise
+    finally:
+        metrics.record_phase("aot_trace", time.perf_counter() - start - inner[0])
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, graph_id: int,
-                   settings: Settings, reason: str):
-    name = f"fx_graph_{graph_id:04d}_{_SUFFIX[kind]}"
+def _program_key(gm, example_inputs, settings: Settings, name: str) -> ProgramKey | None:
+    start = time.perf_counter()
+    try:
+        return program_key(gm, example_inputs, settings)
+    except Unkeyable as e:
+        log.info("hpu_backend: %s is compiled without a stored program: %s", name, e)
+        return None
+    finally:
+        metrics.record_phase("program_key", time.perf_counter() - start)
+
+
+def _serve(pkey: ProgramKey, store, gm, example_inputs, settings: Settings, name_of, reason: str):
+    """The Dynamo graph served from its stored program (no AOTAutograd), or None on a miss."""
+    start, served = time.perf_counter(), None
+    try:
+        program = store.load_program(pkey.key)
+        if program is not None:
+            served = serve(program, pkey.key, gm, example_inputs, settings, name_of, reason)  # may replay a restart
+    except LoweringError as e:
+        log.warning("hpu_backend: stored program for %s cannot be served (%s); compiling instead",
+                    name_of("program"), e.reason)
+    except TensorifyScalarRestartAnalysis:
+        served = True
+        raise
+    finally:
+        metrics.record_phase("program_load", time.perf_counter() - start)
+        metrics.record_program(hit=served is not None)
+    return served
+
+
+def _graph_name(graph_id: int, kind: str) -> str:
+    return f"fx_graph_{graph_id:04d}" + (f"_{_SUFFIX[kind]}" if kind in _SUFFIX else "")
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, name: str,
+                   settings: Settings, reason: str, recorder: Recorder | None, inner: list):
+    start = time.perf_counter()
     ctx = LoweringContext(settings=settings, name=name, kind=kind, guards=_shape_guards())
     try:
-        return CompiledGraph.build(gm, ctx, reason)
+        graph = CompiledGraph.build(gm, ctx, reason)
     except LoweringError as e:
         if settings.strict:
             raise
         log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
         log.debug("lowering failure of %s in full:\n%s", name, e)
-        return make_boxed_func(gm)
+        graph = None
+    if recorder is not None:
+        recorder.add(kind, graph)
+    inner[0] += time.perf_counter() - start
+    return graph if graph is not None else boxed(gm)
 
 
 def _compile_reason() -> str:

@@ -1,10 +1,15 @@
-"""One compiled graph: per call, pick the shape bucket, make sure its recipe exists, run the executor.
+"""One compiled graph: per call, pick the shape bucket, make sure its recipe exists, run that recipe.
 
 The hot path is a tuple of symbol values and one dict lookup. A value tuple not seen before is
-mapped to its bucket; a bucket not seen before gets its recipe from the process's recipe table,
-then the disk cache, and only then from lowering (graph passes at most once per graph, bucket
-passes once per bucket). The executor is generated once per graph from the captured recipe: its
-code is symbolic, so it serves every bucket.
+mapped to its bucket; a bucket not seen before gets its recipe from the store (memory, then disk),
+and only then from lowering (the bucket passes over the graph's template). What runs is built from
+the recipe's stored bytes — read back from the store on a hit, or from the bytes just written on a
+miss — so a stored recipe is the program, never just a report. Buckets whose recipes execute the
+same ops share one generated executor.
+
+Observers (warm-up, analysis) ``listen()`` to the events graphs emit: ``take`` when a graph takes up
+a recipe (``hit`` says whether the store had it), ``use`` when a call runs one, and ``program``
+when a Dynamo graph is served from its stored program or stores one.
 """
 
 from __future__ import annotations
@@ -12,160 +17,222 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import weakref
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
-from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import fallback, metrics, symexpr
-from .buckets import Policy, policies_for
+from .buckets import policies_for
 from .keys import GraphKey, graph_key
 from .lowering import LoweringContext, LoweringError, capture_graph, lower_bucket, lower_graph
 from .recipe import Recipe
-from .runtime import RecipeLoadError, build_callable
+from .runtime import RecipeLoadError, build_callable, check_ops
 from .runtime.dryrun import build_dry_run
 from .runtime.symbols import symbol_reader
-from .store import RecipeStore, store_for
+from .store import RecipeStore, entry_meta, store_for
 
 log = logging.getLogger(__name__)
 
+@dataclass(frozen=True)
+class Event:
+    """What a compiled graph reports to listeners."""
 
-_collectors: list[list] = []
+    kind: str  # "take" | "use" | "program"
+    graph: "CompiledGraph | None" = None
+    recipe: Recipe | None = None  # None for "program", and for a graph running eagerly
+    hit: bool = False  # taken from the store rather than compiled
+    key: str | None = None  # "program": the program's key
+
+
+Listener = Callable[[Event], None]
+_listeners: list[Listener] = []
+
+
+@contextlib.contextmanager
+def listen(listener: Listener):
+    """Call ``listener(event)`` for every event in this block."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
 
 
 @contextlib.contextmanager
 def collect_recipes():
     """Collect ``(compiled_graph, recipe, hit)`` for every recipe a graph takes up in this block."""
     found: list = []
-    _collectors.append(found)
-    try:
+
+    def on_event(e: Event):
+        if e.kind == "take":
+            found.append((e.graph, e.recipe, e.hit))
+
+    with listen(on_event):
         yield found
-    finally:
-        _collectors.remove(found)
-
-
-_live: "weakref.WeakSet[CompiledGraph]" = weakref.WeakSet()
-
-
-def live_graphs() -> list["CompiledGraph"]:
-    """Every compiled graph alive in this process (warm-up watches them to see which recipes a call uses)."""
-    return list(_live)
 
 
 class GuardViolation(RuntimeError):
     """Symbol values that break the guards a recipe was compiled under (raised per call)."""
 
 
-class CompiledGraph:
+@dataclass
+class Taken:
+    """A bucket's recipe as this process runs it."""
 
-    def __init__(self, ctx: LoweringContext, captured: Recipe, run: Callable[[list], list],
-                 policies: list[Policy], gkey: GraphKey | None, store: RecipeStore,
-                 first_reason: str = "new graph"):
+    recipe: Recipe | None  # None: the graph runs eagerly after a lowering failure
+    run: Callable[[list], list]
+    key: str | None = None
+
+
+class CompiledGraph:
+    """One AOTAutograd graph (forward, backward or inference) of a Dynamo graph, over all its buckets."""
+
+    def __init__(self, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None, store: RecipeStore,
+                 first_reason: str = "new graph", eager: Callable[[list], list] | None = None):
         # AOTAutograd passes a list of inputs, which run() clears as it goes. An instance attribute,
         # because torch._dynamo.disable's wrapper copies the instance __dict__, not class attributes.
         self._boxed_call = True
         self.ctx = ctx
-        self.first_reason = first_reason  # why this graph's first recipe gets compiled
-        self.captured = captured
-        self.run = run
-        self.policies = policies
+        self.template = template  # after the graph passes: what every bucket is lowered from
         self.gkey = gkey
         self.store = store
-        self.template: Recipe | None = None  # graph passes' result, made on the first miss
-        self.read_symbols = symbol_reader(captured.symbol_sources)
-        self.known: dict[tuple, tuple] = {}  # symbol values -> bucket
-        self.recipes: dict[tuple, Recipe] = {}  # bucket -> recipe
-        self.keys: dict[tuple, str] = {}  # bucket -> recipe key (for warm-up manifests)
-        _live.add(self)
+        self.first_reason = first_reason  # why this graph's first recipe gets compiled
+        self.eager = eager  # the boxed aten graph, run after a lowering failure (None: no graph at hand)
+        self.policies = policies_for(ctx.settings.buckets, template.symbols)
+        self.read_symbols = symbol_reader(template.symbol_sources)
+        self.known: dict[tuple, Taken] = {}  # symbol values -> taken bucket
+        self.buckets: dict[tuple, Taken] = {}  # bucket -> taken bucket
+        self.fixed: Taken | None = None  # a graph without symbols, or one that fell back to eager
+        self.program: str | None = None  # the key of the stored program this graph belongs to
+        self._executors: list[tuple[tuple, Callable[[list], list]]] = []
 
     @classmethod
     def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, reason: str = "new graph") -> "CompiledGraph":
+        """Capture, key and run the graph passes on an aten graph; LoweringError if it cannot be lowered."""
         ctx.gm = gm
         with _phase("capture"):
             captured = capture_graph(gm, ctx)
-        try:
-            with _phase("executor"), unset_fake_temporarily():  # constants must be real tensors
-                run = build_callable(captured) if ctx.settings.execute else build_dry_run(captured)
-            policies = policies_for(ctx.settings.buckets, captured.symbols)
-        except (RecipeLoadError, ValueError) as e:
-            raise LoweringError(str(e), graph=ctx.name) from e
         with _phase("key"):
             gkey = _safe_graph_key(captured, ctx)
-        graph = cls(ctx, captured, run, policies, gkey, store_for(ctx.settings), reason)
-        if not captured.symbols:
-            graph.ensure(())
+        with _phase("lowering"):
+            template = lower_graph(captured, ctx)
+        return cls.from_template(ctx, template, gkey, reason, eager=boxed(gm))
+
+    @classmethod
+    def from_template(cls, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None,
+                      reason: str = "new graph", eager: Callable | None = None) -> "CompiledGraph":
+        """A graph from its template (lowered here, or stored in a program); LoweringError if unusable."""
+        try:
+            check_ops(template)
+            graph = cls(ctx, template, gkey, store_for(ctx.settings), reason, eager)
+        except (RecipeLoadError, ValueError) as e:
+            raise LoweringError(str(e), graph=ctx.name) from e
+        if not template.symbols:
+            graph.fixed = graph.ensure(())
         return graph
 
+    @property
+    def symbols(self) -> list[str]:
+        return self.template.symbols
+
+    @property
+    def recipes(self) -> dict[tuple, Recipe]:
+        """bucket -> recipe, for the buckets this process has taken up."""
+        return {b: t.recipe for b, t in self.buckets.items() if t.recipe is not None}
+
     def __call__(self, args: list) -> list:
-        if self.read_symbols is not None:
+        taken = self.fixed
+        if taken is None:
             values = self.read_symbols(args)
-            if values not in self.known:
-                self.on_new_values(values)
-        return self.run(args)
+            taken = self.known.get(values)
+            if taken is None:
+                taken = self.on_new_values(values)
+        if _listeners:
+            emit(Event("use", self, taken.recipe, True))
+        return taken.run(args)
 
     def bucket_of(self, values: tuple) -> tuple:
         bucket = []
-        for sym, policy, v in zip(self.captured.symbols, self.policies, values):
+        for sym, policy, v in zip(self.symbols, self.policies, values):
             if policy.overflows(v):
                 log.warning("hpu_backend: %s: shape %s=%d is above the largest bucket (%d) and was not "
                             "warmed; compiling an exact recipe for it", self.ctx.name, sym, v, policy.limit)
             bucket.append(policy.bucket(v))
         return tuple(bucket)
 
-    def on_new_values(self, values: tuple) -> None:
-        env = dict(zip(self.captured.symbols, values))
-        for g in self.captured.guards:
+    def on_new_values(self, values: tuple) -> Taken:
+        env = dict(zip(self.symbols, values))
+        for g in self.template.guards:
             if not symexpr.evaluate(g, env):
                 raise GuardViolation(f"{self.ctx.name}: values {env} break the guard {symexpr.to_str(g)} "
                                      "its recipes were compiled under")
-        bucket = self.bucket_of(values)
         try:
-            self.ensure(bucket)
+            taken = self.ensure(self.bucket_of(values))
         except LoweringError as e:
-            if self.ctx.settings.strict or self.ctx.gm is None:
+            if self.ctx.settings.strict or self.eager is None:
                 raise
             log.warning("hpu_backend: could not lower %s, running it eagerly: %s", self.ctx.name, e.reason)
-            self.run, self.read_symbols = make_boxed_func(self.ctx.gm), None
-            return
-        self.known[values] = bucket
+            self.fixed = Taken(None, self.eager)
+            return self.fixed
+        self.known[values] = taken
+        return taken
 
-    def ensure(self, bucket: tuple) -> Recipe:
-        """The recipe for ``bucket``: from this graph, the store, or lowering (in that order)."""
-        recipe = self.recipes.get(bucket)
-        if recipe is not None:
-            return recipe
-        named = {s: list(b) for s, b in zip(self.captured.symbols, bucket)}
-        key = parts = detail = None
-        hit = False
+    def ensure(self, bucket: tuple) -> Taken:
+        """The bucket's recipe and executor: from this graph, the store, or lowering (in that order)."""
+        taken = self.buckets.get(bucket)
+        if taken is not None:
+            return taken
+        named = {s: list(b) for s, b in zip(self.symbols, bucket)}
+        taken, hit = self._from_store(named)
+        if taken is None:
+            taken = self._compile(named)
+        fallback.report(taken.recipe, strict=self.ctx.settings.strict)  # lines, counts, cpu_fallback metric
+        self.buckets[bucket] = taken
+        emit(Event("take", self, taken.recipe, hit))
+        return taken
+
+    def _from_store(self, bucket: dict[str, list[int]]) -> tuple[Taken | None, bool]:
+        if self.gkey is None:
+            return None, False
+        key = self.gkey.for_bucket(bucket)[0]
+        with _phase("load"):
+            found = self.store.load(key, self._executor)
+        metrics.record_cache(self.ctx.name, hit=found is not None)
+        return (None, False) if found is None else (Taken(*found, key), True)
+
+    def _compile(self, bucket: dict[str, list[int]]) -> Taken:
+        recipe = self.compile_bucket(bucket, reason=self.first_reason if not self.buckets else "new bucket")
+        key = meta = None
         if self.gkey is not None:
-            key, parts, detail = self.gkey.for_bucket(named)
-            with _phase("cache_get"):
-                recipe = self.store.get(key)
-            hit = recipe is not None
-            metrics.record_cache(self.ctx.name, hit=hit)
-        if recipe is None:
-            recipe = self.compile_bucket(named, reason=self.first_reason if not self.recipes else "new bucket")
-            if key is not None:
-                self.store.put(key, recipe, parts, detail, self.ctx.settings)
-        fallback.report(recipe, strict=self.ctx.settings.strict)  # lines, counts, cpu_fallback metric
-        self.recipes[bucket] = recipe
-        if key is not None:
-            self.keys[bucket] = key
-        for found in _collectors:
-            found.append((self, recipe, hit))
-        return recipe
+            key, parts, detail = self.gkey.for_bucket(bucket)
+            meta = entry_meta(recipe, parts, detail, self.ctx.settings)
+        recipe = self.store.put(key, recipe, meta)
+        try:
+            return Taken(recipe, self._executor(recipe), key)
+        except RecipeLoadError as e:
+            raise LoweringError(str(e), graph=self.ctx.name) from e
+
+    def _executor(self, recipe: Recipe) -> Callable[[list], list]:
+        """The callable for a recipe, shared with earlier buckets whose recipes run the same ops."""
+        program = _executable(recipe)
+        for seen, run in self._executors:
+            if seen == program:
+                return run
+        with _phase("executor"), unset_fake_temporarily():  # constants must be real tensors
+            run = build_callable(recipe) if self.ctx.settings.execute else build_dry_run(recipe)
+        self._executors.append((program, run))
+        return run
 
     def key_of(self, recipe: Recipe) -> str | None:
         """The cache key this graph used for one of its recipes (None if the cache was bypassed)."""
-        return self.keys.get(tuple(tuple(recipe.bucket[s]) for s in self.captured.symbols))
+        taken = self.buckets.get(tuple(tuple(recipe.bucket[s]) for s in self.symbols))
+        return None if taken is None else taken.key
 
     def compile_bucket(self, bucket: dict[str, list[int]], reason: str) -> Recipe:
         start = time.perf_counter()
         self.ctx.bucket = bucket
-        if self.template is None:
-            self.template = lower_graph(self.captured, self.ctx)
         recipe = lower_bucket(self.template, self.ctx)
         seconds = time.perf_counter() - start
         metrics.record_phase("lowering", seconds)
@@ -173,6 +240,29 @@ class CompiledGraph:
         metrics.record_compilation(seconds, reason)
         log.debug("compiled %s bucket %s in %.1f ms (%s)", self.ctx.name, bucket, seconds * 1e3, reason)
         return recipe
+
+
+def boxed(fn: Callable) -> Callable[[list], list]:
+    """``fn(*args)`` as a boxed call (it takes the argument list and clears it), like AOTAutograd's."""
+    def run(args: list):
+        out = fn(*args)
+        args.clear()
+        return out
+
+    run._boxed_call = True
+    return run
+
+
+def _executable(recipe: Recipe) -> tuple:
+    """What the generated executor depends on (not placement, plan or estimates)."""
+    return (recipe.input_names, recipe.symbol_sources, recipe.symbols,
+            [(n.name, n.op, n.args, n.kwargs, n.out) for n in recipe.nodes], recipe.outputs,
+            {k: (c.dtype, c.shape, c.data) for k, c in recipe.constants.items()})
+
+
+def emit(event: Event) -> None:
+    for listener in list(_listeners):
+        listener(event)
 
 
 @contextlib.contextmanager
@@ -191,4 +281,3 @@ def _safe_graph_key(captured: Recipe, ctx: LoweringContext) -> GraphKey | None:
     except (TypeError, ValueError, KeyError) as e:
         log.info("hpu_backend: %s bypasses the recipe cache: cannot compute its key (%s)", ctx.name, e)
         return None
-

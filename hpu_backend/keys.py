@@ -12,13 +12,15 @@ order or ``hash()``, so keys are the same across processes and PYTHONHASHSEED va
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import torch
 
-from . import __version__
+from .version import __version__
+from .program import PROGRAM_VERSION
 from .recipe import FORMAT_VERSION, Recipe
 from .settings import Settings
 
@@ -73,6 +75,146 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     detail = {"settings": _plain(settings_part), "toolchain": tc,
               "inputs": [_spec(s) for s in recipe.inputs], "guards": recipe.guards}
     return GraphKey(parts, detail)
+
+
+PROGRAM_PARTS = ("dynamo_graph", "inputs", "guards", "state", "settings", "toolchain")
+
+
+class Unkeyable(TypeError):
+    """A Dynamo graph holding something without a stable hash (its program is not cached)."""
+
+
+@dataclass(frozen=True)
+class ProgramKey:
+    """The key of a Dynamo graph's program, and how its shape symbols are named and read."""
+
+    key: str
+    parts: dict[str, str]
+    rename: dict[str, str]  # Dynamo symbol name -> s0, s1, ...
+    sources: list[list[int]]  # per normalized symbol: [input index, dim] (-1: a SymInt input)
+
+
+def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settings) -> ProgramKey:
+    """Key of the program for a Dynamo graph, from the graph itself: no AOTAutograd trace.
+
+    Parts: the graph (ops by qualified name, arguments with value names normalized, constants'
+    bytes), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
+    device type), Dynamo's guards on the shape symbols, global state AOTAutograd reads (grad
+    mode, autocast, deterministic algorithms), settings and toolchain. Unkeyable when something
+    has no stable form.
+    """
+    from .lowering import LoweringError, symbol_table
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    if len(fakes) != len(example_inputs):
+        raise Unkeyable("placeholders and example inputs differ in number")
+    for real in example_inputs:
+        if isinstance(real, torch.Tensor) and type(real) not in (torch.Tensor, torch.nn.Parameter):
+            raise Unkeyable(f"input of type {type(real).__name__}")
+    try:
+        rename, sources = symbol_table(fakes)
+    except LoweringError as e:
+        raise Unkeyable(e.reason) from None
+    names = {node: f"n{i}" for i, node in enumerate(gm.graph.nodes)}
+    graph = [[n.op, _target(gm, n), _canon(n.args, names), _canon(dict(n.kwargs), names)]
+             for n in gm.graph.nodes]
+    inputs = [_input(v, real, rename) for v, real in zip(fakes, example_inputs)]
+    parts = {"dynamo_graph": _digest(graph), "inputs": _digest(inputs), "guards": _digest(_dynamo_guards(rename)),
+             "state": _digest(_global_state()),
+             "settings": _digest(_plain(settings.key_fields())),
+             "toolchain": _digest(sorted(dict(toolchain(), program_format=PROGRAM_VERSION).items()))}
+    return ProgramKey(_digest([parts[p] for p in PROGRAM_PARTS])[:32], parts, rename, sources)
+
+
+def _target(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
+    if node.op in ("placeholder", "output"):
+        return None
+    if node.op == "call_method":
+        return node.target
+    if node.op == "get_attr":
+        value = getattr(gm, node.target, None)
+        if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.is_meta:
+            raise Unkeyable(f"get_attr {node.target!r} is not a dense tensor")
+        t = value.detach().cpu().clone(memory_format=torch.contiguous_format)  # storage: exactly its data
+        return [str(t.dtype), list(t.shape), hashlib.blake2b(bytes(t.untyped_storage()), digest_size=16).hexdigest()]
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return str(target)
+        return _qualified_name(target)
+    raise Unkeyable(f"graph node kind {node.op}")
+
+
+def _qualified_name(target: Any) -> str:
+    """``module.qualname`` of a function, or of a local function its module exports under ``__name__``
+    (``torch.nn.functional.max_pool2d`` is made by a factory); Unkeyable for anything else."""
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if module and name and "<" not in name:
+        return f"{module}.{name}"
+    short = getattr(target, "__name__", None)
+    if module and short and getattr(sys.modules.get(module), short, None) is target:
+        return f"{module}.{short}"
+    raise Unkeyable(f"call target {target!r:.60} has no stable name")
+
+
+_TAGGED = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _canon(arg: Any, names: dict) -> Any:
+    """Plain, stable data for an FX argument; Unkeyable for anything else."""
+    if isinstance(arg, torch.fx.Node):
+        return {"r": names[arg]}
+    if arg is None or isinstance(arg, (bool, int, float, str)):
+        return arg
+    if isinstance(arg, torch.Size):
+        return {"size": list(arg)}
+    if isinstance(arg, tuple):
+        return {"tuple": [_canon(a, names) for a in arg]}
+    if isinstance(arg, list):
+        return [_canon(a, names) for a in arg]
+    if isinstance(arg, dict) and all(isinstance(k, str) for k in arg):
+        return {"dict": [[k, _canon(v, names)] for k, v in sorted(arg.items())]}
+    if isinstance(arg, slice):
+        return {"slice": [_canon(a, names) for a in (arg.start, arg.stop, arg.step)]}
+    if arg is Ellipsis:
+        return {"ellipsis": True}
+    if isinstance(arg, _TAGGED):
+        return {type(arg).__name__: str(arg)}
+    raise Unkeyable(f"graph argument of type {type(arg).__name__}")
+
+
+def _input(fake: Any, real: Any, rename: dict[str, str]) -> list:
+    from . import symexpr
+
+    try:
+        if isinstance(fake, torch.Tensor):
+            stride = [symexpr.encode(s, rename) for s in fake.stride()] if fake.layout == torch.strided else []
+            return ["tensor", str(fake.dtype), [symexpr.encode(s, rename) for s in fake.shape], stride,
+                    bool(real.requires_grad), isinstance(real, torch.nn.Parameter), fake.device.type,
+                    str(fake.layout)]
+        if isinstance(fake, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return ["sym", symexpr.encode(fake, rename)]
+    except symexpr.SymExprError as e:
+        raise Unkeyable(str(e)) from None
+    if fake is None or isinstance(fake, (bool, int, float)):
+        return ["scalar", fake]
+    raise Unkeyable(f"graph input of type {type(fake).__name__}")
+
+
+def _dynamo_guards(rename: dict[str, str]) -> list:
+    """The guards Dynamo's trace put on the graph's shape symbols (one graph per guard set: a
+    recompile for ``batch >= 16`` is another program than the graph for ``batch < 16``)."""
+    from .lowering import encode_guards
+
+    tracing = torch._guards.TracingContext.try_get()
+    shape_env = getattr(getattr(tracing, "fake_mode", None), "shape_env", None)
+    return [] if shape_env is None else encode_guards([g.expr for g in shape_env.guards], rename)
+
+
+def _global_state() -> list:
+    return [torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")),
+            torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype())]
 
 
 def explain(parts_a: dict[str, str], parts_b: dict[str, str]) -> list[str]:

@@ -3,7 +3,8 @@
 ``metric_global(name).stats()`` gives ``[(tag, value), ...]`` since process start;
 ``with metric_localcontext(name) as m: ...`` gives the same for a region. Names and tags:
 ``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons),
-``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss) and ``cpu_fallback`` (TotalNumber,
+``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss; ProgramHit, ProgramMiss count Dynamo
+graphs served from a stored program, skipping AOTAutograd, or traced) and ``cpu_fallback`` (TotalNumber,
 FallbackOps). ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
 """
 
@@ -24,7 +25,8 @@ _lock = threading.Lock()
 # name -> tag -> value (a number, or a Counter for per-item tables)
 _COUNTERS: dict[str, dict[str, Any]] = {
     "graph_compilation": {"TotalNumber": 0, "TotalTime": 0, "Reasons": Counter()},
-    "recipe_cache": {"TotalHit": 0, "TotalMiss": 0, "RecipeHit": Counter(), "RecipeMiss": Counter()},
+    "recipe_cache": {"TotalHit": 0, "TotalMiss": 0, "RecipeHit": Counter(), "RecipeMiss": Counter(),
+                     "ProgramHit": 0, "ProgramMiss": 0},
     "cpu_fallback": {"TotalNumber": 0, "FallbackOps": Counter()},
 }
 
@@ -60,6 +62,12 @@ def record_cache(recipe: str, hit: bool) -> None:
         m = _COUNTERS["recipe_cache"]
         m["TotalHit" if hit else "TotalMiss"] += 1
         m["RecipeHit" if hit else "RecipeMiss"][recipe] += 1
+
+
+def record_program(hit: bool) -> None:
+    """A Dynamo graph served from a stored program (hit: no AOTAutograd trace) or traced (miss)."""
+    with _lock:
+        _COUNTERS["recipe_cache"]["ProgramHit" if hit else "ProgramMiss"] += 1
 
 
 def record_fallback(op: str, count: int = 1) -> None:

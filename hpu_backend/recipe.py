@@ -14,7 +14,7 @@ import functools
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import msgpack
 
@@ -93,22 +93,51 @@ class Recipe:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Recipe":
-        try:
-            raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except Exception as e:  # msgpack raises many types for bad input
-            raise RecipeFormatError(f"not a msgpack document: {e}") from None
+        return cls.from_plain(unpack(data))
+
+    @classmethod
+    def from_plain(cls, raw: Any, where: str = "recipe") -> "Recipe":
+        """A recipe from unpacked msgpack data, checked against the schema; RecipeFormatError if off."""
         if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
             got = raw.get("version") if isinstance(raw, dict) else type(raw).__name__
-            raise RecipeFormatError(f"recipe format version {got!r}, expected {FORMAT_VERSION}")
-        recipe = _build(cls, raw, "recipe")
-        _check_semantics(recipe)
-        return recipe
+            raise RecipeFormatError(f"{where}: recipe format version {got!r}, expected {FORMAT_VERSION}")
+        return checked(lambda: build(cls, raw, where), where)
+
+    def check(self, where: str = "recipe") -> None:
+        """Version and cross-field checks (references resolve, trees are well-formed)."""
+        if self.version != FORMAT_VERSION:
+            raise RecipeFormatError(f"{where}: recipe format version {self.version!r}, expected {FORMAT_VERSION}")
+        _check_semantics(self, where)
 
     def node_map(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
 
 
-def _build(tp: Any, value: Any, where: str) -> Any:
+def checked(make: Callable[[], Any], where: str) -> Any:
+    """``make()`` followed by its ``check(where)``; any failure in either is a RecipeFormatError.
+
+    Stored data may be malformed in ways the schema cannot see (a list where a name belongs), and
+    whatever that raises must still reach the caller as "not a usable recipe".
+    """
+    try:
+        value = make()
+        value.check(where)
+        return value
+    except RecipeFormatError:
+        raise
+    except Exception as e:  # malformed content can fail anywhere; all of it means "not usable"
+        raise RecipeFormatError(f"{where}: {type(e).__name__}: {e}") from None
+
+
+def unpack(data: bytes) -> Any:
+    """msgpack bytes → plain data (maps with string keys); RecipeFormatError for anything else."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises many types for bad input
+        raise RecipeFormatError(f"not a msgpack document: {e}") from None
+
+
+def build(tp: Any, value: Any, where: str) -> Any:
     """Check ``value`` against annotation ``tp`` and construct dataclasses; RecipeFormatError if off."""
     return _converter(tp)(value, where)
 
@@ -177,25 +206,31 @@ def _scalar(types_, value, where):
     raise RecipeFormatError(f"{where}: expected {types_[0].__name__}, got {type(value).__name__}")
 
 
-def _check_semantics(recipe: Recipe) -> None:
-    """Cross-field checks: kinds, references resolve, trees are well-formed."""
+def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
+    """Cross-field checks: kinds, references resolve, symbol sources exist, trees are well-formed."""
+    def bad(message: str) -> RecipeFormatError:
+        return RecipeFormatError(f"{where}: {message}")
+
     if recipe.kind not in KINDS:
-        raise RecipeFormatError(f"recipe.kind {recipe.kind!r} is not one of {KINDS}")
+        raise bad(f"kind {recipe.kind!r} is not one of {KINDS}")
     if len(recipe.inputs) != len(recipe.input_names):
-        raise RecipeFormatError("recipe.inputs and recipe.input_names differ in length")
+        raise bad("inputs and input_names differ in length")
     if len(recipe.symbol_sources) != len(recipe.symbols):
-        raise RecipeFormatError("recipe.symbols and recipe.symbol_sources differ in length")
+        raise bad("symbols and symbol_sources differ in length")
+    for source in recipe.symbol_sources:
+        if not _readable(source, recipe.inputs):
+            raise bad(f"symbol source {source!r:.40} names no input dimension")
     known = set(recipe.input_names) | set(recipe.constants)
     for node in recipe.nodes:
         for ref in iter_refs([node.args, list(node.kwargs.values())]):
             if ref not in known:
-                raise RecipeFormatError(f"node {node.name} uses {ref!r} before it is defined")
+                raise bad(f"node {node.name!r:.40} uses {ref!r:.40} before it is defined")
         if node.name in known:
-            raise RecipeFormatError(f"value name {node.name!r} defined twice")
+            raise bad(f"value name {node.name!r:.40} defined twice")
         known.add(node.name)
     for ref in iter_refs(recipe.outputs):
         if ref not in known:
-            raise RecipeFormatError(f"output refers to unknown value {ref!r}")
+            raise bad(f"output refers to unknown value {ref!r:.40}")
     try:
         for tree in recipe.guards:
             symexpr.validate(tree)
@@ -203,7 +238,14 @@ def _check_semantics(recipe: Recipe) -> None:
             for tree in spec.shape + spec.stride:
                 symexpr.validate(tree)
     except symexpr.SymExprError as e:
-        raise RecipeFormatError(str(e)) from None
+        raise bad(str(e)) from None
+
+
+def _readable(source: list[int], inputs: list[ValueSpec]) -> bool:
+    if len(source) != 2 or not 0 <= source[0] < len(inputs):
+        return False
+    spec, dim = inputs[source[0]], source[1]
+    return spec.kind == "sym" if dim == -1 else (spec.kind == "tensor" and 0 <= dim < len(spec.shape))
 
 
 def iter_refs(arg: Any):

@@ -1,7 +1,8 @@
-"""The backend's recipe store: recipes by key in this process, in front of the disk cache (recipecache).
+"""The backend's recipe store: recipes and programs by key, over the disk cache (recipecache).
 
 The disk tier never fails a compile: a disk that cannot be opened (insecure, unwritable) means
-"compile without caching" after one warning; an entry that does not parse as a recipe is a miss.
+"compile without caching" after one warning; an entry that cannot be used is quarantined and is a
+miss.
 A malformed cache configuration is an error, because it is a user's typo, not a machine's state.
 """
 
@@ -9,54 +10,69 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache
 
+from .keys import ProgramKey
 from .keys import explain as differing
+from .program import Program
 from .recipe import Recipe, RecipeFormatError
+from .runtime import RecipeLoadError, check_ops
 from .settings import Settings, SettingsError
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
 class RecipeStore:
-    """Recipes by key in this process; ``disk`` (a RecipeCache, or None) behind it."""
+    """Recipes and programs by key, in the disk cache ``disk`` (a RecipeCache, or None: no caching).
+
+    What the store hands out is always parsed from stored bytes — read on a hit, or just written
+    on a put — so the caller runs exactly what a later process will load. Anything stored that
+    fails to parse, validate or build is quarantined and counts as a miss.
+    """
 
     def __init__(self, disk: RecipeCache | None = None):
         self.disk = disk
-        self.recipes: dict[str, Recipe] = {}
-        self.lock = threading.Lock()
 
-    def get(self, key: str) -> Recipe | None:
-        recipe = self.recipes.get(key)
-        if recipe is None and self.disk is not None:
-            recipe = self._load(key)
-        return recipe
-
-    def _load(self, key: str) -> Recipe | None:
-        data = self.disk.get(key)
+    def load(self, key: str, prepare: Callable[[Any], T], parse: Callable[[bytes], Any] = Recipe.from_bytes
+             ) -> tuple[Any, T] | None:
+        """``(parsed, prepare(parsed))`` for the entry under key, or None (missing or unusable)."""
+        data = self.disk.get(key) if self.disk is not None else None
         if data is None:
             return None
         try:
-            recipe = Recipe.from_bytes(data)
-        except RecipeFormatError as e:
-            log.warning("hpu_backend: cache entry %s is not a usable recipe (%s); compiling instead", key, e)
+            parsed = parse(data)
+            return parsed, prepare(parsed)
+        except (RecipeFormatError, RecipeLoadError) as e:
+            log.warning("hpu_backend: cache entry %s cannot be used (%s); quarantined, compiling instead", key, e)
+            self.disk.quarantine(key, data)
             return None
-        with self.lock:
-            self.recipes[key] = recipe
-        return recipe
 
-    def put(self, key: str, recipe: Recipe, parts: dict[str, str], detail: dict[str, Any],
-            settings: Settings) -> None:
-        with self.lock:
-            self.recipes[key] = recipe
+    def put(self, key: str | None, recipe: Recipe, meta: dict[str, Any]) -> Recipe:
+        """Store ``recipe`` under key (None: not cached) and return it as parsed back from its bytes."""
+        data = recipe.to_bytes()
+        if key is not None and self.disk is not None:
+            self.disk.put(key, data, meta)
+        return type(recipe).from_bytes(data)
+
+
+    def load_program(self, key: str) -> Program | None:
+        """The program under key, its graphs' ops checked against the runtime allowlist."""
+        found = self.load(key, lambda program: [check_ops(g.template) for g in program.graphs], Program.from_bytes)
+        return None if found is None else found[0]
+
+    def put_program(self, pkey: ProgramKey, program: Program, settings: Settings, name: str) -> None:
         if self.disk is not None:
-            self.disk.put(key, recipe.to_bytes(), entry_meta(recipe, parts, detail, settings))
+            self.disk.put(pkey.key, program.to_bytes(), {
+                "graph": name, "kind": "program", "mode": program.mode, "model": settings.model,
+                "target": settings.target, "bucket": {}, "key_parts": dict(pkey.parts)})
 
 
 def entry_meta(recipe: Recipe, parts: dict[str, str], detail: dict[str, Any], settings: Settings) -> dict:
-    """What a cache entry says about itself (for ls, show, explain and stats)."""
+    """What a recipe's cache entry says about itself (for ls, show, explain and stats)."""
     return {
         "graph": recipe.name, "kind": recipe.kind, "model": settings.model, "target": recipe.target,
         "bucket": {s: list(r) for s, r in recipe.bucket.items()},
@@ -88,6 +104,15 @@ def store_for(settings: Settings) -> RecipeStore:
         if ident not in _stores:
             _stores[ident] = RecipeStore(_open_disk(config))
         return _stores[ident]
+
+
+def reset_stores() -> None:
+    """Forget the caches opened so far (the next compile opens them anew, as a new process would)."""
+    with _stores_lock:
+        for store in _stores.values():
+            if store.disk is not None:
+                store.disk.flush()
+        _stores.clear()
 
 
 def _open_disk(config: CacheConfig | None) -> RecipeCache | None:

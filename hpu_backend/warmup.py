@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from . import metrics
-from .compiled import collect_recipes, live_graphs
+from .compiled import Event, listen
 from .modelfile import ModelSpec, load_model_file, point_label, spec_from
 
 MANIFEST_DIR = "manifests"
@@ -38,6 +38,7 @@ class PointResult:
     seconds: float = 0.0
     max_abs_diff: float | None = None  # vs eager, with check=True
     check_error: str = ""
+    programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
 
     @property
     def label(self) -> str:
@@ -69,41 +70,27 @@ class WarmReport:
 
 
 class _GraphTracker:
-    """Which recipes a point uses: recipes the backend takes up meanwhile, plus buckets of graphs it already had.
+    """Which recipes a point uses: every recipe a graph takes up or runs meanwhile (``compiled.listen``).
 
     Dynamo may serve a point with graphs compiled long before (by an earlier warm-up, or by the
-    server itself), so every live graph is watched while the point runs.
+    server itself); their ``use`` events name the recipes they run.
     """
 
-    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any]]]:
-        """``fn()`` and the (graph, recipe) pairs it used."""
-        calls: dict[tuple[int, tuple], Any] = {}
-        graphs = live_graphs()
-        runs = [graph.run for graph in graphs]
-        for graph in graphs:
-            graph.run = _watched(graph, graph.run, calls)
-        try:
-            with collect_recipes() as found:
-                out = fn()
-        finally:
-            for graph, run in zip(graphs, runs):
-                graph.run = run
-        used = {id(r): (g, r) for g, r, _ in found}
-        for (_, bucket), graph in calls.items():
-            recipe = graph.recipes.get(bucket)
-            if recipe is not None:
-                used.setdefault(id(recipe), (graph, recipe))
-        return out, list(used.values())
+    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any]], list[str]]:
+        """``fn()``, the (graph, recipe) pairs it used and the keys of the programs it used."""
+        used: dict[int, tuple[Any, Any]] = {}
+        programs: set[str] = set()
 
+        def on_event(e: Event):
+            if e.recipe is not None:
+                used.setdefault(id(e.recipe), (e.graph, e.recipe))
+            program = e.key if e.kind == "program" else getattr(e.graph, "program", None)
+            if program:
+                programs.add(program)
 
-def _watched(graph, run: Callable[[list], list], calls: dict) -> Callable[[list], list]:
-    def watched(args: list) -> list:
-        values = graph.read_symbols(args) if graph.read_symbols is not None else None
-        bucket = () if values is None else graph.known.get(values, ())
-        calls[(id(graph), bucket)] = graph
-        return run(args)
-
-    return watched
+        with listen(on_event):
+            out = fn()
+        return out, list(used.values()), sorted(programs)
 
 
 def keys_of(used: list[tuple[Any, Any]]) -> list[str]:
@@ -130,9 +117,10 @@ def _run_point(compiled, spec, point, train, eager, tracker) -> PointResult:
     inputs = spec.make_inputs(**point, seed=0)
     start = time.perf_counter()
     with metrics.metric_localcontext("graph_compilation") as gc:
-        out, used = tracker.run(lambda: _step(compiled, spec, inputs, train))
+        out, used, programs = tracker.run(lambda: _step(compiled, spec, inputs, train))
     built = dict(gc.stats())["TotalNumber"]
-    result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start)
+    result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start,
+                         programs=programs)
     result.used = used  # not a field: live objects for analysis, never serialized
     if eager is not None:
         _compare(result, out, _step(eager, spec, inputs, train))
@@ -292,13 +280,13 @@ def manifest_path(cache_dir: Path, model: str, mode: str) -> Path:
 
 
 def manifest(report: WarmReport, spec: ModelSpec) -> dict[str, Any]:
-    """model → point → recipe keys, with the toolchain and compile arguments they were built under."""
+    """model → point → entry keys (its recipes and programs), with the toolchain and compile arguments."""
     from .keys import toolchain
 
     return {"model": report.model, "mode": report.mode, "file": spec.path, "source_hash": spec.source_hash,
             "toolchain": toolchain(), "compile": {"dynamic": spec.dynamic, "options": spec.options},
             "axes": spec.axes, "created": time.time(),
-            "buckets": {p.label: p.keys for p in report.points}}
+            "buckets": {p.label: sorted(p.keys + p.programs) for p in report.points}}
 
 
 def write_manifest(cache_dir: Path, doc: dict[str, Any]) -> Path:

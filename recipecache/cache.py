@@ -325,6 +325,34 @@ class RecipeCache:
         ok = header.key == item.key
         return EntryInfo(item.key, item.size, header.created if ok else 0.0, item.mtime, 0, header.meta), ok
 
+    def quarantine(self, key: str, payload: bytes) -> None:
+        """Set aside the entry under key if it still holds ``payload``: its reader found it unusable
+        (the checksum held, the content did not). Later gets miss; the disk change runs in the
+        background, and a fresh entry written under the key meanwhile is left alone."""
+        validate_key(key)
+        self._memory.pop(key)
+        with self._mutex:
+            pending = self._pending.get(key)
+            if pending is not None and pending.payload == payload:
+                del self._pending[key]
+        if self._limit == 0 or self._degraded is not None:
+            return
+        self._stats.add(corrupt=1)
+        self._writer.submit(partial(self._disk_job, partial(self._quarantine_if_same, key, bytes(payload))))
+
+    def _quarantine_if_same(self, key: str, payload: bytes) -> None:
+        with self._lock.hold():
+            result = self._disk.read(key)
+            if result is None:
+                return
+            try:
+                if decode_entry(result.data).payload != payload:
+                    return  # replaced by a fresh entry since it was read
+            except (CorruptEntry, VersionMismatch):
+                pass  # unreadable on disk as well: set it aside all the same
+            if self._disk.quarantine(self._disk.entry_path(key)):
+                self._reconcile_locked()
+
     def _submit_discard(self, key: str, ident: tuple, quarantine: bool) -> None:
         if self._degraded is None:
             self._writer.submit(partial(self._disk_job, partial(self._discard, key, ident, quarantine)))

@@ -8,7 +8,7 @@ import torch
 
 import hpu_backend
 from hpu_backend.analysis import AnalysisReport
-from tests.conftest import load_model_file
+from conftest import load_model_file
 
 
 def test_analyze_gpt_reports_fusions_estimates_and_no_breaks():

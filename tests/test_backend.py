@@ -10,7 +10,7 @@ import torch
 from hpu_backend import Settings, SettingsError
 from hpu_backend.compiled import collect_recipes
 from hpu_backend.lowering import LoweringError
-from tests.conftest import run_python
+from conftest import run_python
 
 
 def test_entry_point_needs_no_import():

@@ -29,12 +29,17 @@ def warmed_master(tmp_path_factory, tiny_file):
 
 @pytest.fixture
 def warmed(tmp_path, warmed_master):
-    """A private copy of a cache warmed with the tiny model (2 buckets, 2 recipes)."""
+    """A private copy of a cache warmed with the tiny model (2 buckets, 2 recipes, 1 program)."""
     return shutil.copytree(warmed_master, tmp_path / "cache")
 
 
 def keys_of(cache_dir) -> list[str]:
     return sorted(row["key"] for row in cli_json("ls", "-d", cache_dir))
+
+
+def recipe_keys(cache_dir) -> list[str]:
+    """The recipes' keys (a warm also stores one program per Dynamo graph)."""
+    return sorted(row["key"] for row in cli_json("ls", "-d", cache_dir) if row["kind"] != "program")
 
 
 # -- warm / prebuild / coverage / analyze ------------------------------------------------------------------
@@ -47,7 +52,7 @@ def test_warm_fills_the_cache_then_hits_and_writes_a_manifest(tmp_path, tiny_fil
     assert (again["buckets"], again["compiled"], again["hits"]) == (2, 0, 2)
     (manifest,) = read_manifests(cache)
     assert manifest["model"] == "tiny" and set(manifest["buckets"]) == {"batch=2", "batch=8"}
-    assert sorted(k for ks in manifest["buckets"].values() for k in ks) == keys_of(cache)
+    assert sorted({k for ks in manifest["buckets"].values() for k in ks}) == keys_of(cache)
 
 
 def test_warm_human_output_has_a_table_and_summary(tmp_path, tiny_file):
@@ -66,7 +71,7 @@ def test_warm_train_caches_forward_and_backward(tmp_path, tiny_file):
     doc = cli_json("warm", tiny_file, "-d", cache, "--train", "--check")
     assert doc["mode"] == "train" and doc["mismatches"] == 0
     kinds = {row["kind"] for row in cli_json("ls", "-d", cache)}
-    assert kinds == {"forward", "backward"}
+    assert kinds == {"forward", "backward", "program"}
 
 
 def test_axis_override_and_bad_axes(tmp_path, tiny_file):
@@ -127,7 +132,7 @@ def test_analyze_reports_buckets_and_largest_batch(tiny_file):
 
 def test_ls_lists_entries_sorted_and_filtered(warmed):
     rows = cli_json("ls", "-d", warmed, "--sort", "size")
-    assert len(rows) == 2 and {r["model"] for r in rows} == {"tiny"}
+    assert len(rows) == 3 and {r["model"] for r in rows} == {"tiny"}
     assert [r["size"] for r in rows] == sorted((r["size"] for r in rows), reverse=True)
     assert cli_json("ls", "-d", warmed, "--model", "other") == []
     out = cli("ls", "-d", warmed).output
@@ -146,7 +151,7 @@ def test_missing_or_empty_cache_is_a_friendly_message(tmp_path):
 
 
 def test_show_prints_a_recipe_by_unique_prefix(warmed):
-    key = keys_of(warmed)[0]
+    key = recipe_keys(warmed)[0]
     doc = cli_json("show", key[:6], "-d", warmed)
     assert doc["key"] == key and doc["model"] == "tiny" and doc["kind"] == "inference"
     assert doc["inputs"] and doc["outputs"][0]["shape"] and "placement" in doc and "guards" in doc
@@ -158,6 +163,14 @@ def test_show_prints_a_recipe_by_unique_prefix(warmed):
     assert "ambiguous" in cli("show", "", "-d", warmed, code=1).output
 
 
+def test_show_prints_a_program(warmed):
+    (key,) = sorted(set(keys_of(warmed)) - set(recipe_keys(warmed)))
+    doc = cli_json("show", key, "-d", warmed)
+    assert doc["kind"] == "program" and doc["mode"] == "inference" and doc["symbols"] == ["s0"]
+    assert [g["kind"] for g in doc["graphs"]] == ["inference"] and doc["graphs"][0]["nodes"] > 0
+    assert "contract" in cli("show", key, "-d", warmed).output
+
+
 def test_show_does_not_count_as_a_hit(warmed):
     before = cli_json("stats", "-d", warmed)["hits"]
     cli("show", keys_of(warmed)[0], "-d", warmed)
@@ -167,14 +180,14 @@ def test_show_does_not_count_as_a_hit(warmed):
 def test_stats_and_zero(tmp_path, tiny_file, warmed):
     cli("warm", tiny_file, "-d", warmed)  # all hits
     doc = cli_json("stats", "-d", warmed)
-    assert doc["entries"] == 2 and doc["hits"] >= 2 and doc["compile_time_saved_s"] > 0
+    assert doc["entries"] == 3 and doc["hits"] >= 2 and doc["compile_time_saved_s"] > 0
     assert "compile time saved" in cli("stats", "-d", warmed).output
     cli("stats", "-d", warmed, "--zero")
     assert cli_json("stats", "-d", warmed)["hits"] == 0
 
 
 def test_explain_names_the_differing_parts(warmed):
-    a, b = keys_of(warmed)
+    a, b = recipe_keys(warmed)
     doc = cli_json("explain", a[:8], b[:8], "-d", warmed)
     assert [row["part"] for row in doc["differ"]] == ["bucket"]
     assert "bucket" in cli("explain", a, b, "-d", warmed).output
@@ -186,8 +199,8 @@ def test_explain_names_the_differing_parts(warmed):
 def test_evict_plans_then_honours_dry_run_confirmation_and_filters(warmed):
     keys = keys_of(warmed)
     plan = cli_json("evict", "-d", warmed, "--max-size", "0", "--dry-run")
-    assert len(plan["plan"]) == 2 and keys_of(warmed) == keys
-    assert "Would evict 2 entries" in cli("evict", "-d", warmed, "--max-size", "0", "--dry-run").output
+    assert len(plan["plan"]) == 3 and keys_of(warmed) == keys
+    assert "Would evict 3 entries" in cli("evict", "-d", warmed, "--max-size", "0", "--dry-run").output
     out = cli("evict", "-d", warmed, "--key", keys[0][:8], input="n\n").output
     assert "Nothing changed" in out and keys_of(warmed) == keys
     assert "Nothing to evict" in cli("evict", "-d", warmed, "--older-than", "7d").output
@@ -201,13 +214,13 @@ def test_evict_plans_then_honours_dry_run_confirmation_and_filters(warmed):
 
 def test_clear_asks_unless_yes(warmed):
     assert "Nothing changed" in cli("clear", "-d", warmed, input="n\n").output
-    assert len(keys_of(warmed)) == 2
-    assert "Removed 2 entries" in cli("clear", "-d", warmed, "--yes").output
+    assert len(keys_of(warmed)) == 3
+    assert "Removed 3 entries" in cli("clear", "-d", warmed, "--yes").output
     assert keys_of(warmed) == []
 
 
 def test_verify_finds_damage_and_payloads_that_are_not_recipes(warmed):
-    assert cli_json("verify", "-d", warmed) == {"entries": 2, "bad": 0, "fixed": False, "problems": []}
+    assert cli_json("verify", "-d", warmed) == {"entries": 3, "bad": 0, "fixed": False, "problems": []}
     victim = next((warmed / "entries").rglob(keys_of(warmed)[0] + "*"))
     data = bytearray(victim.read_bytes())
     data[-20] ^= 0xFF
@@ -218,18 +231,18 @@ def test_verify_finds_damage_and_payloads_that_are_not_recipes(warmed):
     assert doc["bad"] == 2 and {p["entry"] for p in doc["problems"]} >= {"notarecipe"}
     assert "verify --fix" in cli("verify", "-d", warmed, code=1).output
     assert cli_json("verify", "-d", warmed, "--fix")["fixed"] is True
-    assert cli_json("verify", "-d", warmed) == {"entries": 1, "bad": 0, "fixed": False, "problems": []}
+    assert cli_json("verify", "-d", warmed) == {"entries": 2, "bad": 0, "fixed": False, "problems": []}
 
 
 def test_export_import_round_trip_and_coverage(tmp_path, tiny_file, warmed):
     bundle = tmp_path / "tiny.tar"
-    assert cli_json("export", bundle, "-d", warmed, "--model", "tiny")["entries"] == 2
+    assert cli_json("export", bundle, "-d", warmed, "--model", "tiny")["entries"] == 3
     target = tmp_path / "imported"
     doc = cli_json("import", bundle, "-d", target)
-    assert (doc["imported"], doc["present"], doc["manifests"]) == (2, 0, 1)
+    assert (doc["imported"], doc["present"], doc["manifests"]) == (3, 0, 1)
     assert keys_of(target) == keys_of(warmed) and read_manifests(target)[0]["model"] == "tiny"
     cli("coverage", tiny_file, "-d", target)
-    assert cli_json("import", bundle, "-d", target)["present"] == 2
+    assert cli_json("import", bundle, "-d", target)["present"] == 3
     assert "no entries for model other" in cli("export", bundle, "-d", warmed, "--model", "other", code=1).output
 
 
@@ -257,7 +270,7 @@ def test_import_refuses_another_toolchain_unless_forced_and_damaged_entries(tmp_
     foreign = _rewrite(bundle, tmp_path, other_torch)
     out = cli("import", foreign, "-d", tmp_path / "t", code=1).output
     assert "another toolchain" in out and "--force" in out and len(out.strip().splitlines()) == 1
-    assert cli_json("import", foreign, "-d", tmp_path / "t", "--force")["imported"] == 2
+    assert cli_json("import", foreign, "-d", tmp_path / "t", "--force")["imported"] == 3
 
     def flip(name, data):
         return data[:-20] + bytes([data[-20] ^ 0xFF]) + data[-19:] if name.startswith("entries/") else data

@@ -8,7 +8,7 @@ import torch
 from hpu_backend import fallback
 from hpu_backend.metrics import metric_localcontext
 from hpu_backend.recipe import Recipe
-from tests.conftest import ROOT
+from conftest import ROOT
 
 DIGAMMA = """
 import torch

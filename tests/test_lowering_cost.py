@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from hpu_backend.lowering import lower_bucket, lower_graph
 from hpu_backend.lowering.devices import DEVICES, device
-from tests.test_lowering_helpers import context, lower
+from test_lowering_helpers import context, lower
 
 
 def _block(x, w1, w2, q, k, v):

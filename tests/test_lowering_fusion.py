@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tests.test_lowering_helpers import lower
+from test_lowering_helpers import lower
 
 
 def _groups(recipe):

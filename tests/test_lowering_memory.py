@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from hpu_backend.lowering import lower_bucket, lower_graph
 from hpu_backend.lowering.arena import Buffer, assign_offsets, peak_live
-from tests.test_lowering_helpers import context, lower
+from test_lowering_helpers import context, lower
 
 
 def _check_plan(buffers: list[Buffer], offsets: dict[str, int], size: int) -> None:

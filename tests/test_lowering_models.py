@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hpu_backend.compiled import collect_recipes
-from tests.conftest import load_model_file
+from conftest import load_model_file
 
 
 def _recipes(model, *inputs, backward=False, options=None, autocast=False, dynamic=False):

@@ -11,7 +11,7 @@ from hpu_backend.lowering.optable import OpTable, default_table, is_host_op, pac
 from hpu_backend.lowering.passes.find_transfers import find_transfers
 from hpu_backend.lowering.passes.partition import partition
 from hpu_backend.lowering.passes.place import place
-from tests.test_lowering_helpers import context, lower, node
+from test_lowering_helpers import context, lower, node
 
 
 def test_table_is_fresh_data_with_engines_per_op_family():

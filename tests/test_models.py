@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import load_model_file
+from conftest import load_model_file
 
 
 def test_mnist_20_sgd_steps_match_eager():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpu_backend.compiled import collect_recipes
-from tests.conftest import load_model_file
+from conftest import load_model_file
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

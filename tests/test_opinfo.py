@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from torch.testing._internal.common_methods_invocations import op_db
 
-from tests.opinfo_sweep import sweep
+from opinfo_sweep import sweep
 
 SHARDS = 4
 

@@ -12,7 +12,7 @@ from hpu_backend.buckets import BucketError, parse_policy, policies_for, upper_p
 from hpu_backend.compiled import GuardViolation, collect_recipes
 from hpu_backend.keys import explain
 from hpu_backend.metrics import metric_localcontext
-from tests.conftest import load_model_file, run_python
+from conftest import load_model_file, run_python
 
 
 @pytest.mark.parametrize("spec, value, bucket", [
@@ -69,8 +69,8 @@ def test_gpt_200_random_lengths_compile_once_per_bucket(policy):
 def test_second_process_hits_the_disk_cache(tmp_path):
     code = (
         "import json, torch, sys\n"
-        "sys.path.insert(0, '.')\n"
-        "from tests.conftest import load_model_file\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from conftest import load_model_file\n"
         "from hpu_backend.metrics import metric_global\n"
         "gpt = load_model_file('gpt'); m = gpt.make_model().eval()\n"
         "c = torch.compile(m, backend='hpu_backend', dynamic=True)\n"

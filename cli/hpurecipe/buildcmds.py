@@ -106,7 +106,8 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     cache = open_cache(cache_dir, quiet=True)
     points = plan(spec, train=train)
     rows = [{"bucket": p.label, "recipes": len(p.keys),
-             "missing": [k for k in p.keys if cache is None or not cache.contains(k)]} for p in points]
+             "missing": [k for k in p.keys + p.programs if cache is None or not cache.contains(k)]}
+            for p in points]
     uncovered = [r["bucket"] for r in rows if r["missing"]]
     if json:
         render.emit_json({"model": spec.name, "buckets": len(rows), "covered": len(rows) - len(uncovered),

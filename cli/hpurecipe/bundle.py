@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from hpu_backend.keys import toolchain
-from hpu_backend.recipe import Recipe, RecipeFormatError
+from hpu_backend.program import parse_payload
+from hpu_backend.recipe import RecipeFormatError
 from recipecache import CorruptEntry, Entry, RecipeCache, decode_entry, encode_entry
 
 from .errors import CliError
@@ -115,7 +116,7 @@ def _entry(path: Path, key: str, data: bytes) -> Entry:
     if entry.key != key:
         raise BundleError(f"{path}: entry file {key} holds key {entry.key}")
     try:
-        Recipe.from_bytes(entry.payload)
+        parse_payload(entry.payload)
     except RecipeFormatError as e:
         raise BundleError(f"{path}: entry {key} is not a recipe of this format: {e}") from None
     return entry

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from hpu_backend.recipe import Recipe, RecipeFormatError
+from hpu_backend.program import parse_payload
+from hpu_backend.recipe import RecipeFormatError
 from hpu_backend.store import explain as explain_keys
 from recipecache import EntryInfo, RecipeCache
 
@@ -69,7 +70,7 @@ def show(key: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
     if entry is None:
         raise CliError(f"entry {full} is unreadable; run: hpurecipe verify --fix")
     try:
-        recipe = Recipe.from_bytes(entry.payload)
+        recipe = parse_payload(entry.payload)
     except RecipeFormatError as e:
         raise CliError(f"entry {full} is not a recipe of this format: {e}") from None
     doc = describe(entry, recipe, next(i.size for i in infos if i.key == full))
@@ -159,7 +160,7 @@ def _not_recipes(cache: RecipeCache, fix: bool) -> list[dict]:
         if entry is None:
             continue  # gone meanwhile, or caught by cache.verify
         try:
-            Recipe.from_bytes(entry.payload)
+            parse_payload(entry.payload)
         except RecipeFormatError as e:
             bad.append({"entry": info.key, "reason": f"not a recipe: {e}", "recipe": True})
             if fix:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
 from hpu_backend import symexpr
+from hpu_backend.program import Program
 from hpu_backend.recipe import Recipe, ValueSpec
 from recipecache import Entry
 
@@ -40,8 +42,10 @@ def _placement(recipe: Recipe) -> dict[str, Any]:
                           for n in recipe.nodes if n.placement == "cpu"]}
 
 
-def describe(entry: Entry, recipe: Recipe, size: int) -> dict[str, Any]:
+def describe(entry: Entry, recipe: Recipe | Program, size: int) -> dict[str, Any]:
     """Everything ``show`` prints, as JSON-ready data (facts are passed through as the recipe has them)."""
+    if isinstance(recipe, Program):
+        return _describe_program(entry, recipe, size)
     meta = entry.meta
     return {
         "key": entry.key, "graph": recipe.name, "kind": recipe.kind, "model": meta.get("model", ""),
@@ -55,7 +59,21 @@ def describe(entry: Entry, recipe: Recipe, size: int) -> dict[str, Any]:
     }
 
 
+def _describe_program(entry: Entry, program: Program, size: int) -> dict[str, Any]:
+    """A program: the AOTAutograd graphs of one Dynamo graph, its guards and runtime contract."""
+    return {
+        "key": entry.key, "graph": entry.meta.get("graph", ""), "kind": "program", "mode": program.mode,
+        "model": entry.meta.get("model", ""), "size": size, "created": entry.created,
+        "symbols": program.symbols, "guards": [symexpr.to_str(g) for g in program.guards],
+        "graphs": [{"graph": g.template.name, "kind": g.template.kind, "nodes": len(g.template.nodes),
+                    "inputs": len(g.template.inputs), "outputs": len(g.template.outputs)} for g in program.graphs],
+        "contract": dataclasses.asdict(program.contract), "specialize": program.specialize,
+    }
+
+
 def print_description(doc: dict[str, Any]) -> None:
+    if doc["kind"] == "program":
+        return _print_program(doc)
     render.pairs({"key": doc["key"], "graph": f"{doc['graph']} ({doc['kind']})", "model": doc["model"] or "-",
                   "target": doc["target"], "bucket": render.bucket(doc["bucket"]), "size": render.size(doc["size"]),
                   "created": render.ago(doc["created"]),
@@ -69,6 +87,17 @@ def print_description(doc: dict[str, Any]) -> None:
     render.note("\n[bold]guards[/bold]: {}", "; ".join(doc["guards"]) or "none")
     for name, value in doc["facts"].items():
         _print_fact(name, value)
+
+
+def _print_program(doc: dict[str, Any]) -> None:
+    render.pairs({"key": doc["key"], "graph": f"{doc['graph']} (program, {doc['mode']})",
+                  "model": doc["model"] or "-", "size": render.size(doc["size"]),
+                  "created": render.ago(doc["created"]), "symbols": ", ".join(doc["symbols"]) or "none",
+                  "guards": "; ".join(doc["guards"]) or "none"})
+    render.table(["graph", "kind", "nodes", "inputs", "outputs"],
+                 ([g["graph"], g["kind"], g["nodes"], g["inputs"], g["outputs"]] for g in doc["graphs"]),
+                 title=f"\ngraphs ({len(doc['graphs'])})")
+    _print_fact("contract", doc["contract"])
 
 
 def _print_placement(p: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from ..recipe import Constant, Recipe, iter_refs
 from . import ops
 from .peephole import fold_linear
 
-_KWARG = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KWARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: "$" would allow a trailing newline
 
 INFIX = {
     "operator::add": "+", "operator::sub": "-", "operator::mul": "*", "operator::floordiv": "//",
@@ -49,7 +49,15 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 def load_constant(c: Constant) -> torch.Tensor:
+    """The constant's tensor; its bytes must be exactly what its shape and dtype declare (checked
+    before anything is allocated, so a forged shape cannot ask for more memory than was stored)."""
     dtype = dtype_from_name(c.dtype)
+    if not all(type(d) is int and d >= 0 for d in c.shape):
+        raise RecipeLoadError(f"constant shape {c.shape!r:.60} is not a list of sizes")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if math.prod(c.shape) * itemsize != len(c.data):
+        raise RecipeLoadError(f"constant of shape {c.shape!r:.60} and dtype {c.dtype} "
+                              f"holds {len(c.data)} bytes")
     if not c.data:
         return torch.empty(c.shape, dtype=dtype)
     return torch.frombuffer(bytearray(c.data), dtype=dtype).reshape(c.shape)
@@ -108,7 +116,7 @@ class _Codegen:
     def call(self, node) -> str:
         args = [self.arg(a) for a in node.args]
         for k, v in node.kwargs.items():
-            if not _KWARG.match(k) or keyword.iskeyword(k):
+            if not isinstance(k, str) or not _KWARG.fullmatch(k) or keyword.iskeyword(k):
                 raise RecipeLoadError(f"bad keyword argument name {k!r} in node {node.name}")
             args.append(f"{k}={self.arg(v)}")
         if node.op in INFIX and len(args) == 2:
@@ -164,8 +172,30 @@ class _Codegen:
 
 
 
+def check_ops(recipe: Recipe) -> None:
+    """RecipeLoadError unless every op of the recipe is in the runtime allowlist."""
+    for node in recipe.nodes:
+        try:
+            ops.resolve(node.op)
+        except ops.OpNotAllowed as e:
+            raise RecipeLoadError(f"node {node.name}: {e}") from None
+
+
 def build_callable(recipe: Recipe) -> Callable[[list], list]:
-    """Compile a recipe into ``run(args: list) -> list`` (boxed: it clears ``args``)."""
+    """Compile a recipe into ``run(args: list) -> list`` (boxed: it clears ``args``).
+
+    Any failure, whatever its type, is a RecipeLoadError: a stored recipe that cannot be built is
+    a cache miss, never a crash.
+    """
+    try:
+        return _build(recipe)
+    except RecipeLoadError:
+        raise
+    except Exception as e:  # a malformed recipe may fail anywhere in codegen; all of it is a load error
+        raise RecipeLoadError(f"{type(e).__name__}: {e}") from e
+
+
+def _build(recipe: Recipe) -> Callable[[list], list]:
     gen = _Codegen(dataclasses.replace(recipe, nodes=fold_linear(recipe)))
     source = gen.render()
     namespace: dict[str, Any] = dict(gen.bound)

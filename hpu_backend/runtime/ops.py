@@ -1,10 +1,12 @@
 """The runtime's op allowlist: the only way an op name in a recipe becomes a callable.
 
 A name resolves when it is a registered ATen or prims schema (asked of the dispatcher before any
-attribute lookup), the op is functional (it mutates nothing, except
-the input writes in ``MUTATING_ALLOWED``) and it is not in ``DENY_ATEN`` (ops that touch files or
-process state); symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table. Anything else
-is an ``OpNotAllowed`` error at recipe load time.
+attribute lookup), the op is functional (it mutates nothing, except the input writes in
+``MUTATING_ALLOWED``), it returns a value (an op run only for its effect, such as ``aten::save``,
+``aten::_print`` or ``aten::manual_seed``, is refused unless it is a check in ``EFFECT_ALLOWED``),
+it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state);
+symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table. Anything else is an
+``OpNotAllowed`` error at recipe load time.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ class OpNotAllowed(KeyError):
 MUTATING_ALLOWED = frozenset({"copy_"})
 
 # Ops that read or write files or process state: never allowed, whatever their tags say.
-DENY_ATEN = frozenset({"from_file", "_debug_has_internal_overlap", "set_", "_set_grad_enabled"})
+DENY_ATEN = frozenset({"from_file", "_debug_has_internal_overlap", "set_", "_set_grad_enabled",
+                       "set_grad_enabled", "manual_seed", "seed", "_print", "save", "warn", "backward",
+                       "_backward", "dist_backward"})
+
+# Ops with no result that graphs legitimately contain: shape and value checks.
+EFFECT_ALLOWED = frozenset({"_assert_async", "_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range",
+                            "sym_constrain_range_for_size", "_linalg_check_errors", "_sink_tokens"})
+
+_FILE_ARGS = frozenset({"filename", "file", "path", "f"})
 
 def _with_effects(token, op, *args, **kwargs):
     """torch.ops.higher_order.with_effects: run an effectful op in order; the token passes through."""
@@ -112,6 +122,11 @@ def resolve(name: str):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)
     op = getattr(packet, overload)
-    if op._schema.is_mutable and packet_name not in MUTATING_ALLOWED:
+    schema = op._schema
+    if schema.is_mutable and packet_name not in MUTATING_ALLOWED:
+        raise OpNotAllowed(name)
+    if not schema.returns and packet_name not in EFFECT_ALLOWED:
+        raise OpNotAllowed(name)
+    if any(a.name in _FILE_ARGS for a in schema.arguments):
         raise OpNotAllowed(name)
     return op

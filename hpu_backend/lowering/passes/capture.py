@@ -25,7 +25,7 @@ _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
 def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    rename, sources = _symbols(placeholders)
+    rename, sources = symbol_table([n.meta.get("val") for n in placeholders])
     cap = _Capture(gm, rename)
     recipe = Recipe(
         name=ctx.name, kind=ctx.kind, target=ctx.settings.target,
@@ -43,16 +43,16 @@ def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
             recipe.outputs = [cap.arg(a, node) for a in node.args[0]]
         elif node.op != "placeholder":
             raise LoweringError(f"unsupported FX node kind {node.op!r}", node=node)
-    recipe.guards = _guards(ctx.guards, rename)
+    recipe.guards = encode_guards(ctx.guards, rename)
     return recipe
 
 
-def _symbols(placeholders) -> tuple[dict[str, str], list[list[int]]]:
-    """Rename free symbols by first appearance; record where each can be read at run time."""
+def symbol_table(values: list) -> tuple[dict[str, str], list[list[int]]]:
+    """Rename the free symbols of input values (fake tensors, SymInts) ``s0, s1, ...`` by first
+    appearance; record where each can be read at run time (``[input index, dim]``, -1: a SymInt)."""
     rename: dict[str, str] = {}
     sources: dict[str, list[int]] = {}
-    for i, node in enumerate(placeholders):
-        val = node.meta.get("val")
+    for i, val in enumerate(values):
         dims = [(-1, val)] if isinstance(val, torch.SymInt) else (
             list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [])
         for d, size in dims:
@@ -67,8 +67,8 @@ def _symbols(placeholders) -> tuple[dict[str, str], list[list[int]]]:
     return rename, [sources[s] for s in rename]
 
 
-def _guards(guards, rename) -> list:
-    """The guards that mention only this graph's symbols, encoded, deduplicated, in stable order."""
+def encode_guards(guards, rename) -> list:
+    """The guards (sympy) that mention only the symbols in ``rename``, encoded, deduplicated, in stable order."""
     out = []
     for g in guards:
         names = {s.name for s in getattr(g, "free_symbols", ())}

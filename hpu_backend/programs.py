@@ -1,0 +1,252 @@
+"""Programs at work: recorded when AOTAutograd compiles a Dynamo graph, served on a later hit.
+
+Miss: AOTAutograd traces, our compilers lower each of its graphs, and a ``Recorder`` collects
+their templates and key parts, the ShapeEnv's guards over the Dynamo graph's symbols and the
+runtime contract (read from AOTAutograd's ``ViewAndMutationMeta``). When the last graph is in (the
+backward, for training), the program is stored under the Dynamo graph's key.
+
+Hit: ``serve`` checks the program's guards on this call's sizes and adds them to Dynamo's
+ShapeEnv (so Dynamo guards the frame as if it had traced them), makes each graph a
+``CompiledGraph`` from its template (bucket recipes come from the store), and wraps them in the
+contract's runtime (runtime/autograd.py). AOTAutograd is neither traced nor called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import operator
+from typing import Any, Callable
+
+import torch
+
+from . import symexpr
+from .compiled import CompiledGraph, Event, emit
+from .keys import GraphKey, ProgramKey
+from .lowering import LoweringContext, LoweringError, encode_guards
+from .program import MEMORY_FORMATS, Contract, Program, ProgramGraph
+from .recipe import RecipeFormatError
+from .runtime.autograd import inference_call, training_call
+from .settings import Settings
+from .store import RecipeStore
+
+log = logging.getLogger(__name__)
+
+
+class Unsupported(Exception):
+    """An AOTAutograd contract that a program cannot express (the graph is compiled, not stored)."""
+
+
+# -- miss: record ---------------------------------------------------------------------------------
+
+class Recorder:
+    """Collects one Dynamo graph's compiled graphs and stores their program once complete."""
+
+    def __init__(self, pkey: ProgramKey, store: RecipeStore, settings: Settings, name: str):
+        self.pkey, self.store, self.settings, self.name = pkey, store, settings, name
+        self.graphs: dict[str, CompiledGraph] = {}
+        self.meta: Any = None
+        self.guards: list = []
+        self.disable_amp = False
+        self.abandoned = False
+
+    def add(self, kind: str, graph: CompiledGraph | None) -> None:
+        """Called by each compiler; ``graph`` None means it runs eagerly (no program then)."""
+        if graph is None or graph.gkey is None:
+            self.abandoned = True
+        if self.abandoned:
+            return
+        if kind != "backward":
+            tracing = torch._guards.TracingContext.try_get()
+            self.meta = getattr(tracing, "fw_metadata", None)
+            self.disable_amp = torch._C._is_any_autocast_enabled()
+            shape_env = getattr(getattr(tracing, "fake_mode", None), "shape_env", None)
+            self.guards = [] if shape_env is None else encode_guards([g.expr for g in shape_env.guards],
+                                                                      self.pkey.rename)
+        self.graphs[kind] = graph
+        if kind in ("inference", "backward"):
+            self._finish("inference" if kind == "inference" else "training")
+
+    def _finish(self, mode: str) -> None:
+        graphs = [self.graphs[k] for k in ("inference",)] if mode == "inference" else [
+            self.graphs[k] for k in ("forward", "backward")]
+        try:
+            contract = contract_of(self.meta, mode, [g.template for g in graphs], self.disable_amp)
+            program = Program(mode, [ProgramGraph(g.template, dict(g.gkey.parts), dict(g.gkey.detail))
+                                     for g in graphs], contract, list(self.pkey.rename.values()),
+                              self.pkey.sources, self.guards)
+            program.check()
+        except (Unsupported, RecipeFormatError) as e:
+            log.info("hpu_backend: %s: compiled, but not stored as a program: %s", self.name, e)
+            return
+        self.store.put_program(self.pkey, program, self.settings, self.name)
+        for g in graphs:
+            g.program = self.pkey.key
+        emit(Event("program", key=self.pkey.key))
+
+
+def contract_of(meta: Any, mode: str, templates: list, disable_amp: bool) -> Contract:
+    """The runtime contract from AOTAutograd's ViewAndMutationMeta; Unsupported past what we rebuild."""
+    from torch._functorch._aot_autograd.schemas import MutationType, OutputType, SubclassCreationMeta
+
+    if meta is None:
+        raise Unsupported("no AOTAutograd metadata")
+    _require(meta.num_outputs_aliased == 0 and meta.num_intermediate_bases == 0, "an output aliases")
+    _require(meta.num_mutated_inp_runtime_indices == 0, "an input is mutated outside the graph")
+    _require(not meta.tokens and not getattr(meta, "num_backward_tokens", 0), "effect tokens")
+    _require(not meta.is_rng_op_functionalized and not getattr(meta, "num_graphsafe_rng_states", 0), "RNG state")
+    _require(not any(isinstance(m, SubclassCreationMeta) for m in [*meta.subclass_inp_meta,
+             *meta.subclass_fw_graph_out_meta, *meta.subclass_tangent_meta]), "tensor subclasses")
+    _require(all(i.mutation_type in (MutationType.NOT_MUTATED, MutationType.MUTATED_IN_GRAPH)
+                 for i in meta.input_info), "an input mutation")
+    first = templates[0]
+    contract = Contract(num_inputs=len(first.inputs), mutated_inputs=list(
+        meta.mutated_graph_handled_indices_seen_by_autograd), disable_amp=disable_amp)
+    if mode == "training":
+        _training_contract(contract, meta, len(first.outputs), templates[1], OutputType)
+    return contract
+
+
+def _training_contract(c: Contract, meta: Any, fw_outputs: int, backward, OutputType) -> None:
+    c.num_outputs = at = meta.num_forward_returns
+    for name, sl in (("saved", meta.tensors_saved_for_backwards_with_vc_check_slice),
+                     ("saved_unchecked", meta.tensors_saved_for_backwards_no_vc_check_slice),
+                     ("saved_symints", meta.symints_saved_for_backwards_slice)):
+        start, stop, step = sl.indices(fw_outputs)
+        _require(step == 1, "a strided slice of saved values")
+        span = [start, stop] if stop > start else [at, at]  # an empty slice may point anywhere
+        setattr(c, name, span)
+        at = span[1]
+    _require(not len(range(*meta.opaque_objects_saved_for_backwards_slice.indices(fw_outputs))),
+             "opaque objects saved for backward")
+    c.non_differentiable = [i for i, o in enumerate(meta.output_info) if not o.requires_grad]
+    c.unsafe_view = list(meta.unsafe_view_out_indices)
+    c.tangents = [i for i, o in enumerate(meta.output_info)
+                  if o.output_type in (OutputType.non_alias, OutputType.unsafe_view_alias)
+                  and issubclass(o.raw_type, torch.Tensor) and o.requires_grad_for_backward]
+    _require(len(meta.subclass_tangent_meta) == len(c.tangents), "tangents that are not plain tensors")
+    c.tangent_layouts = [_layout(m) for m in meta.subclass_tangent_meta]
+    _require(len(backward.outputs) == c.num_inputs, "backward outputs do not match the inputs")
+
+
+def _layout(meta: Any) -> Any:
+    fmt = getattr(meta, "memory_format", None)
+    _require(fmt is not None, "a tangent without a memory format")
+    if fmt.memory_format is not None:
+        name = str(fmt.memory_format).removeprefix("torch.")
+        _require(name in MEMORY_FORMATS, f"tangent memory format {name}")
+        return name
+    _require(all(isinstance(v, int) for v in [*fmt.size, *fmt.stride]), "a symbolic tangent layout")
+    return [list(fmt.size), list(fmt.stride)]
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise Unsupported(what)
+
+
+# -- hit: serve -----------------------------------------------------------------------------------
+
+def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: list, settings: Settings,
+          name_of: Callable[[str], str], reason: str) -> Callable[..., list] | None:
+    """A callable for the Dynamo graph from its program, or None when the program does not apply."""
+    if program.mode == "restart":
+        emit(Event("program", key=key, hit=True))
+        replay_restart(program.specialize)
+    env = _hints(program, example_inputs)
+    if env is None or not all(symexpr.evaluate(g, env) for g in program.guards):
+        log.info("hpu_backend: %s: stored program's guards do not hold for these sizes", name_of("program"))
+        return None
+    _install_guards(program, gm)
+    graphs = []
+    for g in program.graphs:
+        kind = g.template.kind
+        ctx = LoweringContext(settings=settings, name=name_of(kind), kind=kind)
+        template = dataclasses.replace(g.template, name=ctx.name)
+        graphs.append(CompiledGraph.from_template(ctx, template, GraphKey(g.key_parts, g.key_detail), reason))
+        graphs[-1].program = key
+    emit(Event("program", key=key, hit=True))
+    call = inference_call(graphs[0], program.contract) if program.mode == "inference" else training_call(
+        *graphs, program.contract)
+    return _eager_after_failure(call, gm, settings, name_of("program"))
+
+
+def replay_restart(names: list[str]) -> None:
+    """Ask Dynamo to trace again with these float inputs specialized, as AOTAutograd's pass did."""
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    from torch._dynamo.symbolic_convert import TensorifyState
+
+    for name in names:
+        TensorifyState.specialize(name)
+    raise TensorifyScalarRestartAnalysis
+
+
+def restart_program(specialize: list[str]) -> Program:
+    return Program("restart", [], Contract(num_inputs=0), specialize=sorted(specialize))
+
+
+def _hints(program: Program, example_inputs: list) -> dict[str, int] | None:
+    env = {}
+    for sym, (i, d) in zip(program.symbols, program.symbol_sources):
+        if i >= len(example_inputs):
+            return None
+        v = example_inputs[i] if d < 0 else example_inputs[i].shape[d]
+        v = v.node.hint if isinstance(v, torch.SymInt) else v
+        if not isinstance(v, int):
+            return None
+        env[sym] = v
+    return env
+
+
+def _install_guards(program: Program, gm: torch.fx.GraphModule) -> None:
+    """Add the program's guards to Dynamo's ShapeEnv: evaluating them on the graph's SymInts does."""
+    fakes = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+    env = {sym: fakes[i] if d < 0 else fakes[i].shape[d]
+           for sym, (i, d) in zip(program.symbols, program.symbol_sources)}
+    for tree in program.guards:
+        for conjunct in tree[1:] if isinstance(tree, list) and tree[0] == "and" else [tree]:
+            try:
+                bool(_symbolic(conjunct, env))
+            except _NotSymbolic:
+                continue  # checked on each new size by CompiledGraph instead
+
+
+class _NotSymbolic(Exception):
+    """A guard shape this evaluator does not turn into a SymBool (or / not)."""
+
+
+_SYMBOLIC = {"add": lambda *xs: functools.reduce(operator.add, xs),
+             "mul": lambda *xs: functools.reduce(operator.mul, xs),
+             "max": lambda *xs: functools.reduce(torch.sym_max, xs),
+             "min": lambda *xs: functools.reduce(torch.sym_min, xs)}
+
+
+def _symbolic(tree: Any, env: dict) -> Any:
+    if isinstance(tree, str):
+        return env[tree]
+    if not isinstance(tree, list):
+        return tree
+    op = tree[0]
+    if op in ("and", "or", "not"):
+        raise _NotSymbolic(op)
+    fn = _SYMBOLIC.get(op) or symexpr.OPS[op][0]
+    return fn(*(_symbolic(a, env) for a in tree[1:]))
+
+
+def _eager_after_failure(call: Callable, gm: torch.fx.GraphModule, settings: Settings, name: str) -> Callable:
+    """``call``, until a new bucket cannot be lowered: then the Dynamo graph runs eagerly (or, strict, raises)."""
+    state = {"call": call}
+
+    def run(*args):
+        try:
+            return state["call"](*args)
+        except LoweringError as e:
+            if settings.strict or state["call"] is not call:
+                raise
+            log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
+            state["call"] = gm.forward
+            return gm.forward(*args)
+
+    return run
+

@@ -1,0 +1,232 @@
+"""The recipe is the program: a warm cache serves a fresh process without AOTAutograd or lowering.
+
+Each model in models/ is compiled in one process (inference and a training step), then in a fresh
+process against the same cache, where AOTAutograd's tracer must not run and nothing may be lowered:
+the outputs and gradients there can only come from the stored programs and recipes, and must
+match eager. Stored entries that are damaged (checksum intact, content not) are quarantined and
+recompiled, never run and never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import msgpack
+import pytest
+import torch
+
+from conftest import ROOT
+from hpu_backend.metrics import metric_global
+from hpu_backend.program import Program, parse_payload
+from hpu_backend.recipe import RecipeFormatError
+from hpu_backend.runtime import RecipeLoadError, build_callable
+from hpu_backend.store import reset_stores
+from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
+
+MODELS = ("mnist", "gpt", "bert", "resnet")
+
+CHILD = r"""
+import copy, json, sys
+import torch
+import torch._functorch.aot_autograd as aot
+import hpu_backend
+from hpu_backend.metrics import metric_global
+
+traces = [0]
+_capture = aot.aot_stage1_graph_capture
+def counting(*args, **kwargs):
+    traces[0] += 1
+    return _capture(*args, **kwargs)
+aot.aot_stage1_graph_capture = counting
+
+def tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value.detach()]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors(v)]
+    return []
+
+def check(spec, train, point):
+    inputs = spec.make_inputs(**point, seed=1)
+    eager = spec.make_model().train(train)
+    model = copy.deepcopy(eager)
+    kwargs = {} if spec.dynamic is None else {"dynamic": spec.dynamic}
+    compiled = torch.compile(model, backend="hpu_backend", options=dict(spec.options), **kwargs)
+    for m, fn in ((eager, eager), (model, compiled)):
+        torch.manual_seed(0)
+        with torch.set_grad_enabled(train):
+            out = fn(*spec.split(inputs))
+            if train:
+                spec.loss(out, *inputs).backward()
+        m.result = tensors(out) + [p.grad for p in m.parameters()] + list(m.buffers())
+    torch.testing.assert_close(model.result, eager.result)
+
+for name in sys.argv[1].split(","):
+    spec = hpu_backend.load_model_file(f"models/{name}.py")
+    points = spec.points()
+    for train in (False, True):
+        for point in (points[0], points[-1]):
+            check(spec, train, point)
+cache = dict(metric_global("recipe_cache").stats())
+print(json.dumps({"aot_traces": traces[0], "lowered": dict(metric_global("graph_compilation").stats())["TotalNumber"],
+                  "program_hits": cache["ProgramHit"], "program_misses": cache["ProgramMiss"],
+                  "recipe_misses": cache["TotalMiss"]}))
+"""
+
+
+def _run(models: str, cache_dir) -> dict:
+    env = dict(os.environ, PT_HPU_RECIPE_CACHE_CONFIG=f"{cache_dir},false,1024")
+    proc = subprocess.run([sys.executable, "-c", CHILD, models], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_warm_cache_serves_every_model_without_tracing_or_lowering(tmp_path):
+    models = ",".join(MODELS)
+    cold = _run(models, tmp_path / "cache")
+    assert cold["aot_traces"] > 0 and cold["lowered"] > 0 and cold["program_misses"] > 0
+    warm = _run(models, tmp_path / "cache")
+    assert warm["aot_traces"] == 0, warm  # AOTAutograd never traced: programs served every graph
+    assert warm["lowered"] == 0 and warm["recipe_misses"] == 0, warm  # every recipe came from disk
+    assert warm["program_hits"] >= len(MODELS) * 2 and warm["program_misses"] == 0, warm
+
+
+# -- damaged entries -------------------------------------------------------------------------------------
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.register_buffer("offset", torch.arange(4.0))
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) + self.offset
+
+
+def _compile_and_run(cache_dir, x):
+    """A new Dynamo and newly opened caches (as in a fresh process); flushed to disk on return."""
+    torch._dynamo.reset()
+    reset_stores()
+    torch.manual_seed(0)
+    model = Tiny()
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=True,
+                             options={"cache_config": f"{cache_dir},false,64"})
+    with torch.no_grad():
+        out = compiled(x), model(x)
+    reset_stores()
+    return out
+
+
+def _usable(payload: bytes) -> bool:
+    try:
+        parsed = parse_payload(payload)
+        for recipe in [g.template for g in parsed.graphs] if isinstance(parsed, Program) else [parsed]:
+            build_callable(recipe)
+    except (RecipeFormatError, RecipeLoadError):
+        return False
+    return True
+
+
+def _payloads(cache_dir) -> dict[str, bytes]:
+    cache = RecipeCache(CacheConfig.parse(f"{cache_dir},false,64"))
+    return {i.key: cache.peek(i.key).payload for i in cache.entries()}
+
+
+def _keys(cache_dir, programs: bool) -> list[str]:
+    return [k for k, v in _payloads(cache_dir).items() if isinstance(parse_payload(v), Program) == programs]
+
+
+def _quarantined(cache_dir) -> int:
+    return len(list((cache_dir / "quarantine").iterdir()))
+
+
+def _rewrite(cache_dir, key: str, mutate) -> None:
+    """Replace an entry's payload with a mutated one under a valid header and checksum."""
+    cache = RecipeCache(CacheConfig.parse(f"{cache_dir},false,64"))
+    path = cache._disk.entry_path(key)
+    entry = decode_entry(path.read_bytes())
+    raw = msgpack.unpackb(entry.payload, raw=False)
+    mutate(raw)
+    path.chmod(0o600)
+    path.write_bytes(encode_entry(key, msgpack.packb(raw, use_bin_type=True), entry.meta, entry.created))
+
+
+def _first_node(raw, op_prefix="aten::"):
+    return next(n for n in raw["nodes"] if n["op"].startswith(op_prefix))
+
+
+def _set_op(op):
+    def mutate(raw):
+        _first_node(raw)["op"] = op
+    return mutate
+
+
+def _forge_constant(raw):
+    raw["constants"] = {"big": {"dtype": "float32", "shape": [1 << 20, 1 << 20], "data": b""}}
+
+
+def _bad_reference(raw):
+    _first_node(raw)["args"][0] = {"r": [1, 2]}  # a list where a value name belongs
+
+
+def _bad_kwarg(raw):
+    next(n for n in raw["nodes"] if "relu" in n["op"])["kwargs"]["alpha\n"] = 1
+
+
+def _bad_symbol_source(raw):
+    raw["symbol_sources"] = [[99, 0]] * len(raw["symbol_sources"])
+
+
+@pytest.mark.parametrize("mutate", [_set_op("aten::save.default"), _set_op("aten::_print.default"),
+                                    _set_op("aten::manual_seed.default"), _forge_constant, _bad_reference,
+                                    _bad_kwarg, _bad_symbol_source],
+                         ids=["save", "print", "manual_seed", "constant", "reference", "kwarg", "symbol_source"])
+def test_a_damaged_recipe_is_quarantined_and_recompiled(tmp_path, mutate):
+    cache_dir, x = tmp_path / "c", torch.randn(5, 8)
+    _compile_and_run(cache_dir, x)
+    (key,) = _keys(cache_dir, programs=False)
+    _rewrite(cache_dir, key, mutate)
+    assert not _usable(_payloads(cache_dir)[key])  # the damage is real
+    before = dict(metric_global("graph_compilation").stats())["TotalNumber"]
+    got, want = _compile_and_run(cache_dir, x)
+    torch.testing.assert_close(got, want)
+    assert dict(metric_global("graph_compilation").stats())["TotalNumber"] == before + 1  # recompiled
+    assert _quarantined(cache_dir) == 1
+    assert _usable(_payloads(cache_dir)[key])  # and stored again, sound
+
+
+def _contract_out_of_range(raw):
+    raw["contract"]["mutated_inputs"] = [10_000]
+
+
+def _program_op(raw):
+    _first_node(raw["graphs"][0]["template"])["op"] = "aten::save.default"
+
+
+@pytest.mark.parametrize("mutate", [_contract_out_of_range, _program_op], ids=["contract", "op"])
+def test_a_damaged_program_is_a_miss_and_quarantined(tmp_path, mutate):
+    cache_dir, x = tmp_path / "c", torch.randn(5, 8)
+    _compile_and_run(cache_dir, x)
+    (key,) = _keys(cache_dir, programs=True)
+    _rewrite(cache_dir, key, mutate)
+    assert not _usable(_payloads(cache_dir)[key])
+    hits = dict(metric_global("recipe_cache").stats())["ProgramHit"]
+    got, want = _compile_and_run(cache_dir, x)
+    torch.testing.assert_close(got, want)
+    assert dict(metric_global("recipe_cache").stats())["ProgramHit"] == hits  # traced, not served
+    assert _quarantined(cache_dir) == 1
+    assert _usable(_payloads(cache_dir)[key])
+
+
+def test_a_hit_in_this_process_runs_the_stored_program(tmp_path):
+    """After torch._dynamo.reset(), the same process serves the graph from the disk cache."""
+    cache_dir, x = tmp_path / "c", torch.randn(6, 8)
+    first, want = _compile_and_run(cache_dir, x)
+    hits = dict(metric_global("recipe_cache").stats())["ProgramHit"]
+    again, _ = _compile_and_run(cache_dir, x)
+    assert dict(metric_global("recipe_cache").stats())["ProgramHit"] == hits + 1
+    torch.testing.assert_close(again, want)
