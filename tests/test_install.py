@@ -42,7 +42,9 @@ def test_tests_import_the_installed_copy():
     import recipecache
 
     for module in (hpu_backend, recipecache, hpurecipe):
-        assert ROOT not in Path(module.__file__).resolve().parents, module.__file__
+        package = Path(module.__file__).resolve().parent
+        assert package != SOURCES[module.__name__].resolve(), f"{module.__name__} imported from the source tree"
+        assert "site-packages" in package.parts, module.__file__
 
 
 def test_console_script_runs():
