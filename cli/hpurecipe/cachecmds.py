@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -13,10 +14,11 @@ from hpu_backend.recipe import RecipeFormatError
 from hpu_backend.store import explain as explain_keys
 from recipecache import EntryInfo, RecipeCache
 
-from . import render
+from . import packagecmds, render
 from .caches import open_cache, resolve_key
 from .errors import CliError
 from .options import CacheDir, DryRun, Json, Key, Model, Yes
+from .packagecmds import PackageFile
 from .units import parse_age, parse_size
 
 
@@ -38,9 +40,12 @@ def _row(info: EntryInfo) -> dict:
             "last_used": info.last_used, "hits": info.hits}
 
 
-def ls(cache_dir: CacheDir = None, sort: Annotated[SortBy, typer.Option(help="Sort order (largest/newest first).")]
-       = SortBy.used, model: Model = None, json: Json = False) -> None:
-    """List cache entries: key, graph, model, bucket, size, created, last used, hits."""
+def ls(package: PackageFile = None, cache_dir: CacheDir = None,
+       sort: Annotated[SortBy, typer.Option(help="Sort order (largest/newest first).")] = SortBy.used,
+       model: Model = None, json: Json = False) -> None:
+    """List cache entries: key, graph, model, bucket, size, created, last used, hits (or a package's buckets)."""
+    if package is not None:
+        return packagecmds.ls(package, json)
     cache = open_cache(cache_dir, quiet=json)
     infos = [] if cache is None else [i for i in cache.entries() if model is None or i.meta.get("model") == model]
     infos.sort(key=_SORT_KEYS[sort.value], reverse=True)
@@ -60,8 +65,12 @@ def ls(cache_dir: CacheDir = None, sort: Annotated[SortBy, typer.Option(help="So
 
 
 def show(key: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
-    """Show one recipe in full: inputs/outputs, placement and fallbacks, clusters, fusions, memory, cost, guards."""
+    """Show one recipe in full: inputs/outputs, placement and fallbacks, clusters, fusions, memory, cost, guards.
+    Given a package file, show the package: toolchain, inputs, ranges and buckets."""
     from .recipeview import describe, print_description
+
+    if packagecmds.is_package(key):
+        return packagecmds.show(Path(key), json)
 
     cache = _existing(cache_dir)
     infos = cache.entries()
@@ -130,10 +139,13 @@ def clear(cache_dir: CacheDir = None, dry_run: DryRun = False, yes: Yes = False,
         _done(f"Removed {render.plural(len(plan), 'entry')}.", json)
 
 
-def verify(cache_dir: CacheDir = None, fix: Annotated[bool, typer.Option(
+def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotated[bool, typer.Option(
            "--fix", help="Quarantine bad entry files; remove entries that are not recipes.")] = False,
            json: Json = False) -> None:
-    """Check every entry's format and checksum, and that its payload is a recipe. Exit 1 if any is bad."""
+    """Check every entry's format and checksum, and that its payload is a recipe. Exit 1 if any is bad.
+    Given a package file, check it and load every recipe in it."""
+    if package is not None:
+        return packagecmds.verify(package, json)
     cache = open_cache(cache_dir, quiet=json)
     if cache is None:
         return render.emit_json({"entries": 0, "bad": 0, "problems": []}) if json else None

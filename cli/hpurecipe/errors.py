@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from hpu_backend.buckets import BucketError
 from hpu_backend.modelfile import ModelFileError
+from hpu_backend.package import PackageError
 from hpu_backend.settings import SettingsError
 from recipecache import CacheError, ConfigError
 
@@ -31,7 +32,7 @@ class UsageError(CliError):
 
 # Most specific first: ConfigError is a CacheError, SettingsError and BucketError are ValueErrors.
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
-    (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (CacheError, 1),
+    (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (PackageError, 1), (CacheError, 1),
 ]
 
 

@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from . import buildcmds, cachecmds, shipcmds
+from . import buildcmds, cachecmds, packagecmds, shipcmds
 from .errors import mapped
 
 app = typer.Typer(
@@ -17,7 +17,7 @@ app = typer.Typer(
 
 COMMANDS = [
     ("warm", buildcmds.warm), ("prebuild", buildcmds.prebuild), ("coverage", buildcmds.coverage),
-    ("analyze", buildcmds.analyze), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
+    ("analyze", buildcmds.analyze), ("package", packagecmds.package), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
 ]

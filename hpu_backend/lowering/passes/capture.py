@@ -154,11 +154,16 @@ class _Capture:
         value = getattr(self.gm, node.target, None)
         if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
             raise LoweringError(f"get_attr {node.target!r} is not a dense tensor constant", node=node)
-        with unset_fake_temporarily():  # compilers may run under the tracing fake mode
-            t = value.detach().contiguous().cpu()
-            start = t.storage_offset() * t.element_size()
-            data = bytes(t.untyped_storage())[start:start + t.numel() * t.element_size()]
-        return Constant(dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape), data=data)
+        return constant_of(value)
+
+
+def constant_of(value: torch.Tensor) -> Constant:
+    """A dense tensor's bytes as recipe data."""
+    with unset_fake_temporarily():  # compilers may run under the tracing fake mode
+        t = value.detach().contiguous().cpu()
+        start = t.storage_offset() * t.element_size()
+        data = bytes(t.untyped_storage())[start:start + t.numel() * t.element_size()]
+    return Constant(dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape), data=data)
 
 
 def _source_line(node: torch.fx.Node) -> str:

@@ -1,0 +1,221 @@
+"""Build a recipe package from a model file: torch.export over the file's axes, one recipe per bucket.
+
+Why torch.export rather than the Dynamo graphs: a package must serve without Dynamo, so it needs one
+whole-model graph whose inputs are named (parameters, buffers, constants, user inputs) and whose
+call layout is a pytree spec — exactly what an ExportedProgram is. Each varying input dimension is
+matched to the model file's axis whose values it follows across the points (a shared ``Dim``, so
+inputs that share an axis share a symbol), from 1 up to the axis's largest value. The exported graph
+is decomposed with the HPU table, lowered once (graph passes), then lowered for the bucket of every
+point (bucket passes) — the same passes and recipes as ``torch.compile(backend="hpu_backend")``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import Dim, ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+
+from ..buckets import policies_for
+from ..decompositions import hpu_decompositions
+from ..lowering import LoweringContext, LoweringError, capture_graph, constant_of, lower_bucket, lower_graph
+from ..modelfile import ModelSpec, point_label
+from ..package import GraphInput, Package, PackageError, toolchain
+from ..runtime.packaged import load_package
+from ..recipe import Recipe
+from ..settings import Settings
+
+_KINDS = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer",
+          InputKind.CONSTANT_TENSOR: "constant", InputKind.USER_INPUT: "user"}
+
+
+@dataclass
+class PackageReport:
+    """What ``build_package`` wrote and checked."""
+
+    path: str
+    model: str
+    size_bytes: int
+    symbols: dict[str, str]  # symbol -> "input dim" it is read from
+    ranges: dict[str, list[int]]
+    buckets: list[dict[str, Any]]  # {"bucket": {...}, "points": [...]}
+    with_weights: bool
+    checked: list[str] = field(default_factory=list)  # points compared with eager
+    seconds: float = 0.0
+
+
+def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool = False,
+                  check: bool = True) -> PackageReport:
+    """Export ``spec``'s model over its axes, lower one recipe per bucket and write the package to ``out``.
+
+    With ``check``, the written package is loaded back and compared with eager at every point.
+    PackageError (one line) if the model cannot be exported or lowered.
+    """
+    start = time.perf_counter()
+    settings = Settings.from_options({**spec.options, "model": spec.name})
+    model = spec.make_model().eval()
+    examples = [tuple(spec.split(spec.make_inputs(**p))) for p in spec.points()]
+    with torch.no_grad():
+        ep = _export(model, examples, spec, settings)
+        template, ctx = _lower(ep, settings, spec.name)
+    inputs = _graph_inputs(ep)
+    recipes, points = _bucket_recipes(template, ctx, inputs, examples, spec)
+    package = Package(
+        model=spec.name, toolchain=toolchain(), inputs=inputs,
+        in_spec=pytree.treespec_dumps(ep.call_spec.in_spec),
+        out_spec=pytree.treespec_dumps(ep.call_spec.out_spec),
+        ranges=_ranges(ep, template), recipes=recipes,
+        constants={name: constant_of(t) for name, t in ep.constants.items() if isinstance(t, torch.Tensor)},
+        weights={name: constant_of(t) for name, t in ep.state_dict.items()} if with_weights else {},
+        axes=spec.axes)
+    package.check()
+    path = _write(Path(out), package.to_bytes())
+    report = PackageReport(
+        path=str(path), model=spec.name, size_bytes=path.stat().st_size,
+        symbols={s: f"{inputs[slot].target} dim {dim}" for s, (slot, dim) in
+                 zip(template.symbols, template.symbol_sources)},
+        ranges=package.ranges, with_weights=with_weights,
+        buckets=[{"bucket": r.bucket, "points": ps} for r, ps in zip(recipes, points)])
+    if check:
+        report.checked = _check(path, None if with_weights else model, model, examples, spec)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _export(model: torch.nn.Module, examples: list[tuple], spec: ModelSpec, settings: Settings) -> ExportedProgram:
+    """torch.export at the last point, each varying dimension dynamic along its axis (the last point
+    has the largest sizes when axes list them in order; a size of 1 would make export specialize).
+
+    Each dimension ranges up to the top of its largest value's bucket, so the package serves every
+    size of the buckets it holds; if the model's code bounds it lower, up to the largest value.
+    """
+    error = ""
+    for widen in (True, False):
+        try:
+            shapes = _dynamic_shapes(examples, spec, settings, widen)
+            return torch.export.export(model, examples[-1], dynamic_shapes=shapes, strict=False)
+        except Exception as e:  # export reports unsupported Python, data-dependent shapes, violated constraints
+            error = error or (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise PackageError(f"{spec.path}: torch.export cannot export the model over its axes: {error}")
+
+
+def _dynamic_shapes(examples: list[tuple], spec: ModelSpec, settings: Settings, widen: bool) -> tuple:
+    """Per input, ``{dim: Dim}`` for each dimension whose size changes across the points."""
+    points = spec.points()
+    varying: dict[str, list[int]] = {}  # Dim name -> sizes, in order of first appearance (= s0, s1, ...)
+    layout = []
+    for i, value in enumerate(examples[0]):
+        per_dim = {}
+        for d in range(value.dim() if isinstance(value, torch.Tensor) else 0):
+            sizes = [ex[i].shape[d] for ex in examples]
+            if len(set(sizes)) > 1:
+                axis = next((a for a in spec.axes if [p[a] for p in points] == sizes), f"input{i}_dim{d}")
+                varying.setdefault(axis, sizes)
+                per_dim[d] = axis
+        layout.append(per_dim)
+    policies = policies_for(settings.buckets, [f"s{k}" for k in range(len(varying))])
+    dims = {name: Dim(name, min=1, max=policy.bucket(max(sizes))[1] if widen else max(sizes))
+            for (name, sizes), policy in zip(varying.items(), policies)}
+    return tuple({d: dims[name] for d, name in per_dim.items()} or None for per_dim in layout)
+
+
+def _lower(ep: ExportedProgram, settings: Settings, name: str) -> tuple[Recipe, LoweringContext]:
+    with warnings.catch_warnings():  # torch's own deepcopy of pytree specs, not something the user can act on
+        warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+        ep = ep.run_decompositions(hpu_decompositions())
+    _check_outputs(ep)
+    gm = ep.graph_module
+    ctx = LoweringContext(settings, name=f"{name}_package", kind="inference", gm=gm)
+    try:
+        return lower_graph(capture_graph(gm, ctx), ctx), ctx
+    except LoweringError as e:
+        raise PackageError(f"{name}: the exported graph cannot be lowered: {e.reason}") from None
+
+
+def _check_outputs(ep: ExportedProgram) -> None:
+    kinds = {s.kind for s in ep.graph_signature.output_specs}
+    if kinds - {OutputKind.USER_OUTPUT}:
+        raise PackageError(f"the model mutates its inputs or buffers in eval mode ({sorted(k.name for k in kinds)}); "
+                           "a package serves pure inference graphs")
+
+
+def _graph_inputs(ep: ExportedProgram) -> list[GraphInput]:
+    """The graph's placeholders in order: where each one's value comes from at a call."""
+    out, user = [], 0
+    for s in ep.graph_signature.input_specs:
+        if s.kind not in _KINDS or not isinstance(s.arg, TensorArgument) and s.kind != InputKind.USER_INPUT:
+            raise PackageError(f"graph input {s.arg} of kind {s.kind.name} cannot be packaged")
+        if s.kind == InputKind.USER_INPUT:
+            out.append(GraphInput("user", getattr(s.arg, "name", f"arg{user}"), user))
+            user += 1
+        else:
+            out.append(GraphInput(_KINDS[s.kind], s.target))
+    return out
+
+
+def _ranges(ep: ExportedProgram, template: Recipe) -> dict[str, list[int]]:
+    """Each recipe symbol's range as export proved it (the model file's axes bound it above)."""
+    placeholders = [n for n in ep.graph_module.graph.nodes if n.op == "placeholder"]
+    ranges = {}
+    for sym, (slot, dim) in zip(template.symbols, template.symbol_sources):
+        expr = placeholders[slot].meta["val"].shape[dim].node.expr
+        vr = ep.range_constraints[expr]
+        ranges[sym] = [int(vr.lower), int(vr.upper)]
+    return ranges
+
+
+def _bucket_recipes(template: Recipe, ctx: LoweringContext, inputs: list[GraphInput], examples: list[tuple],
+                    spec: ModelSpec) -> tuple[list[Recipe], list[list[str]]]:
+    """One recipe per distinct bucket of the points, and the points each covers."""
+    policies = policies_for(ctx.settings.buckets, template.symbols)
+    found: dict[tuple, tuple[Recipe, list[str]]] = {}
+    for point, example in zip(spec.points(), examples):
+        flat = pytree.tree_leaves((example, {}))
+        values = [flat[inputs[slot].index].shape[dim] for slot, dim in template.symbol_sources]
+        bucket = tuple(p.bucket(v) for p, v in zip(policies, values))
+        if bucket not in found:
+            named = {s: list(b) for s, b in zip(template.symbols, bucket)}
+            try:
+                recipe = lower_bucket(template, replace(ctx, bucket=named, gm=None))
+            except LoweringError as e:
+                raise PackageError(f"{spec.name}: bucket {named} cannot be lowered: {e.reason}") from None
+            found[bucket] = (recipe, [])
+        found[bucket][1].append(point_label(point))
+    return [r for r, _ in found.values()], [ps for _, ps in found.values()]
+
+
+def _check(path: Path, weights_from: torch.nn.Module | None, model: torch.nn.Module, examples: list[tuple],
+           spec: ModelSpec) -> list[str]:
+    """Load the written package and compare it with eager at every point."""
+    served = load_package(path, weights_from)
+    checked = []
+    with torch.no_grad():
+        for point, example in zip(spec.points(), examples):
+            try:
+                torch.testing.assert_close(served(*example), model(*example))
+            except AssertionError as e:
+                raise PackageError(f"{spec.name} at {point_label(point)}: the package does not match eager: "
+                                   f"{str(e).strip().splitlines()[0]}") from None
+            checked.append(point_label(point))
+    return checked
+
+
+def _write(path: Path, data: bytes) -> Path:
+    """Write atomically (a temporary file in the same directory, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise PackageError(f"{path}: cannot write the package: {e.strerror or e}") from None
+    return path

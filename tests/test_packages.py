@@ -1,0 +1,166 @@
+"""Recipe packages: built by ``hpurecipe package``, served by ``load_package`` with no trace at all.
+
+Every model in models/ is packaged once; a fresh process loads each package, serves every point of
+the model file's axes and sizes between them, and compares with eager — without Dynamo ever being
+imported. Calls outside the packaged buckets, damaged packages and packages from another toolchain
+get one-line errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import msgpack
+import pytest
+import torch
+
+from cli_helpers import cli, cli_json, tiny_model
+from conftest import MODELS as MODEL_DIR
+from conftest import load_model_file, run_python
+from hpu_backend import PackageError, load_package
+from hpu_backend.modelfile import load_model_file as load_model
+from hpu_backend.package import MAGIC
+
+MODELS = ("mnist", "gpt", "bert", "resnet")
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    out = tmp_path_factory.mktemp("packages")
+    for name in MODELS:
+        cli("package", MODEL_DIR / f"{name}.py", "-o", out / f"{name}.hpkg", "--no-check")
+    return out
+
+
+SERVE = r"""
+import itertools, json, sys
+import torch
+import hpu_backend
+from hpu_backend.modelfile import load_model_file
+
+out = {}
+for name in sys.argv[1:]:
+    spec = load_model_file(f"models/{name}.py")
+    model = spec.make_model().eval()
+    served = hpu_backend.load_package(f"{PACKAGES}/{name}.hpkg", model)
+    # every point of the axes, and each value minus one (another place in a bucket, or another bucket)
+    values = {a: sorted(set(vs) | {max(1, v - 1) for v in vs}) for a, vs in spec.axes.items()}
+    points = [dict(zip(values, p)) for p in itertools.product(*values.values())]
+    with torch.no_grad():
+        for i, point in enumerate(points):
+            inputs = spec.split(spec.make_inputs(**point, seed=1))
+            torch.testing.assert_close(served(*inputs), model(*inputs))
+            if i == 0:
+                dynamo_after_first_call = "torch._dynamo" in sys.modules
+    out[name] = {"points": len(points), "dynamo": dynamo_after_first_call}
+out["dynamo_at_exit"] = "torch._dynamo" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def test_packages_serve_every_model_in_a_fresh_process_without_dynamo(packages):
+    code = f"PACKAGES = {str(packages)!r}\n" + SERVE
+    out = json.loads(run_python(f"import sys; sys.argv[1:] = {list(MODELS)!r}\n" + code).splitlines()[-1])
+    for name in MODELS:
+        assert out[name]["points"] >= 4 and out[name]["dynamo"] is False, (name, out[name])
+    assert out["dynamo_at_exit"] is False
+
+
+@pytest.fixture(scope="module")
+def gpt(packages):
+    module = load_model_file("gpt")
+    model = module.make_model().eval()
+    return module, model, load_package(packages / "gpt.hpkg", model)
+
+
+def test_a_call_outside_the_buckets_names_the_input_and_the_range(gpt):
+    module, _, served = gpt
+    with pytest.raises(PackageError) as e:
+        served(module.make_inputs(2, 300)[0])
+    message = str(e.value)
+    assert "\n" not in message
+    assert "'tokens' dim 1 = 300" in message and "65-128" in message
+
+
+def test_a_call_with_another_layout_is_refused(gpt):
+    module, _, served = gpt
+    tokens, targets = module.make_inputs(2, 16)
+    with pytest.raises(PackageError, match="takes 1 positional argument"):
+        served(tokens, targets)
+
+
+def test_the_package_runs_with_the_models_current_weights(gpt):
+    module, model, served = gpt
+    tokens = module.make_inputs(2, 24)[0]
+    with torch.no_grad():
+        model.head.weight.mul_(2)
+        try:
+            torch.testing.assert_close(served(tokens), model(tokens))
+        finally:
+            model.head.weight.div_(2)
+
+
+def test_weights_stored_in_the_package_need_no_model(tmp_path):
+    path = tmp_path / "tiny.hpkg"
+    result = cli("package", tiny_model(tmp_path), "-o", path, "--with-weights")
+    assert "matches eager at 2 points" in result.output
+    module = load_model(tmp_path / "tiny.py")
+    x = module.make_inputs(5, seed=3)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(load_package(path)(x), module.make_model()(x))
+
+
+def test_a_package_without_weights_asks_for_the_model(packages):
+    with pytest.raises(PackageError, match="pass the model"):
+        load_package(packages / "mnist.hpkg")
+
+
+def _rewrite(src, dst, change) -> None:
+    """A copy of a package with its payload changed and the checksum made valid again."""
+    data = src.read_bytes()
+    raw = msgpack.unpackb(data[len(MAGIC) + 32:], raw=False)
+    change(raw)
+    payload = msgpack.packb(raw, use_bin_type=True)
+    dst.write_bytes(MAGIC + hashlib.sha256(payload).digest() + payload)
+
+
+def _first_node(raw):
+    return raw["recipes"][0]["nodes"][0]
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda p, d: d.write_bytes(p.read_bytes()[:2000]), id="truncated"),
+    pytest.param(lambda p, d: d.write_bytes(p.read_bytes()[:-10] + b"\0" * 10), id="bytes-changed"),
+    pytest.param(lambda p, d: d.write_bytes(b"not a package"), id="not-a-package"),
+    pytest.param(lambda p, d: _rewrite(p, d, lambda r: r["recipes"][0].update(nodes="oops")), id="malformed"),
+    pytest.param(lambda p, d: _rewrite(p, d, lambda r: _first_node(r).update(op="aten::_print")), id="bad-op"),
+    pytest.param(lambda p, d: _rewrite(p, d, lambda r: r["inputs"].pop()), id="inputs-mismatch"),
+])
+def test_a_damaged_package_is_refused_in_one_line(packages, tmp_path, damage):
+    bad = tmp_path / "bad.hpkg"
+    damage(packages / "mnist.hpkg", bad)
+    model = load_model_file("mnist").make_model().eval()
+    with pytest.raises(PackageError) as e:
+        load_package(bad, model)
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)
+    result = cli("verify", bad, code=1)
+    assert result.output.strip() and "Traceback" not in result.output
+
+
+def test_a_package_from_another_toolchain_is_refused_naming_both(packages, tmp_path):
+    other = tmp_path / "other.hpkg"
+    _rewrite(packages / "mnist.hpkg", other, lambda r: r["toolchain"].update(torch="2.0.0"))
+    with pytest.raises(PackageError, match=r"built with torch=2\.0\.0 .*this is torch=" + re.escape(torch.__version__)):
+        load_package(other, load_model_file("mnist").make_model().eval())
+
+
+def test_show_ls_and_verify_read_a_package(packages):
+    path = str(packages / "gpt.hpkg")
+    doc = cli_json("show", path)
+    assert doc["kind"] == "package" and doc["model"] == "gpt" and len(doc["buckets"]) == 4
+    assert doc["ranges"] == {"s0": [1, 16], "s1": [1, 128]}
+    listed = cli_json("ls", path)
+    assert [b["bucket"]["s1"] for b in listed] == [[0, 16], [17, 32], [33, 64], [65, 128]]
+    assert "all 4 recipes load" in cli("verify", path).output
