@@ -59,7 +59,7 @@ def print_table(title: str, columns: list[str], rows: list[list]) -> None:
         table.add_column(c, justify="right" if c != columns[0] else "left")
     for r in rows:
         table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in r])
-    Console().print(table)
+    Console(width=max(160, Console().width)).print(table)
 
 
 def maybe_plot(name: str, labels: list[str], series: dict[str, list[float]], ylabel: str) -> None:

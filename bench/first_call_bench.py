@@ -1,14 +1,19 @@
-"""Time to first result in a fresh process, from torch.compile to the first output (and gradients).
+"""Time to first result in a fresh process, from torch.compile (or loading a package) to the first output.
 
 Models: models/gpt.py (batch 1, seq 32) and models/bert.py (batch 2, seq 32), dynamic shapes, for
 inference and for one training step (forward, loss, backward). Cases, each a new interpreter:
 Dynamo alone (backend="eager", the floor), aot_eager, hpu_backend with an empty and with a warm
-recipe cache, inductor with an empty and with a warm FX graph cache. hpu_backend runs report
-their phases (program key and load, AOT trace, capture, key, lowering, recipe load, executor
-build); the rest of their time is Dynamo and the first execution. Best of ``--repeat`` runs.
+recipe cache, inductor with an empty and with a warm FX graph cache; for inference also
+``hpu_backend.load_package`` of a package built by ``hpurecipe package`` over the model file's axes,
+and AOTInductor's ``aoti_load_package`` of a package compiled from the same exported program (needs
+a C++ compiler; skipped with a message without one). Timing starts after ``import torch`` and
+building the model, so it includes importing Dynamo (or hpu_backend, or torch._inductor) — the cost
+a serving process pays. hpu_backend runs report their phases (program key and load, AOT trace,
+capture, key, lowering, recipe load, executor build). Best of ``--repeat`` runs.
 
-Targets (issue "The recipe is the program"): warm ≤ 0.65× aot_eager for inference, ≤ 0.75× for a
-training step; cold ≤ 1.1× aot_eager. Writes bench/results/first_call_bench.json.
+Targets: warm ≤ 0.65× aot_eager for inference, ≤ 0.75× for a training step; cold ≤ 1.1× aot_eager
+(issue "The recipe is the program"); package ≤ 0.15× aot_eager and ≤ 0.1× inductor warm (issue
+"Serve from a prebuilt recipe package"). Writes bench/results/first_call_bench.json.
 """
 
 from __future__ import annotations
@@ -28,13 +33,19 @@ import json, sys, time
 import torch
 sys.path.insert(0, sys.argv[4])
 from common import load_model_file
-backend, name, mode = sys.argv[1:4]
+backend, name, mode, _, package = sys.argv[1:6]
 spec = load_model_file(name)
-point = {"gpt": (1, 32), "bert": (2, 32)}[name]
-inputs = spec.make_inputs(*point)
+inputs = spec.make_inputs(*POINTS[name])
 model = spec.make_model().train(mode == "train")
 start = time.perf_counter()
-compiled = torch.compile(model, backend=backend, dynamic=True)
+if backend == "package":  # no torch.compile: load the package and call it
+    import hpu_backend
+    compiled = hpu_backend.load_package(package, model)
+elif backend == "aoti":
+    from torch._inductor import aoti_load_package
+    compiled = aoti_load_package(package)
+else:
+    compiled = torch.compile(model, backend=backend, dynamic=True)
 with torch.set_grad_enabled(mode == "train"):
     out = compiled(*inputs[:spec.MODEL_INPUTS])
     if mode == "train":
@@ -44,42 +55,67 @@ phases = {}
 if backend == "hpu_backend":
     from hpu_backend.metrics import phase_times
     phases = phase_times()
-print(json.dumps({"first_s": first, "phases": phases}))
+print(json.dumps({"first_s": first, "phases": phases, "dynamo_imported": "torch._dynamo" in sys.modules}))
 """
+POINTS = {"gpt": (1, 32), "bert": (2, 32)}  # (batch, seq) of the first call
 
 PHASES = ("program_key", "program_load", "aot_trace", "capture", "key", "lowering", "load", "executor")
 
 
-def run(backend: str, name: str, mode: str, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, backend, name, mode, str(ROOT / "bench")], env=env,
+def run(backend: str, name: str, mode: str, env: dict, package: str = "") -> dict:
+    code = f"POINTS = {POINTS!r}\n" + CHILD
+    out = subprocess.run([sys.executable, "-c", code, backend, name, mode, str(ROOT / "bench"), package], env=env,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cases(with_inductor: bool) -> list[tuple[str, str, bool]]:
-    """(label, backend, cold): cold cases start from empty caches."""
+def cases(mode: str, with_inductor: bool, with_aoti: bool) -> list[tuple[str, str, bool]]:
+    """(label, backend, cold): cold cases start from empty caches. Packages serve inference only."""
     out = [("dynamo only", "eager", False), ("aot_eager", "aot_eager", False),
            ("hpu_backend cold", "hpu_backend", True), ("hpu_backend warm", "hpu_backend", False)]
     if with_inductor:
         out += [("inductor cold", "inductor", True), ("inductor warm", "inductor", False)]
+    if mode == "infer":
+        out += [("hpu_backend package", "package", False)] + ([("aoti package", "aoti", False)] if with_aoti else [])
     return out
 
 
-def measure(name: str, mode: str, repeat: int, with_inductor: bool, tmp: str) -> dict:
+def build_packages(name: str, tmp: str, with_aoti: bool) -> dict[str, str]:
+    """Our package over the model file's axes, and AOTInductor's from the same exported program."""
+    from hpu_backend.aot import build_package, export_model
+    from hpu_backend.modelfile import load_model_file as load_spec
+    from hpu_backend.settings import Settings
+
+    spec = load_spec(ROOT / "models" / f"{name}.py")
+    paths = {"package": build_package(spec, f"{tmp}/{name}.hpkg", check=False).path}
+    if with_aoti:
+        import torch
+
+        examples = [tuple(spec.split(spec.make_inputs(**p))) for p in spec.points()]
+        with torch.no_grad():
+            ep = export_model(spec.make_model().eval(), examples, spec, Settings.from_options(spec.options))
+            paths["aoti"] = torch._inductor.aoti_compile_and_package(ep, package_path=f"{tmp}/{name}.pt2")
+    return paths
+
+
+def measure(name: str, mode: str, repeat: int, with_inductor: bool, with_aoti: bool, tmp: str) -> dict:
     env = dict(os.environ, PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp}/recipes,false,1024",
                TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor")
+    packages = build_packages(name, tmp, with_aoti) if mode == "infer" else {}
     results = {}
-    for label, backend, cold in cases(with_inductor):
+    for label, backend, cold in cases(mode, with_inductor, with_aoti):
         runs = []
         for _ in range(repeat):
             if cold:
                 for sub in ("recipes", "inductor"):
                     shutil.rmtree(f"{tmp}/{sub}", ignore_errors=True)
-            runs.append(run(backend, name, mode, env))
+            runs.append(run(backend, name, mode, env, packages.get(backend, "")))
         results[label] = min(runs, key=lambda r: r["first_s"])  # best of the runs
-    ref = results["aot_eager"]["first_s"]
+    ref, inductor = results["aot_eager"]["first_s"], results.get("inductor warm", {}).get("first_s")
     for v in results.values():
         v["ratio_to_aot_eager"] = v["first_s"] / ref
+        if inductor:
+            v["ratio_to_inductor_warm"] = v["first_s"] / inductor
     return results
 
 
@@ -89,22 +125,26 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="fresh processes per case (best taken)")
     ap.add_argument("--no-inductor", action="store_true", help="skip the inductor cases")
     args = ap.parse_args()
+    with_aoti = not (args.quick or args.no_inductor) and shutil.which(os.environ.get("CXX", "c++")) is not None
+    if not with_aoti and not (args.quick or args.no_inductor):
+        print("no C++ compiler on PATH: skipping the AOTInductor package row")
     repeat = 1 if args.quick else args.repeat
     combos = [("gpt", "infer")] if args.quick else [(m, k) for m in ("gpt", "bert") for k in ("infer", "train")]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, mode in combos:
-            results[f"{name} {mode}"] = measure(name, mode, repeat, not (args.quick or args.no_inductor), tmp)
+            results[f"{name} {mode}"] = measure(name, mode, repeat, not (args.quick or args.no_inductor), with_aoti,
+                                                tmp)
     rows = [[combo, label, v["first_s"], v["ratio_to_aot_eager"], *(v["phases"].get(p, 0.0) * 1e3 for p in PHASES)]
             for combo, by_case in results.items() for label, v in by_case.items()]
     print_table("time to first result (s), fresh process, dynamic shapes, best of runs",
                 ["model", "case", "first (s)", "/aot_eager", *[f"{p} ms" for p in PHASES]], rows)
     path = write_results("first_call_bench" + ("_quick" if args.quick else ""),
                          {"repeat": repeat, "results": results})
-    labels = list(next(iter(results.values())))
+    labels = list(dict.fromkeys(label for by_case in results.values() for label in by_case))
     maybe_plot("first_call_bench", list(results),
-               {label: [results[c][label]["ratio_to_aot_eager"] for c in results] for label in labels},
-               "time to first result / aot_eager")
+               {label: [results[c].get(label, {}).get("ratio_to_aot_eager", 0.0) for c in results]
+                for label in labels}, "time to first result / aot_eager")
     print(f"wrote {path}")
 
 

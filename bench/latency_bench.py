@@ -1,17 +1,22 @@
-"""Steady-state per-call latency: eager vs aot_eager vs inductor vs hpu_backend, in one run.
+"""Steady-state per-call latency: eager vs aot_eager vs inductor vs hpu_backend vs a recipe package, in one run.
 
 Host-bound: 8× Linear(64,64)+GELU at batch 8, and models/gpt.py at batch 1, seq 32 (inference).
-Compute-bound: models/gpt.py at batch 8, seq 512. Writes bench/results/latency_bench.json.
-Targets (ratios to eager): hpu_backend ≤ 0.9 host-bound, ≤ 1.05 compute-bound.
+Compute-bound: models/gpt.py at batch 8, seq 512. "hpu_package" serves the same shape from a package
+(``build_package`` then ``load_package``). Writes bench/results/latency_bench.json.
+Targets (ratios to eager): hpu_backend ≤ 0.9 host-bound, ≤ 1.05 compute-bound; hpu_package ≤ hpu_backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 
 import torch
 
 from common import BACKENDS, load_model_file, maybe_plot, per_call_us, print_table, write_results
+from hpu_backend import load_package
+from hpu_backend.aot import build_package
+from hpu_backend.modelfile import spec_from
 
 
 def mlp_case():
@@ -38,18 +43,29 @@ CASES = {
 def measure(case: str, backend: str, repeat: int) -> float:
     model, inputs = CASES[case][0]()
     torch._dynamo.reset()
-    fn = model if backend == "eager" else torch.compile(model, backend=backend)
+    if backend == "hpu_package":
+        fn = packaged(model, inputs)
+    else:
+        fn = model if backend == "eager" else torch.compile(model, backend=backend)
     with torch.no_grad():
         for _ in range(3):
             fn(*inputs)  # compile and warm up
         return per_call_us(lambda: fn(*inputs), repeat)
 
 
+def packaged(model, inputs):
+    """A package of ``model`` at the shape of ``inputs`` (static, like torch.compile's first graph), loaded."""
+    spec = spec_from({"make_model": lambda: model, "make_inputs": lambda one, seed=0: inputs,
+                      "AXES": {"one": [1]}, "COMPILE": {"dynamic": None, "options": {}}}, "latency case")
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_package(build_package(spec, f"{tmp}/case.hpkg", check=False).path, model)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="few repetitions, no inductor (CI smoke run)")
     args = ap.parse_args()
-    backends = [b for b in BACKENDS if not (args.quick and b == "inductor")]
+    backends = [b for b in (*BACKENDS, "hpu_package") if not (args.quick and b == "inductor")]
     results, rows = {}, []
     for case, (_, kind) in CASES.items():
         repeat = 20 if args.quick else (20 if kind == "compute" else 2000)

@@ -63,8 +63,8 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     model = spec.make_model().eval()
     examples = [tuple(spec.split(spec.make_inputs(**p))) for p in spec.points()]
     with torch.no_grad():
-        ep = _export(model, examples, spec, settings)
-        template, ctx = _lower(ep, settings, spec.name)
+        ep = _decompose(export_model(model, examples, spec, settings))
+    template, ctx = _lower(ep, settings, spec.name)
     inputs = _graph_inputs(ep)
     recipes, points = _bucket_recipes(template, ctx, inputs, examples, spec)
     package = Package(
@@ -89,7 +89,8 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     return report
 
 
-def _export(model: torch.nn.Module, examples: list[tuple], spec: ModelSpec, settings: Settings) -> ExportedProgram:
+def export_model(model: torch.nn.Module, examples: list[tuple], spec: ModelSpec,
+                 settings: Settings) -> ExportedProgram:
     """torch.export at the last point, each varying dimension dynamic along its axis (the last point
     has the largest sizes when axes list them in order; a size of 1 would make export specialize).
 
@@ -126,11 +127,17 @@ def _dynamic_shapes(examples: list[tuple], spec: ModelSpec, settings: Settings, 
     return tuple({d: dims[name] for d, name in per_dim.items()} or None for per_dim in layout)
 
 
-def _lower(ep: ExportedProgram, settings: Settings, name: str) -> tuple[Recipe, LoweringContext]:
+def _decompose(ep: ExportedProgram) -> ExportedProgram:
+    """The exported program in the HPU op set (the table torch.compile's AOTAutograd uses)."""
     with warnings.catch_warnings():  # torch's own deepcopy of pytree specs, not something the user can act on
         warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
         ep = ep.run_decompositions(hpu_decompositions())
     _check_outputs(ep)
+    return ep
+
+
+def _lower(ep: ExportedProgram, settings: Settings, name: str) -> tuple[Recipe, LoweringContext]:
+    """Capture and run the graph passes once: the template every bucket is lowered from."""
     gm = ep.graph_module
     ctx = LoweringContext(settings, name=f"{name}_package", kind="inference", gm=gm)
     try:
