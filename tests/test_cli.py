@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from hpu_backend.warmup import read_manifests
+from hpu_backend.aot.warm import read_manifests
 from recipecache import CacheConfig, RecipeCache
 
 from cli_helpers import cli, cli_json, cli_process, tiny_model

@@ -16,7 +16,7 @@ import torch
 
 from hpu_backend.analysis import GraphReport
 from hpu_backend.modelfile import ModelSpec
-from hpu_backend.warmup import PointResult, plan
+from hpu_backend.aot.warm import PointResult, plan
 
 from . import render
 

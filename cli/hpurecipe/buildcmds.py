@@ -8,9 +8,9 @@ from typing import Annotated, Iterator
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hpu_backend.warmup import PointResult, WarmReport, manifest, plan, write_manifest
-from hpu_backend.warmup import prebuild as prebuild_spec
-from hpu_backend.warmup import warm as warm_spec
+from hpu_backend.aot.warm import PointResult, WarmReport, manifest, plan, write_manifest
+from hpu_backend.aot.warm import prebuild as prebuild_spec
+from hpu_backend.aot.warm import warm as warm_spec
 from hpu_backend.modelfile import ModelSpec, load_model_file
 
 from . import render

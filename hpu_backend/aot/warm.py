@@ -20,9 +20,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from . import metrics
-from .compiled import Event, listen
-from .modelfile import ModelSpec, load_model_file, point_label, spec_from
+from .. import metrics
+from ..compiled import Event, listen
+from ..modelfile import ModelSpec, load_model_file, point_label, spec_from
 
 MANIFEST_DIR = "manifests"
 
@@ -208,8 +208,8 @@ def warm(spec: ModelSpec, cache_config: str, *, train: bool = False, check: bool
 
 def flush(spec: ModelSpec, cache_config: str) -> None:
     """Wait until every recipe put into the cache is on disk."""
-    from .settings import Settings
-    from .store import store_for
+    from ..settings import Settings
+    from ..store import store_for
 
     store = store_for(Settings.from_options(dict(spec.options, cache_config=cache_config)))
     if store.disk is not None:
@@ -281,7 +281,7 @@ def manifest_path(cache_dir: Path, model: str, mode: str) -> Path:
 
 def manifest(report: WarmReport, spec: ModelSpec) -> dict[str, Any]:
     """model → point → entry keys (its recipes and programs), with the toolchain and compile arguments."""
-    from .keys import toolchain
+    from ..keys import toolchain
 
     return {"model": report.model, "mode": report.mode, "file": spec.path, "source_hash": spec.source_hash,
             "toolchain": toolchain(), "compile": {"dynamic": spec.dynamic, "options": spec.options},
