@@ -66,9 +66,53 @@ class ModelSpec:
         """The inputs that feed the model."""
         return inputs if self.model_inputs is None else inputs[:self.model_inputs]
 
+    # The file's own code, called so that its failures and wrong results are one-line ModelFileErrors.
+
+    def build_model(self) -> Any:
+        """``make_model()``: the module."""
+        model = user_call(self.path, "make_model()", self.make_model)
+        if not callable(model) or not hasattr(model, "train"):
+            raise ModelFileError(f"{self.path}: make_model() must return an nn.Module, got {type(model).__name__}")
+        return model
+
+    def inputs(self, point: Mapping[str, int], seed: int = 0) -> tuple:
+        """``make_inputs(**point, seed=seed)``: the example inputs for one shape."""
+        inputs = user_call(self.path, f"make_inputs({point_label(point)})", self.make_inputs, **point, seed=seed)
+        if not isinstance(inputs, (tuple, list)):
+            raise ModelFileError(f"{self.path}: make_inputs must return a tuple of inputs, got "
+                                 f"{type(inputs).__name__}; for a single input return (x,)")
+        return tuple(inputs)
+
+    def require_loss(self) -> None:
+        if self.loss is None:
+            raise ModelFileError(f"{self.path}: training needs a loss(output, *inputs) function in the model file")
+
+    def loss_of(self, output: Any, inputs: tuple) -> Any:
+        """``loss(output, *inputs)``: the training loss."""
+        self.require_loss()
+        return user_call(self.path, "loss()", self.loss, output, *inputs)
+
 
 def point_label(point: Mapping[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in point.items())
+
+
+def user_call(where: str, what: str, fn: Callable, *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)`` from a model file; any exception becomes "WHERE: WHAT raised TYPE: MESSAGE"."""
+    try:
+        return fn(*args, **kwargs)
+    except ModelFileError:
+        raise
+    except Exception as e:  # the user's code: anything may come out of it
+        raise ModelFileError(f"{where}: {what} raised {one_line(e)}") from e
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message`` of an exception (or of the one a backend failure wraps)."""
+    inner = getattr(e, "inner_exception", None) or e  # Dynamo's BackendCompilerFailed wraps the real one
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    text = f"{type(inner).__name__}: {lines[0]}" if lines else type(inner).__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def load_model_file(selector: str | Path) -> ModelSpec:
@@ -114,7 +158,7 @@ def _import(path: Path):
         spec.loader.exec_module(module)
     except Exception as e:  # the user's code: any error means "this file does not load"
         sys.modules.pop(name, None)
-        raise ModelFileError(f"{path}: failed to import: {type(e).__name__}: {e}") from e
+        raise ModelFileError(f"{path}: failed to import: {one_line(e)}") from e
     return module
 
 

@@ -239,6 +239,79 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
                 symexpr.validate(tree)
     except symexpr.SymExprError as e:
         raise bad(str(e)) from None
+    _check_facts(recipe.facts, f"{where}: facts")
+
+
+# What readers of ``Recipe.facts`` rely on (fallback reports, analysis, ``hpurecipe show``), checked
+# on load so that a malformed stored fact is a miss, not a failure on every later run. Extra keys are
+# allowed; a known key must have its shape. A field check is a type, a tuple of types, or a function.
+_NUM = (int, float)
+
+
+def _list_of(check):
+    def run(value, where):
+        _expect(value, list, where)
+        for i, item in enumerate(value):
+            _check_value(item, check, f"{where}[{i}]")
+    return run
+
+
+def _map_of(check):
+    def run(value, where):
+        _expect(value, dict, where)
+        for k, v in value.items():
+            _check_value(v, check, f"{where}.{k}")
+    return run
+
+
+def _record(**fields):
+    """A map whose listed keys, where present, pass their checks; a key ending in "!" is required."""
+    def run(value, where):
+        _expect(value, dict, where)
+        for name, check in fields.items():
+            key = name.rstrip("!")
+            if key in value:
+                _check_value(value[key], check, f"{where}.{key}")
+            elif name.endswith("!"):
+                raise RecipeFormatError(f"{where}: missing {key!r}")
+    return run
+
+
+def _expect(value, types_, where):
+    if not isinstance(value, types_) or (isinstance(value, bool) and bool not in _as_tuple(types_)):
+        raise RecipeFormatError(f"{where}: expected {'/'.join(t.__name__ for t in _as_tuple(types_))}, "
+                                f"got {type(value).__name__}")
+
+
+def _as_tuple(types_):
+    return types_ if isinstance(types_, tuple) else (types_,)
+
+
+def _check_value(value, check, where):
+    if isinstance(check, (type, tuple)):
+        _expect(value, check, where)
+    else:
+        check(value, where)
+
+
+_FACTS = _record(
+    placement=_record(**{"fallbacks": _list_of(_record(**{"op!": str, "dtypes!": _list_of(str), "line!": str,
+                                                           "reason": str})),
+                         "engines": _map_of(int)}),
+    clusters=_record(count=int, sizes=_list_of(int)),
+    fusions=_list_of(_record(**{"kind!": str})),
+    transfers=_list_of(dict),
+    plan_at=_map_of(int),
+    host_transfers=_record(count=int, bytes=_NUM, items=_list_of(dict)),
+    memory=_record(peak_bytes=_NUM, arena_bytes=_NUM, persistent_bytes=_NUM, on_chip_bytes=_NUM, fits_hbm=bool,
+                   buffers=_list_of(list)),
+    cost=_record(device_s=_NUM, cpu_s=_NUM, transfer_s=_NUM, total_s=_NUM, clusters=_list_of(dict)),
+    compile_time_s=_NUM,
+)
+
+
+def _check_facts(facts: Any, where: str) -> None:
+    _FACTS(facts, where)
 
 
 def _readable(source: list[int], inputs: list[ValueSpec]) -> bool:

@@ -13,7 +13,7 @@ from functools import partial
 
 from . import startup
 from .config import CacheConfig
-from .disk import DiskStore, FileItem, discard
+from .disk import DiskStore, FileItem, discard, identity, read_file
 from .entry import Entry, EntryInfo, decode_entry, encode_entry, validate_key, validate_meta
 from .errors import CacheError, CacheTimeout, CorruptEntry, VersionMismatch
 from .eviction import TRIM_RATIO, Candidate, EvictionLog, log_removal, plan_trim, select
@@ -147,6 +147,8 @@ class RecipeCache:
 
     def _decode(self, key: str, result) -> Entry | None:
         try:
+            if result.problem:
+                raise CorruptEntry(result.problem)
             entry = decode_entry(result.data)
             if entry.key != key:
                 raise CorruptEntry(f"foreign entry: header key {entry.key!r}")
@@ -162,7 +164,7 @@ class RecipeCache:
 
     def _touch(self, key: str, now: float) -> float:
         try:
-            os.utime(self._disk.entry_path(key), (now, now))
+            self._disk.touch(key, now)
         except OSError as exc:  # evicted meanwhile, or a read-only cache: recency is best effort
             logger.debug("recipe cache: cannot touch %s: %s", key, exc)
         return now
@@ -177,7 +179,7 @@ class RecipeCache:
         except OSError:
             return None
         try:
-            entry = None if result is None else decode_entry(result.data)
+            entry = None if result is None or result.problem else decode_entry(result.data)
         except CorruptEntry:
             return None
         return entry if entry is not None and entry.key == key else None
@@ -361,10 +363,10 @@ class RecipeCache:
         path = self._disk.entry_path(key)
         with self._lock.hold():
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
             except FileNotFoundError:
                 return
-            if (st.st_dev, st.st_ino, st.st_size) != ident:
+            if identity(st) != ident:
                 return  # replaced by a fresh entry since we read the bad one
             if quarantine and self._disk.quarantine(path):
                 self._reconcile_locked()  # rare, and a damaged file's size says nothing about what was counted
@@ -457,7 +459,7 @@ class RecipeCache:
         self._writer.drain()
         bad = [(item.path, item.key, reason) for item in self._disk.scan()
                if (reason := self._check(item)) is not None]
-        bad += [(path, path.name, "foreign file") for path in self._disk.foreign_files()]
+        bad += [(path, path.name, reason) for path, reason in self._disk.foreign_files()]
         if fix and bad:
             with self._admin():
                 for path, _, _ in bad:
@@ -467,10 +469,12 @@ class RecipeCache:
 
     def _check(self, item: FileItem) -> str | None:
         try:
-            with open(item.path, "rb") as f:
-                entry = decode_entry(f.read())
-        except FileNotFoundError:
-            return None  # evicted while we looked
+            result = read_file(item.path, self._disk.allow_shared)
+            if result is None:
+                return None  # evicted while we looked
+            if result.problem:
+                return result.problem
+            entry = decode_entry(result.data)
         except CorruptEntry as exc:
             return str(exc)
         return None if entry.key == item.key else f"foreign entry: header key {entry.key!r}"

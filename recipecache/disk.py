@@ -22,6 +22,11 @@ TEMP_SUFFIX = ".tmp"
 STALE_TEMP_S = 600.0
 QUARANTINE_KEEP = 64
 _HEADER_PEEK = 4096
+# Files in the cache are opened relative to their directory, neither of which may be a symbolic link,
+# and without blocking (a FIFO named like an entry must not hang a reader); then fstat must say "regular".
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def _write_file(fd: int, data: bytes) -> None:
@@ -42,11 +47,75 @@ class FileItem(NamedTuple):
 
 @dataclass(frozen=True)
 class ReadResult:
-    """The bytes of an entry file and the identity of the inode they came from."""
+    """The bytes of an entry file and the identity of the inode they came from (``problem`` says why a
+    file in an entry's place is not one: a symbolic link, a FIFO, a device; its data is then empty)."""
 
     data: bytes
     ident: tuple
     mtime: float
+    problem: str | None = None
+
+
+def identity(st: os.stat_result) -> tuple:
+    """What tells one file from a later one that reuses its inode."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class _InDir:
+    """An open directory, not reached through a symbolic link: ``with _InDir(path) as fd`` (OSError, ELOOP,
+    if it is a link; NotADirectoryError or FileNotFoundError if it is no directory)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self) -> int:
+        self.fd = os.open(self.path, _DIR_FLAGS)
+        return self.fd
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+def _private(st: os.stat_result) -> bool:
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def read_file(path, allow_shared: bool = True) -> ReadResult | None:
+    """Read the regular file at ``path`` without following links or blocking; None if it is absent or its
+    directory is a link or writable by others (unless ``allow_shared``): such a directory is not ours."""
+    path = Path(path)
+    try:
+        with _InDir(path.parent) as dfd:
+            if not allow_shared and not _private(os.fstat(dfd)):
+                return None
+            try:
+                fd = os.open(path.name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+                return ReadResult(b"", identity(st), st.st_mtime, "a symbolic link, not an entry file")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None  # the directory is a link: never followed
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ReadResult(b"", identity(st), st.st_mtime, "not a regular file")
+        # An open descriptor keeps the inode alive, so a concurrent eviction cannot cut this read short.
+        chunks, remaining = [], st.st_size
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    return ReadResult(b"".join(chunks), identity(st), st.st_mtime)
 
 
 class DiskStore:
@@ -57,9 +126,12 @@ class DiskStore:
         self.entries_dir = self.root / "entries"
         self.quarantine_dir = self.root / "quarantine"
         self.fsync = fsync
+        self.allow_shared = False
 
     def open(self, allow_shared: bool) -> None:
-        """Create the private directory tree; CacheError if others may write it (OSError if we cannot)."""
+        """Create the private directory tree; CacheError if others may write it or a subdirectory is a
+        symbolic link (OSError if we cannot)."""
+        self.allow_shared = allow_shared
         self.root.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.mkdir(self.root, 0o700)
@@ -72,6 +144,7 @@ class DiskStore:
                 os.mkdir(sub, 0o700)
             except FileExistsError:
                 pass
+            check_private(sub, allow_shared, link_ok=False)
 
     def entry_path(self, key: str) -> Path:
         return self.entries_dir / key[:2] / (key + ENTRY_SUFFIX)
@@ -81,27 +154,14 @@ class DiskStore:
 
     def read(self, key: str) -> ReadResult | None:
         """Read one entry without locking; None if it is absent (or was evicted before we opened it)."""
-        try:
-            fd = os.open(self.entry_path(key), os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        try:
-            st = os.fstat(fd)
-            # An open descriptor keeps the inode alive, so a concurrent eviction cannot cut this read short.
-            chunks, remaining = [], st.st_size
-            while remaining > 0:
-                chunk = os.read(fd, remaining)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                remaining -= len(chunk)
-        finally:
-            os.close(fd)
-        return ReadResult(b"".join(chunks), (st.st_dev, st.st_ino, st.st_size), st.st_mtime)
+        return read_file(self.entry_path(key), self.allow_shared)
 
     def read_header(self, path) -> Header:
         """Decode only the header of an entry file (CorruptEntry if it is unusable or sized wrong)."""
-        with open(path, "rb") as f:
+        path = Path(path)
+        with _InDir(path.parent) as dfd:
+            fd = _open_regular(path.name, dfd)
+        with os.fdopen(fd, "rb") as f:
             data = f.read(_HEADER_PEEK)
             header_len, _ = decode_prefix(data)
             if PREFIX_SIZE + header_len > len(data):
@@ -120,7 +180,10 @@ class DiskStore:
         except FileExistsError:
             pass
         tmp = shard / f"{TEMP_PREFIX}{key}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with _InDir(shard) as dfd:  # OSError (the tier degrades) if the shard is a link or others can write it
+            if not self.allow_shared and not _private(os.fstat(dfd)):
+                raise PermissionError(errno.EPERM, "shard directory is writable by other users", str(shard))
+            fd = os.open(tmp.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=dfd)
         try:
             _write_file(fd, data)
             if self.fsync:
@@ -169,11 +232,18 @@ class DiskStore:
                     items.append(FileItem(de.name[:-_SUFFIX_LEN], de.path, st.st_size, st.st_mtime))
         return items
 
-    def foreign_files(self) -> list[Path]:
-        """Files in the entries tree that are neither entries in their right shard nor temp files."""
-        found = [Path(de.path) for de in _listdir(self.entries_dir) if not de.is_dir(follow_symlinks=False)]
-        return found + [Path(de.path) for shard in _subdirs(self.entries_dir) for de in _listdir(shard)
-                        if _kind(shard.name, de.name) == "foreign"]
+    def foreign_files(self) -> list[tuple[Path, str]]:
+        """(path, reason) for what does not belong in the entries tree: files that are neither entries in
+        their right shard nor temp files, links in place of shards, shards others can write."""
+        found = [(Path(de.path), "foreign file") for de in _listdir(self.entries_dir)
+                 if not de.is_dir(follow_symlinks=False)]
+        for shard in _subdirs(self.entries_dir):
+            st = _stat(shard)
+            if st is not None and not self.allow_shared and not _private(st):
+                found.append((Path(shard.path), "shard directory writable by other users"))
+            found += [(Path(de.path), "foreign file") for de in _listdir(shard)
+                      if _kind(shard.name, de.name) == "foreign"]
+        return found
 
     def sweep_temps(self, older_than_s: float = STALE_TEMP_S) -> int:
         """Remove temp files left by killed writers (compared with the real file mtime)."""
@@ -186,11 +256,20 @@ class DiskStore:
                     removed += discard(Path(de.path))
         return removed
 
+    def touch(self, key: str, t: float) -> None:
+        """Set an entry's mtime (its last use) without following links; OSError if that fails."""
+        path = self.entry_path(key)
+        with _InDir(path.parent) as dfd:
+            os.utime(path.name, (t, t), dir_fd=dfd, follow_symlinks=False)
+
     def quarantine(self, path) -> bool:
-        """Move a bad file out of the entries tree (keeping the newest few for inspection)."""
-        target = self.quarantine_dir / f"{os.path.basename(path)}.{time.time_ns()}"
+        """Move a bad file (or link, or foreign directory) out of the entries tree, keeping the newest few
+        for inspection. Never moves anything into or out of a directory reached through a link."""
+        path = Path(path)
+        target = f"{path.name}.{time.time_ns()}"
         try:
-            os.replace(path, target)
+            with _InDir(path.parent) as src, _InDir(self.quarantine_dir) as dst:
+                os.replace(path.name, target, src_dir_fd=src, dst_dir_fd=dst)
         except FileNotFoundError:
             return False
         self._cap_quarantine()
@@ -202,16 +281,34 @@ class DiskStore:
             discard(Path(de.path))
 
 
-def check_private(root: Path) -> None:
-    """CacheError unless root is a directory owned by us that group and others cannot write."""
-    st = os.stat(root)
+def check_private(root: Path, allow_shared: bool = False, link_ok: bool = True) -> None:
+    """CacheError unless root is a directory (not a link, unless ``link_ok``) owned by us that group and
+    others cannot write (unless ``allow_shared``)."""
+    st = os.stat(root) if link_ok else os.lstat(root)
     if not stat.S_ISDIR(st.st_mode):
-        raise CacheError(f"recipe cache path {root} is not a directory")
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise CacheError(f"recipe cache path {root} is {kind}; remove it (the cache recreates it)")
+    if allow_shared:
+        return
+    if not _private(st):
         raise CacheError(
             f"refusing recipe cache directory {root}: it is writable by other users (mode "
             f"{stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}); anyone who can write it can plant recipes. "
             f"Use a private directory (chmod 700) or pass allow_shared_dir=True if the sharing is intended.")
+
+
+def _open_regular(name: str, dfd: int) -> int:
+    """fd of the regular file ``name`` in the directory ``dfd``; CorruptEntry for a link, FIFO or device."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptEntry("a symbolic link, not an entry file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptEntry("not a regular file")
+    return fd
 
 
 def _kind(shard: str, name: str) -> str:

@@ -181,10 +181,24 @@ def _bad_symbol_source(raw):
     raw["symbol_sources"] = [[99, 0]] * len(raw["symbol_sources"])
 
 
+def _fact(path, value):
+    """Set a fact (a checksum-valid entry whose facts have the wrong shape)."""
+    def mutate(raw):
+        *parents, last = path.split(".")
+        target = raw["facts"]
+        for p in parents:
+            target = target[p]
+        target[last] = value
+    return mutate
+
+
 @pytest.mark.parametrize("mutate", [_set_op("aten::save.default"), _set_op("aten::_print.default"),
                                     _set_op("aten::manual_seed.default"), _forge_constant, _bad_reference,
-                                    _bad_kwarg, _bad_symbol_source],
-                         ids=["save", "print", "manual_seed", "constant", "reference", "kwarg", "symbol_source"])
+                                    _bad_kwarg, _bad_symbol_source, _fact("placement", ["gpu"]),
+                                    _fact("placement.fallbacks", [{"op": ["aten::add"]}]),
+                                    _fact("fusions", [3]), _fact("memory", {"peak_bytes": "1 GB"})],
+                         ids=["save", "print", "manual_seed", "constant", "reference", "kwarg", "symbol_source",
+                              "placement", "fallback", "fusions", "memory"])
 def test_a_damaged_recipe_is_quarantined_and_recompiled(tmp_path, mutate):
     cache_dir, x = tmp_path / "c", torch.randn(5, 8)
     _compile_and_run(cache_dir, x)
@@ -230,3 +244,19 @@ def test_a_hit_in_this_process_runs_the_stored_program(tmp_path):
     again, _ = _compile_and_run(cache_dir, x)
     assert dict(metric_global("recipe_cache").stats())["ProgramHit"] == hits + 1
     torch.testing.assert_close(again, want)
+
+
+def test_verify_lists_and_import_refuses_an_entry_with_malformed_facts(tmp_path):
+    from cli_helpers import cli, cli_json
+
+    cache_dir, x = tmp_path / "c", torch.randn(5, 8)
+    _compile_and_run(cache_dir, x)
+    (key,) = _keys(cache_dir, programs=False)
+    cli("export", tmp_path / "good.tar", "-d", cache_dir)
+    _rewrite(cache_dir, key, _fact("placement", ["gpu"]))
+    report = cli_json("verify", "-d", cache_dir, code=1)
+    assert [p["entry"] for p in report["problems"]] == [key] and "facts.placement" in report["problems"][0]["reason"]
+    cli("export", tmp_path / "bad.tar", "-d", cache_dir)
+    result = cli("import", tmp_path / "bad.tar", "-d", tmp_path / "other", code=1)
+    assert "facts.placement" in result.output and len(result.output.strip().splitlines()) == 1
+    cli("import", tmp_path / "good.tar", "-d", tmp_path / "other")

@@ -3,6 +3,7 @@
 import errno
 import logging
 import os
+import stat
 import shutil
 import struct
 
@@ -179,10 +180,88 @@ def test_entry_evicted_during_read_is_read_whole(tmp_path, monkeypatch):
     real_fstat = os.fstat
 
     def evict_then_fstat(fd):
-        entry_file(cache, "aa").unlink(missing_ok=True)  # another process evicts after our open()
+        if stat.S_ISREG(real_fstat(fd).st_mode):  # the entry's fstat (not its directory's)
+            entry_file(cache, "aa").unlink(missing_ok=True)  # another process evicts after our open()
         return real_fstat(fd)
 
     monkeypatch.setattr(os, "fstat", evict_then_fstat)
     assert cache.get("aa") == b"y" * 50_000
     monkeypatch.undo()
     assert cache.get("bb") is None and cache.stats()["corrupt"] == 0
+
+
+# -- what is in the cache directory is opened without following links or blocking -----------------------
+
+@pytest.fixture
+def alarm():
+    """Fail instead of hanging (a FIFO opened for reading blocks until a writer comes)."""
+    import signal
+
+    def timeout(*_):
+        raise TimeoutError("blocked on a file in the cache")
+
+    old = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_a_fifo_named_like_an_entry_is_a_quarantined_miss_and_hangs_nothing(tmp_path, alarm):
+    cache = make(tmp_path, memory_entries=0)
+    cache.put("ab01", b"fine", wait=True)
+    os.mkfifo(entry_file(cache, "ab02"), 0o600)
+    assert [i.key for i in cache.entries()] == ["ab01"]  # listing reads headers: no hang, no bad entry
+    assert ("ab02", "not a regular file") in cache.verify()
+    assert cache.get("ab02") is None and cache.get("ab01") == b"fine"
+    cache.flush()
+    assert quarantined(cache) == ["ab02"] and cache.stats()["corrupt"] == 1
+
+
+def test_a_link_in_place_of_an_entry_is_never_followed(tmp_path):
+    outside = tmp_path / "outside.rcp"
+    make(tmp_path).put("ab01", b"real", wait=True)
+    cache = make(tmp_path, memory_entries=0)
+    os.replace(entry_file(cache, "ab01"), outside)
+    os.utime(outside, (1_000_000, 1_000_000))
+    os.symlink(outside, entry_file(cache, "ab01"))
+    assert cache.get("ab01") is None
+    cache.flush()
+    assert quarantined(cache) == ["ab01"] and os.stat(outside).st_mtime == 1_000_000  # moved the link only
+    assert outside.read_bytes().startswith(encode_entry("ab01", b"real")[:4])
+
+
+def test_a_linked_shard_is_never_written_through_and_verify_fix_removes_it(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    cache = make(tmp_path)
+    os.symlink(outside, cache.path / "entries" / "cd")
+    cache.put("cd01", b"x" * 100, wait=True)  # the disk tier refuses (and degrades), nothing lands outside
+    assert list(outside.iterdir()) == []
+    admin = make(tmp_path)
+    assert (str(cache.path / "entries" / "cd").rsplit("/", 1)[-1], "foreign file") in admin.verify()
+    admin.verify(fix=True)
+    assert not (cache.path / "entries" / "cd").exists() and outside.is_dir() and list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("sub", ["entries", "quarantine"])
+def test_a_linked_or_shared_subdirectory_is_refused_like_the_root(tmp_path, sub):
+    make(tmp_path)
+    target = tmp_path / "cache" / sub
+    target.chmod(0o777)
+    with pytest.raises(CacheError, match="writable by other users"):
+        make(tmp_path)
+    shutil.rmtree(target)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, target)
+    with pytest.raises(CacheError, match="symbolic link"):
+        make(tmp_path)
+
+
+def test_a_shard_others_can_write_is_not_read_and_is_listed(tmp_path):
+    make(tmp_path).put("ef01", b"planted?", wait=True)
+    cache = make(tmp_path, memory_entries=0)
+    (cache.path / "entries" / "ef").chmod(0o777)
+    assert cache.get("ef01") is None
+    assert ("ef", "shard directory writable by other users") in cache.verify()

@@ -56,8 +56,8 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
     """Dynamo's reasons for breaking the graph, at the first point (torch._dynamo.explain)."""
     import torch._dynamo
 
-    model = spec.make_model().train(train)
-    inputs = spec.split(spec.make_inputs(**spec.points()[0], seed=0))
+    model = spec.build_model().train(train)
+    inputs = spec.split(spec.inputs(spec.points()[0]))
     with torch.no_grad():
         out = torch._dynamo.explain(model)(*inputs)
     torch._dynamo.reset()

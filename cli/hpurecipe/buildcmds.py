@@ -76,7 +76,12 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
 
 
 def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
-    path = write_manifest(config.resolved_path(), manifest(report, spec))
+    try:
+        path = write_manifest(config.resolved_path(), manifest(report, spec))
+    except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing
+        path = None
+        render.warn(f"cannot write the manifest ({e.strerror or e}); recipes that could be stored are in the "
+                    f"cache, but coverage and export will not know this run")
     if json:
         render.emit_json({**report.to_dict(), "manifest": str(path)})
     else:

@@ -13,11 +13,13 @@ import json
 import re
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpu_backend.keys import toolchain
+from hpu_backend.modelfile import one_line
 from hpu_backend.program import parse_payload
 from hpu_backend.recipe import RecipeFormatError
 from recipecache import CorruptEntry, Entry, RecipeCache, decode_entry, encode_entry
@@ -28,7 +30,8 @@ BUNDLE_FORMAT = "hpurecipe-bundle"
 BUNDLE_VERSION = 1
 _ENTRY = re.compile(r"entries/([0-9A-Za-z_-]{1,128})\.rcp")
 _MANIFEST = re.compile(r"manifests/([0-9A-Za-z_.-]{1,200}\.json)")
-MAX_MEMBER = 4 * 1024**3
+MAX_MEMBER = 64 * 1024**2  # one entry or manifest (a recipe is KBs to a few MB)
+MAX_BUNDLE = 4 * 1024**3  # all members together
 
 
 class BundleError(CliError):
@@ -48,14 +51,20 @@ def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dic
     info = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "toolchain": toolchain(), "created": time.time(),
             "entries": [{"key": e.key, "model": e.meta.get("model", ""), "graph": e.meta.get("graph", "")}
                         for e in entries], "manifests": sorted(manifests)}
+    if not path.parent.is_dir():
+        raise BundleError(f"cannot write {path}: there is no directory {path.parent}")
     tmp = path.with_name(f".{path.name}.tmp")
-    with tarfile.open(tmp, "w") as tar:
-        _add(tar, "bundle.json", json.dumps(info, indent=1, sort_keys=True).encode())
-        for e in entries:
-            _add(tar, f"entries/{e.key}.rcp", encode_entry(e.key, e.payload, e.meta, e.created))
-        for name, doc in sorted(manifests.items()):
-            _add(tar, f"manifests/{name}", json.dumps(doc, indent=1, sort_keys=True).encode())
-    tmp.replace(path)
+    try:
+        with tarfile.open(tmp, "w") as tar:
+            _add(tar, "bundle.json", json.dumps(info, indent=1, sort_keys=True).encode())
+            for e in entries:
+                _add(tar, f"entries/{e.key}.rcp", encode_entry(e.key, e.payload, e.meta, e.created))
+            for name, doc in sorted(manifests.items()):
+                _add(tar, f"manifests/{name}", json.dumps(doc, indent=1, sort_keys=True).encode())
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise BundleError(f"cannot write {path}: {e.strerror or e}") from None
     return info
 
 
@@ -69,10 +78,12 @@ def read_bundle(path: Path) -> Bundle:
     """Read and check a whole bundle (BundleError on anything unexpected); nothing touches the disk."""
     try:
         tar = tarfile.open(path, "r:*")
-    except (OSError, tarfile.TarError) as e:
-        raise BundleError(f"{path}: not a bundle (cannot read it as a tar file: {e})") from None
+    except OSError as e:
+        raise BundleError(f"cannot read {path}: {e.strerror or e}") from None
+    except tarfile.TarError:
+        raise BundleError(f"{path}: not a bundle (not a tar file, plain or compressed)") from None
     with tar:
-        files = {m.name: m for m in tar.getmembers()}
+        files = _members(path, tar)
         if "bundle.json" not in files:
             raise BundleError(f"{path}: not an hpurecipe bundle (no bundle.json)")
         bundle = Bundle(_info(path, _read(tar, files["bundle.json"])))
@@ -86,10 +97,33 @@ def read_bundle(path: Path) -> Bundle:
     return bundle
 
 
+def _members(path: Path, tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    """The members by name, each checked by its header (a regular file within the size limits) before
+    the next is looked at, so that a forged size is refused before anything is read or inflated."""
+    files, total = {}, 0
+    try:
+        for member in tar:
+            total += member.size
+            if not member.isfile():
+                raise BundleError(f"{path}: member {member.name!r} is not a regular file")
+            if member.size > MAX_MEMBER:
+                raise BundleError(f"{path}: member {member.name!r} is {member.size:,} bytes, over the "
+                                  f"{MAX_MEMBER:,}-byte limit for one entry; hpurecipe export never writes one")
+            if total > MAX_BUNDLE:
+                raise BundleError(f"{path}: members add up to over {MAX_BUNDLE:,} bytes, the limit for a bundle")
+            if member.name in files:
+                raise BundleError(f"{path}: member {member.name!r} appears twice")
+            files[member.name] = member
+    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as e:
+        raise BundleError(f"{path}: damaged bundle ({one_line(e)})") from None
+    return files
+
+
 def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    if not member.isfile() or member.size > MAX_MEMBER:
-        raise BundleError(f"bundle member {member.name!r} is not a regular file of a sane size")
-    return tar.extractfile(member).read()
+    try:
+        return tar.extractfile(member).read(MAX_MEMBER + 1)
+    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as e:
+        raise BundleError(f"bundle member {member.name!r} cannot be read ({one_line(e)})") from None
 
 
 def _json(path: Path, name: str, data: bytes) -> Any:

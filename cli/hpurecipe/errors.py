@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 import typer
 from rich.markup import escape
 
 from hpu_backend.buckets import BucketError
-from hpu_backend.modelfile import ModelFileError
+from hpu_backend.modelfile import ModelFileError, one_line
 from hpu_backend.package import PackageError
 from hpu_backend.settings import SettingsError
 from recipecache import CacheError, ConfigError
 
-from .render import err_console
+from .render import clean, err_console
 
 
 class CliError(Exception):
@@ -37,12 +38,19 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+    err_console.print(f"[red]error:[/red] {escape(clean(message))}", markup=True, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
+TRACEBACK_ENV = "HPURECIPE_TRACEBACK"
+
+
 def mapped(fn: Callable) -> Callable:
-    """Run a command, turning our named errors into one line and an exit code instead of a traceback."""
+    """Run a command, turning our named errors into one line and an exit code instead of a traceback.
+
+    Anything else is a bug of ours (or an environment we did not foresee): still one line, with the
+    way to get the traceback (``HPURECIPE_TRACEBACK=1``) for a report.
+    """
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
@@ -53,5 +61,15 @@ def mapped(fn: Callable) -> Callable:
         except tuple(cls for cls, _ in EXIT_CODES) as e:
             code = next(c for cls, c in EXIT_CODES if isinstance(e, cls))
             raise fail(str(e), code) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except OSError as e:  # a disk, permission or path problem the command did not expect
+            if os.environ.get(TRACEBACK_ENV):
+                raise
+            raise fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or one_line(e)}") from None
+        except Exception as e:
+            if os.environ.get(TRACEBACK_ENV) or type(e).__module__.split(".")[0] in ("typer", "click"):
+                raise
+            raise fail(f"unexpected {one_line(e)} (run with {TRACEBACK_ENV}=1 to see where)") from None
 
     return run

@@ -14,6 +14,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+# C0 and C1 control characters and DEL, except tab and newline: stored strings (model names, graph
+# names, reasons) could otherwise move the cursor, recolour or retitle the user's terminal.
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)] if c not in (0x09, 0x0a)}
+
+
+def clean(value: Any) -> str:
+    """``str(value)`` with control characters shown as ``\\xNN`` escapes."""
+    return str(value).translate(_CONTROL)
 
 
 def _width(stream) -> int | None:
@@ -63,23 +71,24 @@ def duration(seconds: float) -> str:
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None,
           right: Sequence[str] = ()) -> None:
     """Print a table; columns named in ``right`` are right-aligned (numbers)."""
-    t = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
+    t = Table(title=None if title is None else Text(clean(title)), title_justify="left", header_style="bold",
+              box=None, pad_edge=False)
     for c in columns:
         t.add_column(c, justify="right" if c in right else "left", overflow="fold")
     for row in rows:
-        t.add_row(*(Text("" if v is None else str(v)) for v in row))
+        t.add_row(*(Text("" if v is None else clean(v)) for v in row))
     console.print(t)
 
 
 def pairs(items: Mapping[str, Any], title: str | None = None) -> None:
     """Print a two-column name/value table."""
     if title:
-        console.print(f"[bold]{title}[/bold]")
+        console.print(f"[bold]{escape(clean(title))}[/bold]")
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="dim")
     t.add_column(overflow="fold")
     for k, v in items.items():
-        t.add_row(Text(str(k)), Text("" if v is None else str(v)))
+        t.add_row(Text(clean(k)), Text("" if v is None else clean(v)))
     console.print(t)
 
 
@@ -90,7 +99,12 @@ def emit_json(doc: Any) -> None:
 
 def note(text: str, *data: Any) -> None:
     """Print ``text`` (rich markup) with ``{}`` fields filled by ``data``, escaped so it is never read as markup."""
-    console.print(text.format(*(escape(str(d)) for d in data)) if data else text, soft_wrap=True)
+    console.print(text.format(*(escape(clean(d)) for d in data)) if data else text, soft_wrap=True)
+
+
+def warn(text: str) -> None:
+    """One line on stderr: ``warning: text``."""
+    err_console.print(f"[yellow]warning:[/yellow] {escape(clean(text))}", soft_wrap=True)
 
 
 def bucket(b: Mapping[str, Any] | None) -> str:

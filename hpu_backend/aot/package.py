@@ -60,8 +60,8 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     """
     start = time.perf_counter()
     settings = Settings.from_options({**spec.options, "model": spec.name})
-    model = spec.make_model().eval()
-    examples = [tuple(spec.split(spec.make_inputs(**p))) for p in spec.points()]
+    model = spec.build_model().eval()
+    examples = [spec.split(spec.inputs(p)) for p in spec.points()]
     with torch.no_grad():
         ep = _decompose(export_model(model, examples, spec, settings))
     template, ctx = _lower(ep, settings, spec.name)

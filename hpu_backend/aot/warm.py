@@ -22,7 +22,7 @@ import torch
 
 from .. import metrics
 from ..compiled import Event, listen
-from ..modelfile import ModelSpec, load_model_file, point_label, spec_from
+from ..modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
 
 MANIFEST_DIR = "manifests"
 
@@ -104,6 +104,8 @@ def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str
 
     With ``eager`` given, each point's output (and loss) is compared with the eager module's.
     """
+    if train:
+        spec.require_loss()
     tracker, results = _GraphTracker(), []
     for point in points:
         result = _run_point(compiled, spec, dict(point), train, eager, tracker)
@@ -114,17 +116,21 @@ def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str
 
 
 def _run_point(compiled, spec, point, train, eager, tracker) -> PointResult:
-    inputs = spec.make_inputs(**point, seed=0)
+    inputs = spec.inputs(point)
     start = time.perf_counter()
     with metrics.metric_localcontext("graph_compilation") as gc:
-        out, used, programs = tracker.run(lambda: _step(compiled, spec, inputs, train))
+        out, used, programs = tracker.run(lambda: _run_model(compiled, spec, inputs, train, point))
     built = dict(gc.stats())["TotalNumber"]
     result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start,
                          programs=programs)
     result.used = used  # not a field: live objects for analysis, never serialized
     if eager is not None:
-        _compare(result, out, _step(eager, spec, inputs, train))
+        _compare(result, out, _run_model(eager, spec, inputs, train, point))
     return result
+
+
+def _run_model(model: Callable, spec: ModelSpec, inputs: tuple, train: bool, point: Mapping[str, int]):
+    return user_call(spec.path, f"the model at {point_label(point)}", _step, model, spec, inputs, train)
 
 
 def _step(model: Callable, spec: ModelSpec, inputs: tuple, train: bool):
@@ -133,7 +139,7 @@ def _step(model: Callable, spec: ModelSpec, inputs: tuple, train: bool):
         with torch.no_grad():
             return model(*spec.split(inputs))
     output = model(*spec.split(inputs))
-    loss = spec.loss(output, *inputs)
+    loss = spec.loss_of(output, inputs)
     loss.backward()
     return output.detach(), loss.detach()
 
@@ -188,7 +194,7 @@ def warmup(compiled_model: Callable, spec: Any, *, train: bool = False,
 def compile_spec(spec: ModelSpec, cache_config: str, *, execute: bool = True, cache: bool = True,
                  train: bool = False) -> tuple[torch.nn.Module, Callable]:
     """(eager model, compiled model) for a spec, against one cache configuration string."""
-    model = spec.make_model()
+    model = spec.build_model()
     model.train(train)
     options = dict(spec.options, model=spec.name, cache_config=cache_config, execute=execute, cache=cache)
     kwargs = {} if spec.dynamic is None else {"dynamic": spec.dynamic}

@@ -1,0 +1,104 @@
+"""Bad input to hpurecipe is one line naming what is wrong and what to do, never a traceback."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+import time
+
+import pytest
+import typer
+
+from hpurecipe.errors import mapped
+from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
+
+from cli_helpers import cli, cli_json, tiny_model
+
+HEAD = 'import torch\nAXES = {"batch": [2]}\nCOMPILE = {"dynamic": False, "options": {}}\n'
+LINEAR = "def make_model():\n    return torch.nn.Linear(4, 4)\n"
+INPUTS = "def make_inputs(batch, seed=0):\n    return (torch.randn(batch, 4),)\n"
+
+
+def one_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("text, args, expected", [
+    (HEAD + LINEAR + INPUTS, ["--train"], "training needs a loss(output, *inputs) function"),
+    (HEAD + LINEAR + "def make_inputs(batch, seed=0):\n    return torch.randn(batch, 4)\n", [],
+     "make_inputs must return a tuple of inputs, got Tensor"),
+    (HEAD + "def make_model():\n    raise RuntimeError('no weights here')\n" + INPUTS, [],
+     "make_model() raised RuntimeError: no weights here"),
+    (HEAD + LINEAR + "def make_inputs(batch, seed=0):\n    return (torch.randn(batch, 4), 1)\n", [],
+     "the model at batch=2 raised TypeError"),
+    (HEAD + LINEAR + "def make_inputs(batch, seed=0):\n    return (1 / 0,)\n", [],
+     "make_inputs(batch=2) raised ZeroDivisionError"),
+], ids=["no-loss", "bare-tensor", "make_model-raises", "forward-raises", "make_inputs-raises"])
+def test_a_broken_model_file_is_one_line_naming_the_file(tmp_path, text, args, expected):
+    path = tiny_model(tmp_path, "broken", text)
+    line = one_line(cli("warm", path, "-d", tmp_path / "c", *args, code=1))
+    assert line.startswith("error:") and str(path) in line and expected in line
+
+
+def test_export_to_a_missing_directory_and_import_of_garbage(tmp_path):
+    cli("warm", tiny_model(tmp_path), "-d", tmp_path / "c")
+    line = one_line(cli("export", tmp_path / "no" / "such" / "x.tar", "-d", tmp_path / "c", code=1))
+    assert "there is no directory" in line
+    (tmp_path / "garbage.tar").write_bytes(bytes(range(256)) * 20)
+    assert "not a bundle" in one_line(cli("import", tmp_path / "garbage.tar", "-d", tmp_path / "d", code=1))
+    assert "cannot read" in one_line(cli("import", tmp_path / "absent.tar", "-d", tmp_path / "d", code=1))
+
+
+def test_a_bundle_member_is_refused_by_its_header_before_anything_is_read(tmp_path):
+    """A small .tar.gz whose member claims 1 GiB: refused from the header, without inflating it."""
+    member = tarfile.TarInfo("entries/ab.rcp")
+    member.size = 1 << 30
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+        gz.write(member.tobuf(format=tarfile.GNU_FORMAT) + b"\0" * 4096)
+    path = tmp_path / "huge.tar.gz"
+    path.write_bytes(raw.getvalue())
+    start = time.perf_counter()
+    line = one_line(cli("import", path, "-d", tmp_path / "d", code=1))
+    assert "1,073,741,824 bytes, over the" in line and time.perf_counter() - start < 5
+
+
+def test_a_manifest_that_cannot_be_written_is_a_warning(tmp_path):
+    cache = tmp_path / "c"
+    cache.mkdir(mode=0o700)
+    (cache / "manifests").write_text("not a directory")
+    result = cli("warm", tiny_model(tmp_path), "-d", cache)  # exit 0: the recipes are cached
+    assert "warning: cannot write the manifest" in result.output and "Traceback" not in result.output
+    assert len(cli_json("ls", "-d", cache)) >= 2
+
+
+def test_stored_strings_reach_the_terminal_escaped(tmp_path):
+    cache_dir = tmp_path / "c"
+    cli("warm", tiny_model(tmp_path), "-d", cache_dir)
+    cache = RecipeCache(CacheConfig.parse(f"{cache_dir},false,64"))
+    key = cli_json("ls", "-d", cache_dir)[0]["key"]
+    path = cache._disk.entry_path(key)
+    entry = decode_entry(path.read_bytes())
+    evil = "\x1b]0;owned\x07\x1b[2J"
+    path.chmod(0o600)
+    path.write_bytes(encode_entry(key, entry.payload, dict(entry.meta, model=evil, graph=evil), entry.created))
+    for args in (["ls"], ["show", key], ["stats"]):
+        out = cli(*args, "-d", cache_dir).output
+        assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]0;owned" in cli("ls", "-d", cache_dir).output
+
+
+def test_an_unexpected_failure_is_one_line_with_the_way_to_the_traceback(capsys, monkeypatch):
+    monkeypatch.delenv("HPURECIPE_TRACEBACK", raising=False)
+    with pytest.raises(typer.Exit) as exc:
+        mapped(lambda: {}["missing"])()
+    assert exc.value.exit_code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unexpected KeyError") and "HPURECIPE_TRACEBACK=1" in err and "\n" not in err
+    monkeypatch.setenv("HPURECIPE_TRACEBACK", "1")
+    with pytest.raises(KeyError):
+        mapped(lambda: {}["missing"])()
+
