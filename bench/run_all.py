@@ -14,7 +14,8 @@ import time
 
 from common import RESULTS, ROOT, print_table, write_results
 
-SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench"]
+SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench",
+           "cli_bench"]
 
 
 def _load(name: str, quick: bool) -> dict:
@@ -60,6 +61,12 @@ def summarize(quick: bool) -> list[list]:
         rows.append(["bucket selection µs per call", sel, "< 2", sel < 2])
         ratio = disp["load_vs_build"]["ratio"]
         rows.append(["recipe load / build", ratio, "≤ 0.1", ratio <= 0.1])
+    cli = _load("cli_bench", quick)
+    for command, r in cli.get("results", {}).items():
+        if "reference" not in command:
+            ok = r["wall_s"] <= 0.3 and r["rss_mb"] <= 60
+            rows.append([f"hpurecipe {command}, {cli['entries']} entries: s / MB", f"{r['wall_s']:.3f} / "
+                         f"{r['rss_mb']:.0f}", "≤ 0.3 / 60", ok])
     return rows
 
 

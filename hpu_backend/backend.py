@@ -14,13 +14,11 @@ import time
 from typing import Any
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 from torch._dynamo.symbolic_convert import TensorifyState
 
 from . import metrics
 from .compiled import CompiledGraph, Event, boxed, emit
-from .decompositions import hpu_decompositions
 from .keys import ProgramKey, Unkeyable, program_key
 from .lowering import LoweringContext, LoweringError
 from .programs import Recorder, restart_program, serve
@@ -53,6 +51,10 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     def compiler(kind: str):
         return functools.partial(_compile_graph, kind=kind, name=name_of(kind), settings=settings,
                                  reason=reason, recorder=recorder, inner=inner)
+
+    from torch._dynamo.backends.common import aot_autograd  # a miss only: a hit never imports AOTAutograd
+
+    from .decompositions import hpu_decompositions
 
     start = time.perf_counter()
     specialized = set(TensorifyState.force_specializations)

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily

@@ -19,20 +19,15 @@ from typing import Any
 import msgpack
 import torch
 
-from .version import __version__
+from .keyparts import PARTS, toolchain
 from .program import PROGRAM_VERSION
-from .recipe import FORMAT_VERSION, Recipe
+from .recipe import Recipe
 from .settings import Settings
-
-PARTS = ("graph", "inputs", "guards", "bucket", "settings", "toolchain")
 
 
 def _digest(obj: Any) -> str:
     return hashlib.blake2b(msgpack.packb(obj, use_bin_type=True), digest_size=16).hexdigest()
 
-
-def toolchain() -> dict[str, Any]:
-    return {"torch": torch.__version__, "hpu_backend": __version__, "recipe_format": FORMAT_VERSION}
 
 
 @dataclass(frozen=True)
@@ -216,10 +211,6 @@ def _global_state() -> list:
     return [torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")),
             torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype())]
 
-
-def explain(parts_a: dict[str, str], parts_b: dict[str, str]) -> list[str]:
-    """The key parts that differ between two entries' recorded part hashes, in PARTS order."""
-    return [p for p in PARTS if parts_a.get(p) != parts_b.get(p)]
 
 
 def _spec(s) -> list:

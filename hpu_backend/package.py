@@ -19,8 +19,8 @@ from typing import Any
 
 import msgpack
 
-from .recipe import FORMAT_VERSION, Constant, Recipe, RecipeFormatError, build, checked, unpack
-from .version import __version__
+from . import keyparts
+from .recipe import Constant, Recipe, RecipeFormatError, build, checked, unpack
 
 PACKAGE_VERSION = 1
 MAGIC = b"HPUPKG\x00\x01"  # then the payload's sha256, then the msgpack payload
@@ -93,10 +93,7 @@ class Package:
 
 def toolchain() -> dict[str, Any]:
     """What a package must have been built with to run here."""
-    import torch
-
-    return {"torch": torch.__version__, "hpu_backend": __version__, "recipe_format": FORMAT_VERSION,
-            "package_format": PACKAGE_VERSION}
+    return dict(keyparts.toolchain(), package_format=PACKAGE_VERSION)
 
 
 def check_toolchain(package: Package, path: str | os.PathLike) -> None:

@@ -15,7 +15,6 @@ from typing import Any, Callable, TypeVar
 from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache
 
 from .keys import ProgramKey
-from .keys import explain as differing
 from .program import Program
 from .recipe import Recipe, RecipeFormatError
 from .runtime import RecipeLoadError, check_ops
@@ -126,23 +125,3 @@ def _open_disk(config: CacheConfig | None) -> RecipeCache | None:
     return cache if cache.enabled else None
 
 
-def explain(key_a: str, key_b: str, disk: RecipeCache) -> list[dict[str, Any]]:
-    """Why two cached recipes have different keys: one row per differing key part.
-
-    Each row is ``{"part", "a", "b"}`` with the readable values where the entry recorded them
-    (settings, toolchain, bucket) and the part hashes otherwise. KeyError if an entry is missing.
-    """
-    metas = []
-    for key in (key_a, key_b):
-        entry = disk.get_entry(key)
-        if entry is None:
-            raise KeyError(key)
-        metas.append(entry.meta)
-    a, b = metas
-    rows = []
-    for part in differing(a.get("key_parts", {}), b.get("key_parts", {})):
-        da, db = a.get("key_detail", {}).get(part), b.get("key_detail", {}).get(part)
-        rows.append({"part": part,
-                     "a": da if da is not None else a.get("key_parts", {}).get(part),
-                     "b": db if db is not None else b.get("key_parts", {}).get(part)})
-    return rows

@@ -10,6 +10,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from functools import partial
+from typing import Callable
 
 from . import startup
 from .config import CacheConfig
@@ -452,13 +453,15 @@ class RecipeCache:
         self._ledger.write(Ledger(0, 0, self._clock()))
         logger.info("recipe cache at %s: %s removed %d entries", self.path, reason, len(items))
 
-    def verify(self, fix: bool = False) -> list[tuple[str, str]]:
-        """(key or file name, reason) for every bad file; fix moves them to the quarantine folder."""
+    def verify(self, fix: bool = False, check: Callable[[bytes], str | None] | None = None) -> list[tuple[str, str]]:
+        """(key or file name, reason) for every bad file; fix moves them to the quarantine folder.
+
+        ``check(payload)`` may name what is wrong with an intact entry's payload (each file is read once)."""
         if self._limit == 0:
             return []
         self._writer.drain()
         bad = [(item.path, item.key, reason) for item in self._disk.scan()
-               if (reason := self._check(item)) is not None]
+               if (reason := self._check(item, check)) is not None]
         bad += [(path, path.name, reason) for path, reason in self._disk.foreign_files()]
         if fix and bad:
             with self._admin():
@@ -467,7 +470,7 @@ class RecipeCache:
                 self._reconcile_locked()
         return [(name, reason) for _, name, reason in bad]
 
-    def _check(self, item: FileItem) -> str | None:
+    def _check(self, item: FileItem, check: Callable[[bytes], str | None] | None) -> str | None:
         try:
             result = read_file(item.path, self._disk.allow_shared)
             if result is None:
@@ -477,7 +480,9 @@ class RecipeCache:
             entry = decode_entry(result.data)
         except CorruptEntry as exc:
             return str(exc)
-        return None if entry.key == item.key else f"foreign entry: header key {entry.key!r}"
+        if entry.key != item.key:
+            return f"foreign entry: header key {entry.key!r}"
+        return None if check is None else check(entry.payload)
 
     # -- numbers ----------------------------------------------------------------------------------------
 

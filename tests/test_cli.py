@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from hpu_backend.aot.warm import read_manifests
+from hpu_backend.aot.manifests import read_manifests
 from recipecache import CacheConfig, RecipeCache
 
 from cli_helpers import cli, cli_json, cli_process, tiny_model
@@ -246,7 +246,7 @@ def test_export_import_round_trip_and_coverage(tmp_path, tiny_file, warmed):
     assert "no entries for model other" in cli("export", bundle, "-d", warmed, "--model", "other", code=1).output
 
 
-def _rewrite(bundle, tmp_path, edit) -> "Path":
+def _rewrite(bundle, tmp_path, edit):
     out = tmp_path / "edited.tar"
     with tarfile.open(bundle) as src, tarfile.open(out, "w") as dst:
         for member in src.getmembers():
@@ -284,3 +284,30 @@ def test_import_refuses_another_toolchain_unless_forced_and_damaged_entries(tmp_
 def test_usage_errors_exit_2(tmp_path):
     assert "color" in cli("ls", "--sort", "color", code=2).output
     assert "Missing argument" in cli("warm", code=2).output
+
+
+NO_TORCH_RUNNER = """
+import sys
+from hpurecipe.main import app
+try:
+    app(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print("torch imported" if "torch" in sys.modules else "no torch", code, file=sys.stderr)
+"""
+
+
+def test_cache_only_commands_do_not_import_torch(tmp_path, warmed):
+    import subprocess
+    import sys
+
+    a, b = keys_of(warmed)[:2]
+    bundle = tmp_path / "b.tar"
+    commands = [["ls"], ["show", a], ["stats"], ["verify"], ["explain", a, b], ["export", bundle],
+                ["import", bundle, "-d", tmp_path / "other"], ["evict", "--older-than", "1000d", "--yes"],
+                ["clear", "--yes"], ["--help"]]
+    for args in commands:
+        full = [*map(str, args)] + (["-d", str(warmed)] if "-d" not in args and args != ["--help"] else [])
+        proc = subprocess.run([sys.executable, "-c", NO_TORCH_RUNNER, *full], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.stderr.strip().splitlines()[-1] == "no torch 0", (args, proc.stderr[-2000:])

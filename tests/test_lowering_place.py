@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from hpu_backend.lowering import LoweringError
-from hpu_backend.lowering.optable import OpTable, default_table, is_host_op, packet_name
+from hpu_backend.lowering.optable import default_table, is_host_op, packet_name
 from hpu_backend.lowering.passes.find_transfers import find_transfers
 from hpu_backend.lowering.passes.partition import partition
 from hpu_backend.lowering.passes.place import place

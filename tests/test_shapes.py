@@ -10,7 +10,7 @@ import torch
 
 from hpu_backend.buckets import BucketError, parse_policy, policies_for, upper_points
 from hpu_backend.compiled import GuardViolation, collect_recipes
-from hpu_backend.keys import explain
+from hpu_backend.keyparts import differing as explain
 from hpu_backend.metrics import metric_localcontext
 from conftest import load_model_file, run_python
 

@@ -83,7 +83,7 @@ def test_warmup_reports_what_an_already_serving_model_uses(tmp_path):
 
 
 def test_a_warm_of_some_axis_values_adds_to_the_manifest(tmp_path):
-    from hpu_backend.aot.warm import read_manifests
+    from hpu_backend.aot.manifests import read_manifests
 
     path = tiny_model(tmp_path)
     cli("warm", path, "-d", tmp_path / "c")

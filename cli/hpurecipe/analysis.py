@@ -12,7 +12,6 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-import torch
 
 from hpu_backend.analysis import GraphReport
 from hpu_backend.modelfile import ModelSpec

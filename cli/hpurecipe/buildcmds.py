@@ -1,22 +1,26 @@
-"""Commands that run a model file over its shape buckets: warm, prebuild, coverage, analyze."""
+"""Commands that run a model file over its shape buckets: warm, prebuild, coverage, analyze.
+
+They import torch when they run, not when the CLI starts (the cache-only commands never do).
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Annotated, Iterator
+from typing import TYPE_CHECKING, Annotated, Iterator
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hpu_backend.aot.warm import PointResult, WarmReport, manifest, plan, write_manifest
-from hpu_backend.aot.warm import prebuild as prebuild_spec
-from hpu_backend.aot.warm import warm as warm_spec
+from hpu_backend.aot.manifests import manifest, write_manifest
 from hpu_backend.modelfile import ModelSpec, load_model_file
 
 from . import render
 from .caches import config_for, config_string, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Train
+
+if TYPE_CHECKING:
+    from hpu_backend.aot.warm import PointResult, WarmReport
 
 
 def load_spec(model_file: str, axis: list[str] | None) -> ModelSpec:
@@ -57,6 +61,8 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch.")] = False,
          json: Json = False) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
+    from hpu_backend.aot.warm import warm as warm_spec
+
     spec = load_spec(model_file, axis)
     config = config_for(cache_dir)
     with progress(len(spec.points()), json) as on_point:
@@ -68,6 +74,8 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
              jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Worker processes.")] = 1,
              json: Json = False) -> None:
     """Compile every bucket without running recipes (compile-only), across worker processes."""
+    from hpu_backend.aot.warm import prebuild as prebuild_spec
+
     spec = load_spec(model_file, axis)
     config = config_for(cache_dir)
     with progress(len(spec.points()), json) as on_point:
@@ -107,6 +115,8 @@ def _print_report(report: WarmReport, check: bool) -> None:
 def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
              json: Json = False) -> None:
     """Which buckets have all their recipes in the cache; exit 1 if any is missing (a deployment gate)."""
+    from hpu_backend.aot.warm import plan
+
     spec = load_spec(model_file, axis)
     cache = open_cache(cache_dir, quiet=True)
     points = plan(spec, train=train)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpu_backend.keys import toolchain
+from hpu_backend.keyparts import toolchain
 from hpu_backend.modelfile import one_line
 from hpu_backend.program import parse_payload
 from hpu_backend.recipe import RecipeFormatError

@@ -11,7 +11,7 @@ import typer
 
 from hpu_backend.program import parse_payload
 from hpu_backend.recipe import RecipeFormatError
-from hpu_backend.store import explain as explain_keys
+from hpu_backend.keyparts import explain as explain_keys
 from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, render
@@ -140,7 +140,7 @@ def clear(cache_dir: CacheDir = None, dry_run: DryRun = False, yes: Yes = False,
 
 
 def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotated[bool, typer.Option(
-           "--fix", help="Quarantine bad entry files; remove entries that are not recipes.")] = False,
+           "--fix", help="Move bad entry files (damaged, or not a recipe) to the quarantine folder.")] = False,
            json: Json = False) -> None:
     """Check every entry's format and checksum, and that its payload is a recipe. Exit 1 if any is bad.
     Given a package file, check it and load every recipe in it."""
@@ -150,34 +150,27 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
     if cache is None:
         return render.emit_json({"entries": 0, "bad": 0, "problems": []}) if json else None
     readable = {i.key for i in cache.entries()}
-    bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix)]
+    bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix, check=_recipe_problem)]
     count = len(readable | {b["entry"] for b in bad})
-    bad += _not_recipes(cache, fix)
     if json:
         render.emit_json({"entries": count, "bad": len(bad), "fixed": fix, "problems": bad})
     elif not bad:
         render.note("All {} entries are valid recipes.", count)
     else:
         render.table(["entry", "problem"], ([b["entry"], b["reason"]] for b in bad))
-        render.note(("Fixed: quarantined or removed {} entries." if fix else
+        render.note(("Fixed: quarantined {} entries." if fix else
                      "{} bad entries; run: hpurecipe verify --fix"), len(bad))
     if bad and not fix:
         raise typer.Exit(1)
 
 
-def _not_recipes(cache: RecipeCache, fix: bool) -> list[dict]:
-    bad = []
-    for info in cache.entries():
-        entry = cache.peek(info.key)
-        if entry is None:
-            continue  # gone meanwhile, or caught by cache.verify
-        try:
-            parse_payload(entry.payload)
-        except RecipeFormatError as e:
-            bad.append({"entry": info.key, "reason": f"not a recipe: {e}", "recipe": True})
-            if fix:
-                cache.remove(info.key)
-    return bad
+def _recipe_problem(payload: bytes) -> str | None:
+    """Why an intact entry's payload is not a recipe or program of this format, or None."""
+    try:
+        parse_payload(payload)
+    except RecipeFormatError as e:
+        return f"not a recipe: {e}"
+    return None
 
 
 def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
@@ -185,7 +178,10 @@ def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = Fal
     cache = _existing(cache_dir)
     infos = cache.entries()
     a, b = resolve_key(cache, key_a, infos), resolve_key(cache, key_b, infos)
-    rows = explain_keys(a, b, _Peeking(cache))
+    entries = [cache.peek(k) for k in (a, b)]  # inspection, not use: no hit counted
+    if None in entries:
+        raise CliError(f"entry {(a, b)[entries.index(None)]} vanished or is unreadable; run: hpurecipe verify")
+    rows = explain_keys(entries[0].meta, entries[1].meta)
     if json:
         return render.emit_json({"a": a, "b": b, "differ": rows})
     if not rows:
@@ -193,13 +189,6 @@ def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = Fal
     render.table(["part", a[:12], b[:12]], ([r["part"], render.bucket(r["a"]) if r["part"] == "bucket" else r["a"],
                                               render.bucket(r["b"]) if r["part"] == "bucket" else r["b"]]
                                              for r in rows))
-
-
-class _Peeking:
-    """A cache whose get_entry reads without counting a hit (explain is inspection, not use)."""
-
-    def __init__(self, cache: RecipeCache):
-        self.get_entry = cache.peek
 
 
 def _existing(cache_dir) -> RecipeCache:

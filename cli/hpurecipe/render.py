@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
@@ -70,14 +71,22 @@ def duration(seconds: float) -> str:
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None,
           right: Sequence[str] = ()) -> None:
-    """Print a table; columns named in ``right`` are right-aligned (numbers)."""
-    t = Table(title=None if title is None else Text(clean(title)), title_justify="left", header_style="bold",
-              box=None, pad_edge=False)
-    for c in columns:
-        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
-    for row in rows:
-        t.add_row(*(Text("" if v is None else clean(v)) for v in row))
-    console.print(t)
+    """Print a table: a bold header and columns two spaces apart; columns named in ``right`` are
+    right-aligned (numbers). Laid out here rather than by rich, which takes ~0.5 ms a row."""
+    cells = [["" if v is None else clean(v) for v in row] for row in rows]
+    widths = [max([cell_len(c), *(cell_len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        padded = [(" " * (w - cell_len(v)) + v) if c in right else (v + " " * (w - cell_len(v)))
+                  for c, v, w in zip(columns, values, widths)]
+        return "  ".join(padded).rstrip()
+
+    if title is not None:
+        console.print(Text(clean(title)))
+    console.print(Text(line(list(columns)), style="bold"), soft_wrap=True)
+    if cells:
+        console.file.write("\n".join(line(r) for r in cells) + "\n")
+        console.file.flush()
 
 
 def pairs(items: Mapping[str, Any], title: str | None = None) -> None:

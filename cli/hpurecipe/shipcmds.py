@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from hpu_backend.aot.warm import manifest_path, read_manifests, write_manifest
+from hpu_backend.aot.manifests import manifest_path, read_manifests, write_manifest
 
 from . import render
 from .bundle import check_toolchain, read_bundle, write_bundle

@@ -1,6 +1,24 @@
 """Ahead-of-time tools over a model file: plain functions that take configuration objects and
-return dataclasses (the CLI only parses arguments and renders what they return)."""
+return dataclasses (the CLI only parses arguments and renders what they return).
 
-from .package import PackageReport, build_package, export_model
+``warm.py`` (warm, prebuild, plan, and ``warmup`` for serving processes), ``package.py`` (torch.export →
+package), ``manifests.py`` (which entries serve which shape point; torch-free). Names load their
+module on first use, so that reading manifests never imports torch.
+"""
 
-__all__ = ["PackageReport", "build_package", "export_model"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"PackageReport": "package", "build_package": "package", "export_model": "package",
+            "prebuild": "warm", "plan": "warm", "warmup": "warm", "WarmReport": "warm",
+            "read_manifests": "manifests", "write_manifest": "manifests", "manifest": "manifests"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hpu_backend.aot' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
