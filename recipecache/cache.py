@@ -13,7 +13,7 @@ from functools import partial
 from typing import Callable
 
 from . import startup
-from .config import CacheConfig
+from .config import CacheConfig, record
 from .disk import DiskStore, FileItem, discard, identity, read_file
 from .entry import Entry, EntryInfo, decode_entry, encode_entry, validate_key, validate_meta
 from .errors import CacheError, CacheTimeout, CorruptEntry, VersionMismatch
@@ -50,9 +50,10 @@ class RecipeCache:
         self._mutex = threading.Lock()
         self._degraded: str | None = None
         self._disk = DiskStore(self.path, self.config.fsync)
+        self._disk.quarantine_bytes = None if not self._limit else self._limit // 16
         self._lock = DirLock(self.path / "eviction.lock", self.config.lock_timeout_s)
         self._ledger = LedgerFile(self.path / "size.json")
-        self._evictions = EvictionLog(self.path / "evictions.log")
+        self._evictions = EvictionLog(self.path / "evictions.log", self._limit)
         self._stats = StatsStore(self.path, self.config.lock_timeout_s)
         self._writer = BackgroundWriter("recipecache-writer", on_idle=self._flush_stats)
         if self._limit != 0:
@@ -69,6 +70,7 @@ class RecipeCache:
     def _open(self) -> None:
         try:
             self._disk.open(self.config.allow_shared_dir)
+            record(self.path, self.config)
             if self.config.delete_on_start:
                 self._clear_on_start()
         except OSError as exc:
@@ -79,12 +81,12 @@ class RecipeCache:
         self._writer.submit(partial(self._disk_job, self._maintain))
 
     def _clear_on_start(self) -> None:
-        startup.claim_session()
-        marker = self.path / "clear.marker"
+        startup.claim_launch()
+        marker, launch = self.path / "clear.marker", startup.launch_id()
         with self._lock.hold():
-            if startup.should_clear(startup.read_marker(marker), startup.session_start()):
+            if startup.should_clear(startup.read_marker(marker), launch):
                 self._clear_locked("delete_on_start")
-                startup.write_marker(marker)
+                startup.write_marker(marker, launch)
 
     def _maintain(self) -> None:
         """Sweep temp files of killed writers and confirm the ledger when it is missing or old."""
@@ -279,19 +281,22 @@ class RecipeCache:
         if not self._disk.publish(tmp, key):
             self._ledger.write(ledger)  # another process published it first
             return False
-        if self._limit is not None and ledger.total + size > self._limit:
+        if self._limit is not None and ledger.directory_bytes + size > self._limit:
             self._reconcile_locked()
         return True
 
     def _reconcile_locked(self) -> Ledger:
-        """Recount the directory, trim it to TRIM_RATIO of the limit if it is over, and record the result."""
+        """Recount the directory, trim it to TRIM_RATIO of the limit if it is over (bookkeeping files,
+        manifests and the quarantine count against the limit too), and record the result."""
         items = self._disk.scan()
         total = sum(item.size for item in items)
+        overhead = self._disk.overhead_bytes()
         removed = []
-        if self._limit is not None and total > self._limit:
-            removed = plan_trim(self._candidates(items), self.config.policy, int(self._limit * TRIM_RATIO))
+        if self._limit is not None and total + overhead > self._limit:
+            target = max(0, int(self._limit * TRIM_RATIO) - overhead)
+            removed = plan_trim(self._candidates(items), self.config.policy, target)
             total = self._remove_locked(removed, total, "limit")
-        ledger = Ledger(total, len(items) - len(removed), self._clock())
+        ledger = Ledger(total, len(items) - len(removed), self._clock(), overhead)
         self._ledger.write(ledger)
         return ledger
 
@@ -409,15 +414,16 @@ class RecipeCache:
         if keys is not None:
             keys = [validate_key(k) for k in keys]
         if (older_than_s, max_bytes, keys, predicate) == (None, None, None, None):
-            if self._limit is None or self.total_bytes() <= self._limit:
+            if self._limit is None or self._ledger_now().directory_bytes <= self._limit:
                 return []
-            max_bytes = int(self._limit * TRIM_RATIO)
+            max_bytes = max(0, int(self._limit * TRIM_RATIO) - self._disk.overhead_bytes())
         with self._admin():
             infos = [info for info, _ in self._infos(self._disk.scan(), headers=True)]
             victims = select(infos, self.config.policy, self._clock(), older_than_s, max_bytes, keys, predicate)
             if not dry_run:
                 total = self._remove_locked(victims, sum(i.size for i in infos), "evict")
-                self._ledger.write(Ledger(total, len(infos) - len(victims), self._clock()))
+                self._ledger.write(Ledger(total, len(infos) - len(victims), self._clock(),
+                                          self._disk.overhead_bytes()))
         return victims
 
     def remove(self, key: str) -> bool:
@@ -502,6 +508,7 @@ class RecipeCache:
     def stats(self) -> dict:
         ledger = self._ledger_now()
         return {**self._stats.counters(), "entries": ledger.count, "total_bytes": ledger.total,
+                "metadata_bytes": ledger.overhead,
                 "limit_bytes": -1 if self._limit is None else self._limit, "path": str(self.path),
                 "enabled": self.enabled, "memory_entries": len(self._memory)}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 from .errors import ConfigError
 
 ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
+POLICY_ENV = "HPU_RECIPE_CACHE_POLICY"  # eviction order: "created" (Gaudi's, the default) or "lru"
+RECORD = "config.json"  # in the cache directory: the limit and policy it was last opened with
 EXPECTED_FORM = "<path>,<delete_on_start true|false>,<max_size_mb>, e.g. /tmp/recipes,false,1024"
 POLICIES = ("lru", "created")
 _TRUE = ("true", "1", "yes", "on")
@@ -29,7 +32,7 @@ class CacheConfig:
     path: str | os.PathLike | None = None
     delete_on_start: bool = False
     max_size_mb: float = 1024
-    policy: str = "lru"
+    policy: str = ""  # "" means $HPU_RECIPE_CACHE_POLICY, else "created" (oldest created evicted first)
     memory_entries: int = 256
     per_rank: bool = False
     allow_shared_dir: bool = False
@@ -44,8 +47,10 @@ class CacheConfig:
             raise ConfigError(f"max_size_mb must be a number, got {self.max_size_mb!r}")
         if self.max_size_mb < 0 and self.max_size_mb != -1:
             raise ConfigError(f"max_size_mb must be >= 0 or -1 (unbounded), got {self.max_size_mb}")
+        if not self.policy:
+            object.__setattr__(self, "policy", os.environ.get(POLICY_ENV, "").strip().lower() or "created")
         if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+            raise ConfigError(f"policy must be one of {POLICIES} ({POLICY_ENV}), got {self.policy!r}")
         if self.memory_entries < 0:
             raise ConfigError(f"memory_entries must be >= 0, got {self.memory_entries}")
 
@@ -101,3 +106,28 @@ def _parse_size(value: str, field: str) -> int:
         raise ConfigError(f"{ENV_VAR}={value!r}: field 'max_size_mb' must be an integer >= 0 or -1, got "
                           f"{field!r}; expected {EXPECTED_FORM}")
     return size
+
+
+def record(directory: Path, config: CacheConfig) -> None:
+    """Note the limit and policy in the cache directory, so that tools opening it later without a
+    configuration of their own (``hpurecipe --cache-dir``) use the same ones. Best effort."""
+    doc = {"max_size_mb": config.max_size_mb, "policy": config.policy}
+    if recorded(directory) == doc:
+        return
+    from .locks import write_atomic
+
+    try:
+        write_atomic(Path(directory) / RECORD, json.dumps(doc).encode())
+    except OSError:
+        pass  # a read-only cache: nothing to agree on
+
+
+def recorded(directory: Path) -> dict | None:
+    """The limit and policy recorded in a cache directory, or None."""
+    try:
+        doc = json.loads((Path(directory) / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(doc, dict) and isinstance(doc.get("max_size_mb"), (int, float))
+          and not isinstance(doc.get("max_size_mb"), bool) and doc.get("policy") in POLICIES)
+    return {"max_size_mb": doc["max_size_mb"], "policy": doc["policy"]} if ok else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import stat
 import time
 from dataclasses import dataclass
@@ -127,6 +128,7 @@ class DiskStore:
         self.quarantine_dir = self.root / "quarantine"
         self.fsync = fsync
         self.allow_shared = False
+        self.quarantine_bytes: int | None = None  # set by the cache: a small part of its limit
 
     def open(self, allow_shared: bool) -> None:
         """Create the private directory tree; CacheError if others may write it or a subdirectory is a
@@ -256,6 +258,16 @@ class DiskStore:
                     removed += discard(Path(de.path))
         return removed
 
+    def overhead_bytes(self) -> int:
+        """Bytes of the files that are not entries: bookkeeping in the root, manifests, quarantine."""
+        total = 0
+        for directory in (self.root, self.root / "manifests", self.quarantine_dir):
+            for de in _listdir(directory):
+                st = _stat(de)
+                if st is not None and stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+        return total
+
     def touch(self, key: str, t: float) -> None:
         """Set an entry's mtime (its last use) without following links; OSError if that fails."""
         path = self.entry_path(key)
@@ -276,9 +288,17 @@ class DiskStore:
         return True
 
     def _cap_quarantine(self) -> None:
-        files = sorted(_listdir(self.quarantine_dir), key=lambda de: de.name.rsplit(".", 1)[-1])
-        for de in files[:max(0, len(files) - QUARANTINE_KEEP)]:
-            discard(Path(de.path))
+        """Keep the newest QUARANTINE_KEEP files, within ``quarantine_bytes`` (if set) in all."""
+        files = sorted(_listdir(self.quarantine_dir), key=lambda de: de.name.rsplit(".", 1)[-1], reverse=True)
+        kept = 0
+        for i, de in enumerate(files):
+            st = _stat(de)
+            kept += st.st_size if st is not None and stat.S_ISREG(st.st_mode) else 0
+            if i >= QUARANTINE_KEEP or (self.quarantine_bytes is not None and kept > self.quarantine_bytes):
+                if de.is_dir(follow_symlinks=False):
+                    shutil.rmtree(de.path, ignore_errors=True)  # a foreign shard directory set aside
+                else:
+                    discard(Path(de.path))
 
 
 def check_private(root: Path, allow_shared: bool = False, link_ok: bool = True) -> None:

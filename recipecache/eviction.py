@@ -62,15 +62,17 @@ def select(items: list[EntryInfo], policy: str, now: float, older_than_s=None, m
 class EvictionLog:
     """evictions.log: one line per removed entry, written before the file goes (one write, O_APPEND)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, limit: int | None = None):
         self.path = path
+        # The log and its rotated predecessor stay a small part of a bounded cache.
+        self.rotate_bytes = _LOG_ROTATE_BYTES if not limit else max(4096, min(_LOG_ROTATE_BYTES, limit // 64))
 
     def append(self, key: str, size: int, reason: str) -> None:
         line = f"{time.time():.6f} {os.getpid()} {reason} {key} {size}\n".encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line)
-            rotate = os.fstat(fd).st_size > _LOG_ROTATE_BYTES
+            rotate = os.fstat(fd).st_size > self.rotate_bytes
         finally:
             os.close(fd)
         if rotate:  # callers hold the cache lock, so only one process rotates

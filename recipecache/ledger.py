@@ -11,14 +11,21 @@ from .locks import write_atomic
 
 @dataclass(frozen=True)
 class Ledger:
-    """Bytes and entries on disk, and when a real scan last confirmed them (cache clock)."""
+    """Bytes and entries on disk, and when a real scan last confirmed them (cache clock). ``overhead`` is
+    what the directory holds besides entries (bookkeeping, manifests, quarantine), as of that scan: the
+    size limit covers it too."""
 
     total: int
     count: int
     reconciled: float
+    overhead: int = 0
 
     def add(self, size: int, entries: int = 1) -> "Ledger":
-        return Ledger(max(0, self.total + size), max(0, self.count + entries), self.reconciled)
+        return Ledger(max(0, self.total + size), max(0, self.count + entries), self.reconciled, self.overhead)
+
+    @property
+    def directory_bytes(self) -> int:
+        return self.total + self.overhead
 
 
 class LedgerFile:
@@ -30,10 +37,12 @@ class LedgerFile:
     def read(self) -> Ledger | None:
         try:
             fields = json.loads(self.path.read_bytes())
-            return Ledger(int(fields["total"]), int(fields["count"]), float(fields["reconciled"]))
+            return Ledger(int(fields["total"]), int(fields["count"]), float(fields["reconciled"]),
+                          int(fields.get("overhead", 0)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def write(self, ledger: Ledger) -> None:
-        data = {"total": ledger.total, "count": ledger.count, "reconciled": ledger.reconciled}
+        data = {"total": ledger.total, "count": ledger.count, "reconciled": ledger.reconciled,
+                "overhead": ledger.overhead}
         write_atomic(self.path, json.dumps(data).encode())

@@ -1,4 +1,10 @@
-"""delete_on_start coordination: processes of one start clear the directory once, then never again."""
+"""delete_on_start coordination: the processes of one launch clear the directory once; every new launch
+of the workload clears it again (Gaudi's "clear the cache when the workload starts").
+
+A launch is named by, in order: ``HPU_RECIPE_CACHE_LAUNCH_ID`` (set it to start a group of processes by
+hand), the launcher's own job id (torchrun, PMIx-based mpirun, Slurm), else the first process that
+opens a cache: it publishes its id to the processes it starts (fork, spawn or subprocess).
+"""
 
 from __future__ import annotations
 
@@ -8,37 +14,41 @@ from pathlib import Path
 
 from .locks import write_atomic
 
-# Children (fork, spawn or subprocess) inherit the session start, so they count as starting with their parent.
-SESSION_ENV = "HPU_RECIPE_CACHE_SESSION_START"
-# Independent processes launched together (e.g. by mpirun) import within this window of each other.
-START_WINDOW_S = 30.0
-_IMPORT_TIME = time.time()
+LAUNCH_ENV = "HPU_RECIPE_CACHE_LAUNCH_ID"
+# (variable, value that means "not set") for launchers that name one launch of a job.
+_LAUNCHERS = (("TORCHELASTIC_RUN_ID", "none"), ("PMIX_NAMESPACE", ""), ("SLURM_JOB_ID", ""))
+_OWN = f"pid-{os.getpid()}-{time.time_ns()}"
 
 
-def session_start() -> float:
-    """When this process's session began: inherited from the environment, else when this module loaded."""
+def launch_id(environ=None) -> str:
+    """The id of the launch this process belongs to."""
+    env = os.environ if environ is None else environ
+    if env.get(LAUNCH_ENV):
+        return env[LAUNCH_ENV]
+    for name, unset in _LAUNCHERS:
+        value = env.get(name, "")
+        if value and value != unset:
+            step = env.get("SLURM_STEP_ID", "") if name == "SLURM_JOB_ID" else ""
+            return f"{name}={value}" + (f".{step}" if step else "")
+    return _OWN
+
+
+def claim_launch() -> None:
+    """Publish the launch id to child processes started from now on."""
+    os.environ.setdefault(LAUNCH_ENV, launch_id())
+
+
+def should_clear(marker: str | None, launch: str) -> bool:
+    """Clear unless a process of this launch has cleared already."""
+    return marker != launch
+
+
+def read_marker(path: Path) -> str | None:
     try:
-        return float(os.environ[SESSION_ENV])
-    except (KeyError, ValueError):
-        return _IMPORT_TIME
-
-
-def claim_session() -> None:
-    """Publish the session start to child processes started from now on."""
-    os.environ.setdefault(SESSION_ENV, repr(session_start()))
-
-
-def should_clear(marker: float | None, start: float, window_s: float = START_WINDOW_S) -> bool:
-    """Clear only if no process of this start (or one within the window before it) has cleared already."""
-    return marker is None or marker < start - window_s
-
-
-def read_marker(path: Path) -> float | None:
-    try:
-        return float(path.read_text())
-    except (FileNotFoundError, ValueError):
+        return path.read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
         return None
 
 
-def write_marker(path: Path) -> None:
-    write_atomic(path, repr(time.time()).encode())
+def write_marker(path: Path, launch: str) -> None:
+    write_atomic(path, launch.encode())

@@ -102,3 +102,17 @@ def test_an_unexpected_failure_is_one_line_with_the_way_to_the_traceback(capsys,
     with pytest.raises(KeyError):
         mapped(lambda: {}["missing"])()
 
+
+
+def test_the_cli_uses_the_limit_the_cache_was_filled_with(tmp_path, monkeypatch):
+    cache = tmp_path / "c"
+    monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{cache},false,3")
+    cli("warm", tiny_model(tmp_path), "-d", cache)
+    monkeypatch.delenv("PT_HPU_RECIPE_CACHE_CONFIG")
+    assert cli_json("stats", "-d", cache)["limit_bytes"] == 3 * 2**20
+
+
+def test_warm_into_a_disabled_cache_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{tmp_path / 'c'},false,0")
+    line = one_line(cli("warm", tiny_model(tmp_path), code=2))
+    assert "the recipe cache is disabled" in line and not (tmp_path / "c").exists()

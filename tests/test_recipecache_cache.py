@@ -143,7 +143,7 @@ def _fill(cache, clock, keys, size=1000):
 def test_lru_evicts_least_recently_used_first(tmp_path, caplog):
     clock = Clock()
     per_entry = PREFIX_SIZE + DIGEST_SIZE + 1000 + 40
-    cache = make(tmp_path, clock, max_size_mb=4.5 * per_entry / 2**20, memory_entries=0)
+    cache = make(tmp_path, clock, max_size_mb=4.5 * per_entry / 2**20, memory_entries=0, policy="lru")
     _fill(cache, clock, ["a0", "b0", "c0", "d0"])
     clock.tick(TOUCH_INTERVAL_S + 1)
     assert cache.get("a0") is not None  # refreshes a0's recency on disk
@@ -257,28 +257,27 @@ def test_temp_files_are_invisible_and_stale_ones_swept(tmp_path):
     assert not fresh.exists() and not stale.exists()
 
 
-def test_delete_on_start_clears_once_per_session(tmp_path, monkeypatch):
-    import time
-
+def test_delete_on_start_clears_once_per_launch_and_at_every_new_launch(tmp_path, monkeypatch):
     from recipecache import startup
 
     make(tmp_path).put("old", b"x", wait=True)
-    monkeypatch.setenv(startup.SESSION_ENV, repr(time.time()))
+    monkeypatch.setenv(startup.LAUNCH_ENV, "launch-1")
     first = make(tmp_path, delete_on_start=True)
     assert first.get("old") is None
     first.put("new", b"y", wait=True)
-    assert make(tmp_path, delete_on_start=True, memory_entries=0).get("new") == b"y"  # same session: kept
-    monkeypatch.setenv(startup.SESSION_ENV, repr(time.time() + 10 * startup.START_WINDOW_S))
-    assert make(tmp_path, delete_on_start=True).get("new") is None  # a later session clears again
+    assert make(tmp_path, delete_on_start=True, memory_entries=0).get("new") == b"y"  # same launch: kept
+    monkeypatch.setenv(startup.LAUNCH_ENV, "launch-2")  # the next start, however soon
+    assert make(tmp_path, delete_on_start=True).get("new") is None
 
 
-def test_should_clear_rule():
-    from recipecache.startup import should_clear
+def test_launch_id_comes_from_the_launcher_or_the_first_process():
+    from recipecache.startup import launch_id
 
-    assert should_clear(None, 100.0, 30.0)
-    assert not should_clear(90.0, 100.0, 30.0)  # cleared by a peer that started with us
-    assert not should_clear(120.0, 100.0, 30.0)  # cleared after we started
-    assert should_clear(60.0, 100.0, 30.0)  # cleared by an earlier run
+    assert launch_id({"HPU_RECIPE_CACHE_LAUNCH_ID": "x", "TORCHELASTIC_RUN_ID": "r"}) == "x"
+    assert launch_id({"TORCHELASTIC_RUN_ID": "r1"}) == "TORCHELASTIC_RUN_ID=r1"
+    assert launch_id({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"}) == "SLURM_JOB_ID=7.2"
+    own = launch_id({"TORCHELASTIC_RUN_ID": "none"})  # torchrun's default rdzv id names no launch
+    assert own.startswith("pid-") and own == launch_id({})
 
 
 def test_per_rank_directory_is_used(tmp_path, monkeypatch):

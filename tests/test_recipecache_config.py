@@ -71,3 +71,26 @@ def test_rank_is_ignored_unless_per_rank(tmp_path):
 def test_non_integer_rank_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError):
         CacheConfig(path=tmp_path, per_rank=True).resolved_path({"RANK": "../x"})
+
+
+def test_eviction_policy_defaults_to_gaudis_oldest_created_and_lru_is_an_option(tmp_path, monkeypatch):
+    from recipecache.config import POLICY_ENV
+
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    assert CacheConfig(path=tmp_path).policy == "created"
+    monkeypatch.setenv(POLICY_ENV, "lru")
+    assert CacheConfig(path=tmp_path).policy == "lru"
+    assert CacheConfig.from_env({ENV_VAR: f"{tmp_path},false,3"}).policy == "lru"
+    monkeypatch.setenv(POLICY_ENV, "fifo")
+    with pytest.raises(ConfigError, match=POLICY_ENV):
+        CacheConfig(path=tmp_path)
+
+
+def test_the_limit_is_recorded_in_the_directory_for_tools_that_open_it_later(tmp_path, monkeypatch):
+    from recipecache import RecipeCache
+    from recipecache.config import recorded
+
+    RecipeCache(CacheConfig(path=tmp_path / "c", max_size_mb=3, policy="lru", fsync=False))
+    assert recorded(tmp_path / "c") == {"max_size_mb": 3, "policy": "lru"}
+    (tmp_path / "c" / "config.json").write_text('{"max_size_mb": "huge"}')
+    assert recorded(tmp_path / "c") is None  # a garbled record is ignored, not trusted

@@ -18,8 +18,8 @@ WORKERS = Path(__file__).parent / "recipecache_workers.py"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spawn(role: str, **args) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def spawn(role: str, env_extra: dict | None = None, **args) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
     return subprocess.Popen([sys.executable, str(WORKERS), role, json.dumps(args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -60,6 +60,9 @@ def test_stress_writers_readers_and_a_killed_writer(tmp_path):
     entries = [p for p in files if p.suffix == ".rcp"]
     # Within the limit, by a real scan rather than the ledger.
     assert 0 < sum(p.stat().st_size for p in entries) <= limit_mb * 2**20
+    # And the whole directory, bookkeeping included (the killed writer's temp file aside).
+    everything = [p for p in cache.path.rglob("*") if p.is_file() and p.suffix != ".tmp"]
+    assert sum(p.stat().st_size for p in everything) <= limit_mb * 2**20
     assert cache.total_bytes() >= sum(p.stat().st_size for p in entries)  # the ledger may only over-count
     # Every visible entry is whole and holds exactly what was put.
     for p in entries:
@@ -84,7 +87,8 @@ def test_delete_on_start_with_concurrent_starters_clears_once(tmp_path):
     path = str(tmp_path / "cache")
     seed = RecipeCache(CacheConfig(path=path, fsync=False))
     seed.put("stale0", b"from an earlier run", wait=True)
-    procs = [spawn("starter", writer=w, count=20, path=path, limit_mb=64, fsync=False, delete_on_start=True)
+    launch = {"HPU_RECIPE_CACHE_LAUNCH_ID": "test-launch"}  # as torchrun or mpirun name one launch
+    procs = [spawn("starter", launch, writer=w, count=20, path=path, limit_mb=64, fsync=False, delete_on_start=True)
              for w in range(4)]
     for proc in procs:
         finish(proc)

@@ -64,7 +64,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
     from hpu_backend.aot.warm import warm as warm_spec
 
     spec = load_spec(model_file, axis)
-    config = config_for(cache_dir)
+    config = _enabled(config_for(cache_dir), "warm")
     with progress(len(spec.points()), json) as on_point:
         report = warm_spec(spec, config_string(config), train=train, check=check, on_point=on_point)
     _finish(report, spec, config, json, check)
@@ -77,10 +77,17 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     from hpu_backend.aot.warm import prebuild as prebuild_spec
 
     spec = load_spec(model_file, axis)
-    config = config_for(cache_dir)
+    config = _enabled(config_for(cache_dir), "prebuild")
     with progress(len(spec.points()), json) as on_point:
         report = prebuild_spec(spec, config_string(config), jobs=jobs, train=train, on_point=on_point)
     _finish(report, spec, config, json, False)
+
+
+def _enabled(config, command: str):
+    if config.max_size_mb == 0:
+        raise UsageError(f"the recipe cache is disabled (max_size_mb 0), so {command} has nowhere to store "
+                         "recipes; give it a size in PT_HPU_RECIPE_CACHE_CONFIG")
+    return config
 
 
 def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:

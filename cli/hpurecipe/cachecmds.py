@@ -100,7 +100,9 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
     limit = "unbounded" if doc["limit_bytes"] < 0 else render.size(doc["limit_bytes"])
     lookups = doc["hits"] + doc["misses"]
     render.pairs({
-        "path": doc["path"], "size": f"{render.size(doc['total_bytes'])} of {limit}", "entries": doc["entries"],
+        "path": doc["path"], "size": f"{render.size(doc['total_bytes'])} in entries + "
+                                     f"{render.size(doc['metadata_bytes'])} other files, of {limit}",
+        "entries": doc["entries"],
         "hits": f"{doc['hits']} ({doc['disk_hits']} from disk)"
                 + (f", {100 * doc['hits'] / lookups:.0f}% of lookups" if lookups else ""),
         "misses": doc["misses"], "evictions": f"{doc['evictions']} ({render.size(doc['bytes_evicted'])})",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from recipecache import CacheConfig, EntryInfo, RecipeCache
+from recipecache.config import ENV_VAR, recorded
 
 from .errors import CliError
 from .render import note
@@ -13,10 +15,15 @@ from .render import note
 def config_for(cache_dir: Path | None) -> CacheConfig:
     """The backend's cache configuration (PT_HPU_RECIPE_CACHE_CONFIG), at ``cache_dir`` if given.
 
-    The command line never deletes on start: that is for serving processes that ask for it.
+    The size limit and eviction policy are PT_HPU_RECIPE_CACHE_CONFIG's when it names this directory,
+    else those recorded in the directory by the processes that filled it (else the defaults). The
+    command line never deletes on start: that is for serving processes that ask for it.
     """
     base = CacheConfig.from_env()
-    return CacheConfig(path=cache_dir or base.path, delete_on_start=False, max_size_mb=base.max_size_mb)
+    path = Path(cache_dir or base.path).expanduser()
+    if os.environ.get(ENV_VAR, "").strip() and path == Path(base.path):
+        return CacheConfig(path=path, max_size_mb=base.max_size_mb, policy=base.policy)
+    return CacheConfig(path=path, **(recorded(path) or {}))
 
 
 def config_string(config: CacheConfig) -> str:
