@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 
 from . import keyparts
-from .recipe import Constant, Recipe, RecipeFormatError, build, checked, unpack
+from .recipe import Constant, Recipe, RecipeFormatError, unpack, versioned
 
 PACKAGE_VERSION = 1
 MAGIC = b"HPUPKG\x00\x01"  # then the payload's sha256, then the msgpack payload
@@ -67,11 +67,7 @@ class Package:
             raise RecipeFormatError("not a recipe package (bad magic)")
         if hashlib.sha256(payload).digest() != digest:
             raise RecipeFormatError("damaged: checksum mismatch")
-        raw = unpack(payload)
-        if not isinstance(raw, dict) or raw.get("package") != PACKAGE_VERSION:
-            got = raw.get("package") if isinstance(raw, dict) else type(raw).__name__
-            raise RecipeFormatError(f"package format version {got!r}, expected {PACKAGE_VERSION}")
-        return checked(lambda: build(cls, raw, "package"), "package")
+        return versioned(cls, unpack(payload), "package", PACKAGE_VERSION, "package", "package")
 
     def check(self, where: str = "package") -> None:
         if not self.recipes:

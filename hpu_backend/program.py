@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 
 from . import symexpr
-from .recipe import Recipe, RecipeFormatError, build, checked, unpack
+from .recipe import Recipe, RecipeFormatError, unpack, versioned
 
 PROGRAM_VERSION = 1
 
@@ -74,11 +74,7 @@ class Program:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Program":
-        raw = unpack(data)
-        if not isinstance(raw, dict) or raw.get("program") != PROGRAM_VERSION:
-            got = raw.get("program") if isinstance(raw, dict) else type(raw).__name__
-            raise RecipeFormatError(f"program format version {got!r}, expected {PROGRAM_VERSION}")
-        return checked(lambda: build(cls, raw, "program"), "program")
+        return versioned(cls, unpack(data), "program", PROGRAM_VERSION, "program", "program")
 
     def check(self, where: str = "program") -> None:
         for i, g in enumerate(self.graphs):

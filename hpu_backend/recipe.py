@@ -98,10 +98,7 @@ class Recipe:
     @classmethod
     def from_plain(cls, raw: Any, where: str = "recipe") -> "Recipe":
         """A recipe from unpacked msgpack data, checked against the schema; RecipeFormatError if off."""
-        if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
-            got = raw.get("version") if isinstance(raw, dict) else type(raw).__name__
-            raise RecipeFormatError(f"{where}: recipe format version {got!r}, expected {FORMAT_VERSION}")
-        return checked(lambda: build(cls, raw, where), where)
+        return versioned(cls, raw, "version", FORMAT_VERSION, where, "recipe")
 
     def check(self, where: str = "recipe") -> None:
         """Version and cross-field checks (references resolve, trees are well-formed)."""
@@ -111,6 +108,14 @@ class Recipe:
 
     def node_map(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
+
+
+def versioned(cls: type, raw: Any, field: str, version: int, where: str, what: str) -> Any:
+    """``cls`` built from unpacked data whose ``field`` must equal ``version``, then checked; else RecipeFormatError."""
+    if not isinstance(raw, dict) or raw.get(field) != version:
+        got = raw.get(field) if isinstance(raw, dict) else type(raw).__name__
+        raise RecipeFormatError(f"{where}: {what} format version {got!r}, expected {version}")
+    return checked(lambda: build(cls, raw, where), where)
 
 
 def checked(make: Callable[[], Any], where: str) -> Any:

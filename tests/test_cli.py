@@ -58,7 +58,7 @@ def test_warm_fills_the_cache_then_hits_and_writes_a_manifest(tmp_path, tiny_fil
 def test_warm_human_output_has_a_table_and_summary(tmp_path, tiny_file):
     out = cli("warm", tiny_file, "-d", tmp_path / "c", "--check").output
     assert "batch=8" in out and "compiled" in out and "ok" in out
-    assert "2 buckets, 2 recipes: 2 compiled, 0 from the cache" in out
+    assert "2 shape points using 2 distinct recipes: 2 compiled, 0 reused" in out
 
 
 def test_warm_check_compares_with_eager(tmp_path, tiny_file):

@@ -102,8 +102,9 @@ def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool
     else:
         _print_report(report, check)
         s = report.summary()
-        render.note("{} buckets, {} recipes: {} compiled, {} from the cache, in {}. Manifest: {}", s["buckets"],
-                    s["recipes"], s["compiled"], s["hits"], render.duration(s["seconds"]), path)
+        render.note("{} shape points using {} distinct recipes: {} compiled, {} reused (from the cache or "
+                    "an earlier point), in {}. Manifest: {}", s["buckets"], s["recipes"], s["compiled"], s["hits"],
+                    render.duration(s["seconds"]), path or "not written")
     if report.summary()["mismatches"]:
         raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
 

@@ -52,14 +52,15 @@ def _summary(recipe: Recipe, dev: DeviceSpec, clusters: dict, cpu_s: float) -> d
         bound = max(terms, key=terms.get)
         rows.append({"id": cid, "mme_s": terms["mme"], "tpc_s": terms["tpc"], "hbm_s": terms["hbm"],
                      "hbm_bytes": c["hbm_bytes"], "flops": c["flops"], "bound": bound,
-                     "time_s": terms[bound] + dev.launch_s})
+                     "launch_s": dev.launch_s, "time_s": terms[bound] + dev.launch_s})
     moves = recipe.facts.get("host_transfers", {"count": 0, "bytes": 0})
     transfer_s = moves["bytes"] / dev.host_bytes_per_s + moves["count"] * dev.host_latency_s
     device_s = sum(r["time_s"] for r in rows)
     return {"estimate": True, "target": dev.name, "plan_at": dict(recipe.facts["plan_at"]),
             "device_s": device_s, "cpu_s": cpu_s, "transfer_s": transfer_s,
             "total_s": device_s + cpu_s + transfer_s, "clusters": rows, "sources": list(dev.sources),
-            "note": "estimate: roofline per cluster (max of MME, TPC, HBM time) from published peaks"}
+            "note": "estimate: per cluster, time = launch + the largest of MME, TPC and HBM time (roofline from "
+                     "published peaks); device = the clusters' times; total = device + cpu + transfer"}
 
 
 class _Work:
