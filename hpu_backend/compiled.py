@@ -44,6 +44,7 @@ class Event:
     recipe: Recipe | None = None  # None for "program", and for a graph running eagerly
     hit: bool = False  # taken from the store rather than compiled
     key: str | None = None  # "program": the program's key
+    values: tuple = ()  # "use": the call's symbol values (in ``graph.symbols`` order)
 
 
 Listener = Callable[[Event], None]
@@ -143,14 +144,14 @@ class CompiledGraph:
         return {b: t.recipe for b, t in self.buckets.items() if t.recipe is not None}
 
     def __call__(self, args: list) -> list:
-        taken = self.fixed
+        taken, values = self.fixed, ()
         if taken is None:
             values = self.read_symbols(args)
             taken = self.known.get(values)
             if taken is None:
                 taken = self.on_new_values(values)
         if _listeners:
-            emit(Event("use", self, taken.recipe, True))
+            emit(Event("use", self, taken.recipe, True, values=values))
         return taken.run(args)
 
     def bucket_of(self, values: tuple) -> tuple:

@@ -12,7 +12,7 @@ import pytest
 from hpu_backend.aot.manifests import read_manifests
 from recipecache import CacheConfig, RecipeCache
 
-from cli_helpers import cli, cli_json, cli_process, tiny_model
+from cli_helpers import TINY, cli, cli_json, cli_process, tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -311,3 +311,27 @@ def test_cache_only_commands_do_not_import_torch(tmp_path, warmed):
         proc = subprocess.run([sys.executable, "-c", NO_TORCH_RUNNER, *full], capture_output=True, text=True,
                               timeout=120)
         assert proc.stderr.strip().splitlines()[-1] == "no torch 0", (args, proc.stderr[-2000:])
+
+
+def test_analyze_finds_the_largest_batch_by_searching_the_memory_plan(tiny_file):
+    from hpurecipe.analysis import _peak_at, _same_graphs, _scaled_graphs
+
+    from hpu_backend.aot.warm import plan
+    from hpu_backend.modelfile import load_model_file
+
+    doc = cli_json("analyze", tiny_file)
+    best, hbm = doc["max_batch"]["batch"], doc["hbm_bytes"]
+    points = plan(load_model_file(tiny_file))
+    p0, p1 = _same_graphs(points)
+    scaled = _scaled_graphs(p0, p1, p0.point["batch"], p1.point["batch"])
+    assert _peak_at(scaled, best) <= hbm < _peak_at(scaled, best + 1)  # the boundary, not an extrapolation
+    (_, recipe, _), = p1.used  # re-planning at the recipe's own sizes gives its stored plan
+    (sym, value), = recipe.facts["plan_at"].items()
+    (a, c), = (lines[sym] for r, lines in scaled if r is recipe)
+    assert (value - c) % a == 0 and _peak_at(scaled, (value - c) // a) == recipe.facts["memory"]["peak_bytes"]
+
+
+def test_analyze_says_when_it_cannot_find_the_largest_batch(tmp_path):
+    static = tiny_model(tmp_path, "static", TINY.replace('"dynamic": True', '"dynamic": False'))
+    mb = cli_json("analyze", static)["max_batch"]
+    assert mb["batch"] is None and "dynamic shapes" in mb["reason"]

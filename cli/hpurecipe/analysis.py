@@ -8,7 +8,7 @@ failure compiled, and the reasons come from ``torch._dynamo.explain`` at the fir
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import asdict
 from typing import Any
 
@@ -29,13 +29,13 @@ def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
     hbm = _hbm_bytes(target)
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "hbm_bytes": hbm, "graph_break_reasons": breaks, "buckets": rows,
-            "max_batch": _max_batch(spec, rows, hbm)}
+            "max_batch": _max_batch(spec, points, hbm, train, target)}
 
 
 def _row(p: PointResult) -> dict[str, Any]:
-    graphs = [GraphReport.from_recipe(r) for _, r in getattr(p, "used", [])]
+    graphs = [GraphReport.from_recipe(r) for _, r, _ in getattr(p, "used", [])]
     frames = {g.name.rsplit("_", 1)[0] for g in graphs}
-    new_frames = {g.ctx.name.rsplit("_", 1)[0] for g, r in getattr(p, "used", [])
+    new_frames = {g.ctx.name.rsplit("_", 1)[0] for g, r, _ in getattr(p, "used", [])
                   if g.first_reason == "guard failure" and _is_first(g, r)}
     return {"bucket": p.label, "point": p.point, "recipes": len(p.keys),
             "fallbacks": sum(len(g.fallbacks) for g in graphs),
@@ -71,23 +71,93 @@ def _hbm_bytes(target: str) -> int:
     return int(device(target).hbm_bytes)
 
 
-def _max_batch(spec: ModelSpec, rows: list[dict], hbm: int) -> dict[str, Any] | None:
-    """Extrapolate peak HBM linearly in ``batch`` (other axes at their largest) to the target's capacity.
+MAX_SEARCH_BATCH = 1 << 31
 
-    Memory is planned at each bucket's upper end, so this errs on the small side.
-    """
+
+def _max_batch(spec: ModelSpec, points: list[PointResult], hbm: int, train: bool, target: str
+               ) -> dict[str, Any] | None:
+    """The largest batch whose planned peak HBM fits ``hbm`` (other axes at their largest), found by
+    evaluating the graphs' memory plans at candidate batch sizes; ``batch`` None with the reason when
+    that cannot be done. Each graph's symbols are matched to the batch from two batch sizes of at least
+    2 (Dynamo specializes a size of 1): two of AXES, else two probes compiled here (compile-only)."""
     if "batch" not in spec.axes:
         return None
     others = {a: max(v) for a, v in spec.axes.items() if a != "batch"}
-    pts = sorted((r["point"]["batch"], r["peak_hbm_bytes"]) for r in rows
-                 if r["peak_hbm_bytes"] is not None and all(r["point"][a] == v for a, v in others.items()))
-    if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+    pair = _same_graphs([p for p in points if all(p.point[a] == v for a, v in others.items())])
+    if pair is None:
+        from hpu_backend.aot.warm import plan
+
+        b = max(2, *spec.axes["batch"])
+        pair = _same_graphs(plan(spec.with_axes({"batch": [b, b + 1], **{a: [v] for a, v in others.items()}}),
+                                 train=train, target=target))
+    if pair is None:
+        return {"batch": None, "at": others, "reason": "Dynamo compiled a separate graph for each batch size "
+                "tried; compile with dynamic shapes (COMPILE = {\"dynamic\": True, ...}) to let analyze search"}
+    p0, p1 = pair
+    b0, b1 = p0.point["batch"], p1.point["batch"]
+    scaled = _scaled_graphs(p0, p1, b0, b1)
+    if scaled is None:
+        return {"batch": None, "at": others, "reason": "no graph has a shape that follows the batch (static "
+                "graphs: compile with dynamic shapes, COMPILE = {\"dynamic\": True, ...})"}
+
+    def fits(batch: int) -> bool:
+        return _peak_at(scaled, batch) <= hbm
+
+    if not fits(1):
+        return {"batch": 0, "at": others, "reason": "even batch 1 does not fit"}
+    lo, hi = 1, max(b1, 2)
+    while fits(hi):  # grow until it no longer fits
+        lo, hi = hi, hi * 2
+        if hi > MAX_SEARCH_BATCH:
+            return {"batch": lo, "at": others, "peak_bytes": _peak_at(scaled, lo),
+                    "note": f"fits at every batch searched (up to {lo:,})"}
+    while hi - lo > 1:  # largest lo that fits, smallest hi that does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return {"batch": lo, "at": others, "peak_bytes": _peak_at(scaled, lo)}
+
+
+def _same_graphs(points: list[PointResult]) -> tuple[PointResult, PointResult] | None:
+    """The point with the largest batch and the next smaller one (≥ 2) that ran the same graphs."""
+    ranked = sorted((p for p in points if p.point["batch"] >= 2), key=lambda p: -p.point["batch"])
+    if not ranked:
         return None
-    (b0, p0), (b1, p1) = pts[0], pts[-1]
-    slope = (p1 - p0) / (b1 - b0)
-    if slope <= 0:
-        return {"batch": None, "at": others, "bytes_per_sample": slope, "note": "memory does not grow with batch"}
-    return {"batch": int(math.floor((hbm - (p0 - slope * b0)) / slope)), "at": others, "bytes_per_sample": slope}
+    top = ranked[0]
+    graphs = {id(g) for g, _, _ in getattr(top, "used", [])}
+    return next(((p, top) for p in ranked[1:] if p.point["batch"] < top.point["batch"]
+                 and {id(g) for g, _, _ in getattr(p, "used", [])} == graphs), None)
+
+
+def _scaled_graphs(p0: PointResult, p1: PointResult, b0: int, b1: int) -> list | None:
+    """(recipe, {symbol: (a, c)}) per graph used at both points, each symbol's value being a*batch + c
+    (integers; a = 0 for a symbol that does not follow the batch); None if no symbol follows it."""
+    first = {id(g): env for g, _, env in getattr(p0, "used", [])}
+    out, follows = [], False
+    for g, recipe, env1 in getattr(p1, "used", []):
+        env0 = first.get(id(g))
+        if env0 is None or set(env0) != set(env1):
+            continue
+        lines = {}
+        for sym, v1 in env1.items():
+            a, rest = divmod(v1 - env0[sym], b1 - b0)
+            if rest:
+                return None  # not a whole multiple of the batch: not a shape we can extrapolate
+            lines[sym] = (a, env0[sym] - a * b0)
+            follows = follows or a != 0
+        out.append((recipe, lines))
+    return out if follows else None
+
+
+def _peak_at(scaled: list, batch: int) -> int:
+    """The largest planned peak HBM of the graphs with their symbols at this batch (memory pass re-run)."""
+    from hpu_backend.lowering.passes.plan_memory import plan_memory
+
+    peak = 0
+    for recipe, lines in scaled:
+        env = {s: a * batch + c for s, (a, c) in lines.items()}
+        planned = plan_memory(dataclasses.replace(recipe, facts=dict(recipe.facts, plan_at=env)), None)
+        peak = max(peak, planned.facts["memory"]["peak_bytes"])
+    return peak
 
 
 def print_analysis(doc: dict[str, Any]) -> None:
@@ -103,10 +173,14 @@ def print_analysis(doc: dict[str, Any]) -> None:
     for reason in doc["graph_break_reasons"]:
         render.note("graph break: {}", reason)
     mb = doc["max_batch"]
-    if mb and mb.get("batch") is not None:
+    if mb:
         at = " ".join(f"{k}={v}" for k, v in mb["at"].items())
-        render.note("Largest batch that fits {} HBM{}: about {} ({} per sample, estimated).", doc["target"],
-                    f" at {at}" if at else "", mb["batch"], render.size(mb["bytes_per_sample"]))
+        where = f"{doc['target']} HBM" + (f" at {at}" if at else "")
+        if mb.get("batch"):
+            render.note("Largest batch that fits {}: {} (planned peak {}; an estimate).{}", where, f"{mb['batch']:,}",
+                        render.size(mb["peak_bytes"]), f" {mb['note']}." if mb.get("note") else "")
+        else:
+            render.note("Largest batch that fits {}: cannot tell: {}.", where, mb["reason"])
 
 
 def _time(seconds: float | None) -> str:

@@ -73,13 +73,14 @@ class _GraphTracker:
     """
 
     def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any]], list[str]]:
-        """``fn()``, the (graph, recipe) pairs it used and the keys of the programs it used."""
-        used: dict[int, tuple[Any, Any]] = {}
+        """``fn()``, the (graph, recipe, symbol values) it used and the keys of the programs it used."""
+        used: dict[int, tuple[Any, Any, dict[str, int]]] = {}
         programs: set[str] = set()
 
         def on_event(e: Event):
-            if e.recipe is not None:
-                used.setdefault(id(e.recipe), (e.graph, e.recipe))
+            if e.recipe is not None and (id(e.recipe) not in used or e.kind == "use"):
+                env = dict(zip(e.graph.symbols, e.values)) if e.kind == "use" else {}
+                used[id(e.recipe)] = (e.graph, e.recipe, env)
             program = e.key if e.kind == "program" else getattr(e.graph, "program", None)
             if program:
                 programs.add(program)
@@ -89,8 +90,8 @@ class _GraphTracker:
         return out, list(used.values()), sorted(programs)
 
 
-def keys_of(used: list[tuple[Any, Any]]) -> list[str]:
-    return sorted({k for g, r in used if (k := g.key_of(r))})
+def keys_of(used: list[tuple[Any, Any, Any]]) -> list[str]:
+    return sorted({k for g, r, _ in used if (k := g.key_of(r))})
 
 
 def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str, int]], *,
