@@ -335,3 +335,24 @@ def test_analyze_says_when_it_cannot_find_the_largest_batch(tmp_path):
     static = tiny_model(tmp_path, "static", TINY.replace('"dynamic": True', '"dynamic": False'))
     mb = cli_json("analyze", static)["max_batch"]
     assert mb["batch"] is None and "dynamic shapes" in mb["reason"]
+
+
+def test_signed_bundles_with_a_key_and_refusals_without_a_match(tmp_path, warmed, monkeypatch):
+    unsigned = tmp_path / "unsigned.tar"
+    cli("export", unsigned, "-d", warmed)
+    monkeypatch.setenv("HPURECIPE_BUNDLE_KEY", "team secret")
+    signed = tmp_path / "signed.tar"
+    assert cli_json("export", signed, "-d", warmed)["signed"] is True
+    doc = cli_json("import", signed, "-d", tmp_path / "a")
+    assert doc["imported"] == len(keys_of(warmed)) and doc["signature_checked"] is True
+    assert "not signed" in cli("import", unsigned, "-d", tmp_path / "b", code=1).output
+    monkeypatch.setenv("HPURECIPE_BUNDLE_KEY", "another key")
+    assert "signature does not match" in cli("import", signed, "-d", tmp_path / "c", code=1).output
+    monkeypatch.setenv("HPURECIPE_BUNDLE_KEY", "team secret")
+
+    def edit_info(name, data):  # bundle.json changed after signing
+        return data if name != "bundle.json" else data.replace(b'"manifests"', b'"manifests" ', 1)
+    assert "signature does not match" in cli("import", _rewrite(signed, tmp_path, edit_info), "-d",
+                                             tmp_path / "d", code=1).output
+    monkeypatch.delenv("HPURECIPE_BUNDLE_KEY")
+    assert cli_json("import", signed, "-d", tmp_path / "e")["signature_checked"] is False  # no key: not checked

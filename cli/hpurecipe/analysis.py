@@ -19,7 +19,6 @@ from hpu_backend.aot.warm import PointResult, plan
 
 from . import render
 
-HBM_BYTES = {"gaudi2": 96 * 1024**3, "gaudi3": 128 * 1024**3}  # used when lowering has no device table
 
 
 def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
@@ -64,10 +63,8 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
 
 
 def _hbm_bytes(target: str) -> int:
-    try:
-        from hpu_backend.lowering.devices import device
-    except ImportError:
-        return HBM_BYTES[target]
+    from hpu_backend.lowering.devices import device
+
     return int(device(target).hbm_bytes)
 
 

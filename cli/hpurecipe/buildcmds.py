@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hpu_backend.aot.manifests import manifest, write_manifest
 from hpu_backend.modelfile import ModelSpec, load_model_file
+from hpu_backend.settings import TARGETS
 
 from . import render
 from .caches import config_for, config_string, open_cache
@@ -146,13 +147,13 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
 
 
 def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
-            target: Annotated[str, typer.Option(help="Device to plan for: gaudi2 or gaudi3.")] = "gaudi2",
+            target: Annotated[str, typer.Option(help=f"Device to plan for: {' or '.join(TARGETS)}.")] = TARGETS[0],
             json: Json = False) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. Reads and writes no cache."""
     from .analysis import analyze_spec, print_analysis
 
-    if target not in ("gaudi2", "gaudi3"):
-        raise UsageError(f"--target {target!r}: expected gaudi2 or gaudi3")
+    if target not in TARGETS:
+        raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
     doc = analyze_spec(load_spec(model_file, axis), target, train)
     render.emit_json(doc) if json else print_analysis(doc)

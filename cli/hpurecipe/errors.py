@@ -9,6 +9,7 @@ from typing import Callable
 import typer
 from rich.markup import escape
 
+from hpu_backend.aot.bundles import BundleError
 from hpu_backend.buckets import BucketError
 from hpu_backend.modelfile import ModelFileError, one_line
 from hpu_backend.package import PackageError
@@ -34,6 +35,7 @@ class UsageError(CliError):
 # Most specific first: ConfigError is a CacheError, SettingsError and BucketError are ValueErrors.
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (PackageError, 1), (CacheError, 1),
+    (BundleError, 1),
 ]
 
 

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
+from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, write_bundle
 from hpu_backend.aot.manifests import manifest_path, read_manifests, write_manifest
 
 from . import render
-from .bundle import check_toolchain, read_bundle, write_bundle
 from .caches import open_cache
 from .errors import CliError
 from .options import CacheDir, Json, Model
@@ -28,20 +28,22 @@ def export(bundle: BundlePath, cache_dir: CacheDir = None, model: Model = None, 
         raise CliError(f"no entries{f' for model {model}' if model else ''} to export")
     manifests = {manifest_path(cache.path, d["model"], d["mode"]).name: d for d in read_manifests(cache.path)
                  if model is None or d["model"] == model}
-    info = write_bundle(bundle, cache, keys, manifests)
+    key = bundle_key()
+    info = write_bundle(bundle, cache, keys, manifests, key)
     size = bundle.stat().st_size
     if json:
         return render.emit_json({"bundle": str(bundle), "entries": len(info["entries"]),
-                                 "manifests": info["manifests"], "bytes": size})
-    render.note("Exported {} and {} ({}) to {}.", render.plural(len(info["entries"]), "entry"),
-                render.plural(len(manifests), "manifest"), render.size(size), bundle)
+                                 "manifests": info["manifests"], "bytes": size, "signed": key is not None})
+    render.note("Exported {} and {} ({}) to {}{}.", render.plural(len(info["entries"]), "entry"),
+                render.plural(len(manifests), "manifest"), render.size(size), bundle,
+                ", signed" if key is not None else "")
 
 
 def import_(bundle: BundlePath, cache_dir: CacheDir = None,
             force: Annotated[bool, typer.Option("--force", help="Import a bundle from another toolchain.")] = False,
             json: Json = False) -> None:
     """Check every entry of a bundle, then add them to the cache (entries already there are kept)."""
-    found = read_bundle(bundle)
+    found = read_bundle(bundle, bundle_key())
     differ = check_toolchain(found, force)
     cache = open_cache(cache_dir, create=True)
     added = 0
@@ -56,7 +58,7 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
     if json:
         return render.emit_json({"entries": len(found.entries), "imported": added,
                                  "present": len(found.entries) - added, "manifests": len(found.manifests),
-                                 "toolchain_differs": differ})
+                                 "toolchain_differs": differ, "signature_checked": found.signed})
     render.note("Imported {} ({} already there) and {} into {}.", render.plural(added, "entry"),
                 len(found.entries) - added, render.plural(len(found.manifests), "manifest"), cache.path)
     if differ:

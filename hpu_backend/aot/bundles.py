@@ -1,15 +1,23 @@
 """Bundles: one tar file of cache entries (their own checksummed format), manifests and the toolchain.
 
 Layout: ``bundle.json`` (format, toolchain, entry list), ``entries/<key>.rcp`` (each entry exactly
-as the cache encodes it: header, payload, checksum) and ``manifests/<name>.json``. Reading never
-extracts to disk, accepts only those names and regular files, and checks every entry's checksum
-and that its payload is a recipe before anything is imported. No pickle anywhere.
+as the cache encodes it: header, payload, checksum), ``manifests/<name>.json`` and, when signed,
+``bundle.sig``. Reading never extracts to disk, accepts only those names and regular files within
+size limits checked from their headers, and checks every entry's checksum and that its payload is a
+recipe before anything is imported. No pickle anywhere.
+
+Signing (optional): with a key (``HPURECIPE_BUNDLE_KEY``), ``bundle.sig`` holds an HMAC-SHA256 over
+every other member's name and SHA-256; a reader given a key accepts only a bundle whose signature
+matches it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
+import os
 import re
 import tarfile
 import time
@@ -18,13 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpu_backend.keyparts import toolchain
-from hpu_backend.modelfile import one_line
-from hpu_backend.program import parse_payload
-from hpu_backend.recipe import RecipeFormatError
 from recipecache import CorruptEntry, Entry, RecipeCache, decode_entry, encode_entry
 
-from .errors import CliError
+from ..keyparts import toolchain
+from ..modelfile import one_line
+from ..program import parse_payload
+from ..recipe import RecipeFormatError
 
 BUNDLE_FORMAT = "hpurecipe-bundle"
 BUNDLE_VERSION = 1
@@ -32,10 +39,18 @@ _ENTRY = re.compile(r"entries/([0-9A-Za-z_-]{1,128})\.rcp")
 _MANIFEST = re.compile(r"manifests/([0-9A-Za-z_.-]{1,200}\.json)")
 MAX_MEMBER = 64 * 1024**2  # one entry or manifest (a recipe is KBs to a few MB)
 MAX_BUNDLE = 4 * 1024**3  # all members together
+KEY_ENV = "HPURECIPE_BUNDLE_KEY"
+SIGNATURE = "bundle.sig"
 
 
-class BundleError(CliError):
-    """A bundle that is not ours, is damaged, or comes from another toolchain."""
+def bundle_key(environ=None) -> bytes | None:
+    """The signing key from the environment, or None."""
+    value = (os.environ if environ is None else environ).get(KEY_ENV, "")
+    return value.encode() if value else None
+
+
+class BundleError(ValueError):
+    """A bundle that is not ours, is damaged, unsigned or signed with another key, or from another toolchain."""
 
 
 @dataclass
@@ -43,10 +58,13 @@ class Bundle:
     info: dict[str, Any]
     entries: list[Entry] = field(default_factory=list)
     manifests: dict[str, dict] = field(default_factory=dict)
+    signed: bool = False  # its signature was checked against a key
 
 
-def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dict[str, dict]) -> dict[str, Any]:
-    """Write the entries under ``keys`` (read without counting hits) and ``manifests`` to a tar file."""
+def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dict[str, dict],
+                 key: bytes | None = None) -> dict[str, Any]:
+    """Write the entries under ``keys`` (read without counting hits) and ``manifests`` to a tar file,
+    signed with ``key`` if given."""
     entries = [e for e in (cache.peek(k) for k in keys) if e is not None]
     info = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "toolchain": toolchain(), "created": time.time(),
             "entries": [{"key": e.key, "model": e.meta.get("model", ""), "graph": e.meta.get("graph", "")}
@@ -55,12 +73,15 @@ def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dic
         raise BundleError(f"cannot write {path}: there is no directory {path.parent}")
     tmp = path.with_name(f".{path.name}.tmp")
     try:
+        members = {"bundle.json": json.dumps(info, indent=1, sort_keys=True).encode()}
+        members.update({f"entries/{e.key}.rcp": encode_entry(e.key, e.payload, e.meta, e.created) for e in entries})
+        members.update({f"manifests/{name}": json.dumps(doc, indent=1, sort_keys=True).encode()
+                        for name, doc in sorted(manifests.items())})
+        if key is not None:
+            members[SIGNATURE] = _signature(key, {n: hashlib.sha256(d).digest() for n, d in members.items()})
         with tarfile.open(tmp, "w") as tar:
-            _add(tar, "bundle.json", json.dumps(info, indent=1, sort_keys=True).encode())
-            for e in entries:
-                _add(tar, f"entries/{e.key}.rcp", encode_entry(e.key, e.payload, e.meta, e.created))
-            for name, doc in sorted(manifests.items()):
-                _add(tar, f"manifests/{name}", json.dumps(doc, indent=1, sort_keys=True).encode())
+            for name, data in members.items():
+                _add(tar, name, data)
         tmp.replace(path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -74,8 +95,16 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(member, io.BytesIO(data))
 
 
-def read_bundle(path: Path) -> Bundle:
-    """Read and check a whole bundle (BundleError on anything unexpected); nothing touches the disk."""
+def _signature(key: bytes, digests: dict[str, bytes]) -> bytes:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for name in sorted(digests):
+        mac.update(name.encode() + b"\0" + digests[name])
+    return mac.hexdigest().encode()
+
+
+def read_bundle(path: Path, key: bytes | None = None) -> Bundle:
+    """Read and check a whole bundle (BundleError on anything unexpected); nothing touches the disk.
+    With ``key``, the bundle must be signed with it."""
     try:
         tar = tarfile.open(path, "r:*")
     except OSError as e:
@@ -86,15 +115,29 @@ def read_bundle(path: Path) -> Bundle:
         files = _members(path, tar)
         if "bundle.json" not in files:
             raise BundleError(f"{path}: not an hpurecipe bundle (no bundle.json)")
-        bundle = Bundle(_info(path, _read(tar, files["bundle.json"])))
-        for name, member in files.items():
-            if (m := _ENTRY.fullmatch(name)) is not None:
-                bundle.entries.append(_entry(path, m.group(1), _read(tar, member)))
-            elif (m := _MANIFEST.fullmatch(name)) is not None:
-                bundle.manifests[m.group(1)] = _json(path, name, _read(tar, member))
-            elif name != "bundle.json":
-                raise BundleError(f"{path}: unexpected member {name!r}")
+        data = {name: _read(tar, member) for name, member in files.items()}
+    _check_signature(path, data, key)
+    bundle = Bundle(_info(path, data["bundle.json"]), signed=key is not None)
+    for name, content in data.items():
+        if (m := _ENTRY.fullmatch(name)) is not None:
+            bundle.entries.append(_entry(path, m.group(1), content))
+        elif (m := _MANIFEST.fullmatch(name)) is not None:
+            bundle.manifests[m.group(1)] = _json(path, name, content)
+        elif name not in ("bundle.json", SIGNATURE):
+            raise BundleError(f"{path}: unexpected member {name!r}")
     return bundle
+
+
+def _check_signature(path: Path, data: dict[str, bytes], key: bytes | None) -> None:
+    if key is None:
+        return
+    if SIGNATURE not in data:
+        raise BundleError(f"{path}: the bundle is not signed, and {KEY_ENV} is set: only signed bundles are "
+                          "imported (export it again with the key set)")
+    digests = {n: hashlib.sha256(d).digest() for n, d in data.items() if n != SIGNATURE}
+    if not hmac.compare_digest(_signature(key, digests), data[SIGNATURE].strip()):
+        raise BundleError(f"{path}: the signature does not match: the bundle was changed after signing, or "
+                          f"signed with another key than {KEY_ENV}")
 
 
 def _members(path: Path, tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
