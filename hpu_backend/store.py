@@ -118,10 +118,14 @@ def _open_disk(config: CacheConfig | None) -> RecipeCache | None:
     if config is None:
         return None
     try:
-        cache = RecipeCache(config)
+        cache = RecipeCache(config, cost_of=_compile_time)
     except CacheError as e:
         log.warning("hpu_backend: recipe disk cache off, compiling without it: %s", e)
         return None
     return cache if cache.enabled else None
 
 
+def _compile_time(meta: dict) -> float:
+    """What a hit on this entry saves: the lowering time recorded with it (counted in the cache's stats)."""
+    value = meta.get("compile_time_s", 0.0)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0

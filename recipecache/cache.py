@@ -21,7 +21,7 @@ from .eviction import TRIM_RATIO, Candidate, EvictionLog, log_removal, plan_trim
 from .ledger import Ledger, LedgerFile
 from .locks import DirLock
 from .memory import MemoryTier
-from .stats import StatsStore
+from .stats import COUNTERS, StatsStore
 from .writer import BackgroundWriter
 
 logger = logging.getLogger("recipecache")
@@ -40,8 +40,16 @@ class RecipeCache:
     """A size-bounded recipe store shared by the processes using one directory; get/put never raise for disk
     trouble (CacheError only for a directory others can write, and from the admin calls evict/remove/clear)."""
 
-    def __init__(self, config: CacheConfig | None = None, clock=time.time):
+    def __new__(cls, config: CacheConfig | None = None, *args, **kwargs):
+        """A limit of 0 gives a DisabledCache: the same calls, none of which stores or finds anything."""
+        config = CacheConfig.from_env() if config is None else config
+        return super().__new__(DisabledCache if cls is RecipeCache and config.limit_bytes == 0 else cls)
+
+    def __init__(self, config: CacheConfig | None = None, clock=time.time,
+                 cost_of: Callable[[dict], float] | None = None):
+        """``cost_of(meta)``: the seconds an entry took to make (counted as saved on each disk hit)."""
         self.config = CacheConfig.from_env() if config is None else config
+        self._cost_of = cost_of
         self.path = self.config.resolved_path()
         self._clock = clock
         self._limit = self.config.limit_bytes
@@ -56,14 +64,13 @@ class RecipeCache:
         self._evictions = EvictionLog(self.path / "evictions.log", self._limit)
         self._stats = StatsStore(self.path, self.config.lock_timeout_s)
         self._writer = BackgroundWriter("recipecache-writer", on_idle=self._flush_stats)
-        if self._limit != 0:
-            self._open()
-            atexit.register(_flush_at_exit, weakref.ref(self))
+        self._open()
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     @property
     def enabled(self) -> bool:
-        """False when the limit is 0 or the disk tier degraded to memory only."""
-        return self._limit != 0 and self._degraded is None
+        """False when the disk tier degraded to memory only (or the cache is disabled)."""
+        return self._degraded is None
 
     # -- opening ----------------------------------------------------------------------------------------
 
@@ -105,8 +112,6 @@ class RecipeCache:
 
     def get_entry(self, key: str) -> Entry | None:
         validate_key(key)
-        if self._limit == 0:
-            return None
         entry = self._from_memory(key)
         if entry is None:
             entry = self._load(key)
@@ -145,7 +150,7 @@ class RecipeCache:
         now = self._clock()
         touched = self._touch(key, now) if now - result.mtime >= TOUCH_INTERVAL_S else result.mtime
         self._memory.put(entry, touched)
-        self._stats.hit(key, disk_hits=1, compile_time_saved_s=_compile_time(entry.meta))
+        self._stats.hit(key, disk_hits=1, compile_time_saved_s=self._saved(entry.meta))
         return entry
 
     def _decode(self, key: str, result) -> Entry | None:
@@ -175,8 +180,6 @@ class RecipeCache:
     def peek(self, key: str) -> Entry | None:
         """The entry under key as stored on disk, or None; counts no hit and keeps its recency (for inspection)."""
         validate_key(key)
-        if self._limit == 0:
-            return None
         try:
             result = self._disk.read(key)
         except OSError:
@@ -189,8 +192,6 @@ class RecipeCache:
 
     def contains(self, key: str) -> bool:
         validate_key(key)
-        if self._limit == 0:
-            return False
         with self._mutex:
             if key in self._pending:
                 return True
@@ -204,8 +205,6 @@ class RecipeCache:
         meta = validate_meta(meta)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
-        if self._limit == 0:
-            return
         entry = Entry(key, bytes(payload), meta, self._clock())
         if key not in self._memory:
             self._memory.put(entry, entry.created)
@@ -343,7 +342,7 @@ class RecipeCache:
             pending = self._pending.get(key)
             if pending is not None and pending.payload == payload:
                 del self._pending[key]
-        if self._limit == 0 or self._degraded is not None:
+        if self._degraded is not None:
             return
         self._stats.add(corrupt=1)
         self._writer.submit(partial(self._disk_job, partial(self._quarantine_if_same, key, bytes(payload))))
@@ -400,8 +399,6 @@ class RecipeCache:
 
     def entries(self) -> list[EntryInfo]:
         """Every readable entry (headers only), with per-entry hit counts; sorted by key."""
-        if self._limit == 0:
-            return []
         hits = self._stats.key_hits()
         infos = [info for info, ok in self._infos(self._disk.scan(), headers=True) if ok]
         return sorted((_with_hits(info, hits.get(info.key, 0)) for info in infos), key=lambda i: i.key)
@@ -409,8 +406,6 @@ class RecipeCache:
     def evict(self, older_than_s=None, max_bytes=None, keys=None, predicate=None,
               dry_run: bool = False) -> list[EntryInfo]:
         """Plan (and unless dry_run, remove) entries matching all filters; no filter means trim to the limit."""
-        if self._limit == 0:
-            return []
         if keys is not None:
             keys = [validate_key(k) for k in keys]
         if (older_than_s, max_bytes, keys, predicate) == (None, None, None, None):
@@ -430,8 +425,6 @@ class RecipeCache:
         """Remove one entry from memory and disk; True if it was anywhere."""
         validate_key(key)
         in_memory = self._memory.pop(key)
-        if self._limit == 0:
-            return in_memory
         with self._admin():
             path = self._disk.entry_path(key)
             on_disk = path.exists()
@@ -445,8 +438,6 @@ class RecipeCache:
     def clear(self) -> None:
         """Remove every entry (memory and disk); stats are kept (see reset_stats)."""
         self._memory.clear()
-        if self._limit == 0:
-            return
         with self._admin():
             self._clear_locked("clear")
             self._stats.clear_hits()
@@ -463,8 +454,6 @@ class RecipeCache:
         """(key or file name, reason) for every bad file; fix moves them to the quarantine folder.
 
         ``check(payload)`` may name what is wrong with an intact entry's payload (each file is read once)."""
-        if self._limit == 0:
-            return []
         self._writer.drain()
         bad = [(item.path, item.key, reason) for item in self._disk.scan()
                if (reason := self._check(item, check)) is not None]
@@ -497,8 +486,6 @@ class RecipeCache:
         return self._ledger_now().total
 
     def _ledger_now(self) -> Ledger:
-        if self._limit == 0:
-            return Ledger(0, 0, 0.0)
         ledger = self._ledger.read()
         if ledger is None:
             items = self._disk.scan()
@@ -513,17 +500,21 @@ class RecipeCache:
                 "enabled": self.enabled, "memory_entries": len(self._memory)}
 
     def reset_stats(self) -> None:
-        if self._limit == 0:
-            return
         try:
             self._stats.reset()
         except OSError as exc:
             raise CacheError(f"recipe cache at {self.path}: cannot reset stats: {exc}") from exc
 
     def _flush_stats(self) -> None:
-        if self._limit == 0 or self._degraded is not None or not self._stats.dirty:
+        if self._degraded is not None or not self._stats.dirty:
             return
         self._disk_job(self._stats.flush)
+
+    def _saved(self, meta: dict) -> float:
+        try:
+            return float(self._cost_of(meta)) if self._cost_of is not None else 0.0
+        except (TypeError, ValueError):
+            return 0.0
 
     def _schedule_stats(self) -> None:
         # Reads only count in memory; hand a flush to the writer now and then so other processes see them.
@@ -532,9 +523,64 @@ class RecipeCache:
             self._writer.submit(self._flush_stats)
 
 
-def _compile_time(meta: dict) -> float:
-    value = meta.get("compile_time_s", 0.0)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+class DisabledCache(RecipeCache):
+    """The cache with a limit of 0 (``<path>,<delete_on_start>,0``): nothing is stored or found, no
+    directory is touched; every call keeps its signature, validation and return type."""
+
+    def __init__(self, config: CacheConfig | None = None, clock=time.time, cost_of=None):
+        self.config = CacheConfig.from_env() if config is None else config
+        self.path = self.config.resolved_path()
+        self._limit = 0
+
+    enabled = False
+
+    def get_entry(self, key: str) -> Entry | None:
+        validate_key(key)
+        return None
+
+    def peek(self, key: str) -> Entry | None:
+        validate_key(key)
+        return None
+
+    def contains(self, key: str) -> bool:
+        validate_key(key)
+        return False
+
+    def put(self, key: str, payload: bytes, meta: dict | None = None, *, wait: bool = False) -> None:
+        validate_key(key)
+        validate_meta(meta)
+
+    def quarantine(self, key: str, payload: bytes) -> None:
+        validate_key(key)
+
+    def flush(self) -> None:
+        pass
+
+    def entries(self) -> list[EntryInfo]:
+        return []
+
+    def evict(self, *args, **kwargs) -> list[EntryInfo]:
+        return []
+
+    def remove(self, key: str) -> bool:
+        validate_key(key)
+        return False
+
+    def clear(self) -> None:
+        pass
+
+    def verify(self, fix: bool = False, check=None) -> list[tuple[str, str]]:
+        return []
+
+    def total_bytes(self) -> int:
+        return 0
+
+    def stats(self) -> dict:
+        return {**dict.fromkeys(COUNTERS, 0), "entries": 0, "total_bytes": 0, "metadata_bytes": 0, "limit_bytes": 0,
+                "path": str(self.path), "enabled": False, "memory_entries": 0}
+
+    def reset_stats(self) -> None:
+        pass
 
 
 def _with_hits(info: EntryInfo, hits: int) -> EntryInfo:

@@ -81,8 +81,9 @@ def test_invalid_keys_are_value_errors(tmp_path, key):
 
 
 def test_stats_persist_across_instances_and_reset(tmp_path):
-    cache = make(tmp_path, memory_entries=0)
-    cache.put("aa", b"x" * 10, {"compile_time_s": 2.5}, wait=True)
+    cache = RecipeCache(CacheConfig(path=tmp_path / "cache", fsync=False, memory_entries=0), clock=Clock(),
+                        cost_of=lambda meta: meta["cost"])  # the caller's meta says what a hit saves
+    cache.put("aa", b"x" * 10, {"cost": 2.5}, wait=True)
     cache.get("aa")
     cache.get("bb")
     cache.flush()
@@ -122,7 +123,10 @@ def test_limit_zero_disables_everything(tmp_path):
     cache = make(tmp_path, max_size_mb=0)
     cache.put("aa", b"x", wait=True)
     assert (cache.enabled, cache.get("aa"), cache.contains("aa")) == (False, None, False)
-    assert not (tmp_path / "cache").exists()
+    assert (cache.entries(), cache.evict(), cache.verify(), cache.stats()["entries"]) == ([], [], [], 0)
+    assert isinstance(cache, RecipeCache) and not (tmp_path / "cache").exists()
+    with pytest.raises(ValueError):
+        cache.put("../bad key", b"x")  # validated all the same
 
 
 def test_unbounded_never_evicts(tmp_path):
