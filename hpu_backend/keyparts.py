@@ -6,6 +6,7 @@ module and never import torch; ``keys.py`` computes the parts from graphs.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import sys
 from typing import Any
@@ -30,6 +31,12 @@ def torch_version() -> str:
 def toolchain() -> dict[str, Any]:
     """What produced a recipe: a recipe built by another toolchain is never used."""
     return {"torch": torch_version(), "hpu_backend": __version__, "recipe_format": FORMAT_VERSION}
+
+
+def toolchain_id() -> str:
+    """A short name for this toolchain (the fleet tier's namespace: two torch versions never share one)."""
+    text = ",".join(f"{k}={v}" for k, v in sorted(toolchain().items()))
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
 def differing(parts_a: dict[str, str], parts_b: dict[str, str]) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, TypeVar
 
 from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache
 
+from .keyparts import toolchain_id
 from .keys import ProgramKey
 from .program import Program
 from .recipe import Recipe, RecipeFormatError
@@ -98,7 +99,8 @@ def cache_config(settings: Settings) -> CacheConfig:
 def store_for(settings: Settings) -> RecipeStore:
     """The process-wide store for these settings' cache configuration (opened once)."""
     config = cache_config(settings) if settings.cache else None
-    ident = None if config is None else (str(config.resolved_path()), config.max_size_mb, config.policy)
+    ident = None if config is None else (str(config.resolved_path()), config.max_size_mb, config.policy,
+                                         config.remote)
     with _stores_lock:
         if ident not in _stores:
             _stores[ident] = RecipeStore(_open_disk(config))
@@ -118,7 +120,7 @@ def _open_disk(config: CacheConfig | None) -> RecipeCache | None:
     if config is None:
         return None
     try:
-        cache = RecipeCache(config, cost_of=_compile_time)
+        cache = RecipeCache(config, cost_of=_compile_time, remote_namespace=toolchain_id())
     except CacheError as e:
         log.warning("hpu_backend: recipe disk cache off, compiling without it: %s", e)
         return None

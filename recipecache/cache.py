@@ -21,6 +21,7 @@ from .eviction import TRIM_RATIO, Candidate, EvictionLog, log_removal, plan_trim
 from .ledger import Ledger, LedgerFile
 from .locks import DirLock
 from .memory import MemoryTier
+from .remote import RemoteTier
 from .stats import COUNTERS, StatsStore
 from .writer import BackgroundWriter
 
@@ -46,10 +47,13 @@ class RecipeCache:
         return super().__new__(DisabledCache if cls is RecipeCache and config.limit_bytes == 0 else cls)
 
     def __init__(self, config: CacheConfig | None = None, clock=time.time,
-                 cost_of: Callable[[dict], float] | None = None):
-        """``cost_of(meta)``: the seconds an entry took to make (counted as saved on each disk hit)."""
+                 cost_of: Callable[[dict], float] | None = None, remote_namespace: str = ""):
+        """``cost_of(meta)``: the seconds an entry took to make (counted as saved on each disk hit).
+        ``remote_namespace``: a prefix for this caller's entries in the remote tier (e.g. a toolchain)."""
         self.config = CacheConfig.from_env() if config is None else config
         self._cost_of = cost_of
+        self._remote = (RemoteTier(self.config.remote, self.config.remote_ttl_s, remote_namespace)
+                        if self.config.remote else None)
         self.path = self.config.resolved_path()
         self._clock = clock
         self._limit = self.config.limit_bytes
@@ -114,10 +118,31 @@ class RecipeCache:
         validate_key(key)
         entry = self._from_memory(key)
         if entry is None:
-            entry = self._load(key)
+            entry = self._load(key) or self._from_remote(key)
             if entry is None:
                 self._stats.add(misses=1)
         self._schedule_stats()
+        return entry
+
+    def _from_remote(self, key: str) -> Entry | None:
+        """The entry from the fleet tier, written back to the local disk in the background; a corrupt
+        remote entry is a miss and is deleted there."""
+        data = self._remote.get(key) if self._remote is not None else None
+        if data is None:
+            return None
+        try:
+            entry = decode_entry(data)
+            if entry.key != key:
+                raise CorruptEntry(f"foreign entry: header key {entry.key!r}")
+        except (CorruptEntry, VersionMismatch) as exc:
+            logger.warning("recipe cache: deleting unusable remote entry %s: %s", key, exc)
+            self._stats.add(corrupt=1)
+            self._remote.delete(key)
+            return None
+        self._memory.put(entry, self._clock())
+        if self._degraded is None:
+            self._enqueue(entry, push=False)
+        self._stats.hit(key, remote_hits=1, compile_time_saved_s=self._saved(entry.meta))
         return entry
 
     def _from_memory(self, key: str) -> Entry | None:
@@ -211,12 +236,12 @@ class RecipeCache:
         if self._degraded is None and self._enqueue(entry) and wait:
             self._writer.drain()
 
-    def _enqueue(self, entry: Entry) -> bool:
+    def _enqueue(self, entry: Entry, push: bool = True) -> bool:
         with self._mutex:
             if entry.key in self._pending:
                 return False
             self._pending[entry.key] = entry
-        self._writer.submit(partial(self._write_job, entry))
+        self._writer.submit(partial(self._write_job, entry, push and self._remote is not None))
         return True
 
     def flush(self) -> None:
@@ -224,12 +249,14 @@ class RecipeCache:
         self._writer.drain()
         self._flush_stats()
 
-    def _write_job(self, entry: Entry) -> None:
+    def _write_job(self, entry: Entry, push: bool = False) -> None:
         try:
             self._disk_job(partial(self._store, entry))
         finally:
             with self._mutex:
                 self._pending.pop(entry.key, None)
+        if push:  # local first, then the fleet
+            self._remote.put(entry.key, encode_entry(entry.key, entry.payload, entry.meta, entry.created))
 
     def _store(self, entry: Entry) -> None:
         if self._degraded is not None or self._disk.exists(entry.key):
@@ -481,6 +508,43 @@ class RecipeCache:
 
     # -- numbers ----------------------------------------------------------------------------------------
 
+    # -- the fleet tier ---------------------------------------------------------------------------------------
+
+    @property
+    def remote(self) -> RemoteTier | None:
+        return self._remote
+
+    def push(self, keys: list[str] | None = None) -> int:
+        """Copy local entries (all, or these keys) to the fleet tier as they are on disk; how many went.
+        ConnectionError if the server cannot be reached."""
+        if self._remote is None:
+            raise CacheError("no remote cache configured (HPU_RECIPE_CACHE_REMOTE or --remote)")
+        self._writer.drain()
+        wanted = None if keys is None else set(keys)
+        sent = 0
+        for item in self._disk.scan():
+            if wanted is not None and item.key not in wanted:
+                continue
+            result = read_file(item.path, self._disk.allow_shared)
+            if result is None or result.problem:
+                continue
+            try:
+                decode_entry(result.data)
+            except (CorruptEntry, VersionMismatch):
+                continue  # never spread a damaged entry
+            if not self._remote.put(item.key, result.data):
+                raise ConnectionError(f"remote cache {self._remote.url} is unavailable")
+            sent += 1
+        return sent
+
+    def pull(self, keys: list[str]) -> int:
+        """Fetch the entries under keys that this host lacks from the fleet tier; how many arrived."""
+        if self._remote is None:
+            raise CacheError("no remote cache configured (HPU_RECIPE_CACHE_REMOTE or --remote)")
+        got = sum(1 for k in keys if not self.contains(k) and self._from_remote(k) is not None)
+        self.flush()
+        return got
+
     def total_bytes(self) -> int:
         """Bytes on disk as the shared ledger records them (a scan if there is no ledger)."""
         return self._ledger_now().total
@@ -571,6 +635,13 @@ class DisabledCache(RecipeCache):
 
     def verify(self, fix: bool = False, check=None) -> list[tuple[str, str]]:
         return []
+
+    remote = None
+
+    def push(self, keys=None) -> int:
+        raise CacheError("the recipe cache is disabled (max_size_mb 0)")
+
+    pull = push
 
     def total_bytes(self) -> int:
         return 0

@@ -11,6 +11,9 @@ from .errors import ConfigError
 
 ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
 POLICY_ENV = "HPU_RECIPE_CACHE_POLICY"  # eviction order: "created" (Gaudi's, the default) or "lru"
+REMOTE_ENV = "HPU_RECIPE_CACHE_REMOTE"  # the fleet tier: redis://[:password@]host:port/db
+REMOTE_TTL_ENV = "HPU_RECIPE_CACHE_REMOTE_TTL"  # seconds an entry lives in the fleet tier
+DEFAULT_REMOTE_TTL_S = 7 * 86400
 RECORD = "config.json"  # in the cache directory: the limit and policy it was last opened with
 EXPECTED_FORM = "<path>,<delete_on_start true|false>,<max_size_mb>, e.g. /tmp/recipes,false,1024"
 POLICIES = ("lru", "created")
@@ -39,6 +42,9 @@ class CacheConfig:
     # Additions: fsync before publishing (off only for throwaway caches) and the lock wait bound.
     fsync: bool = True
     lock_timeout_s: float = 30.0
+    # The fleet tier behind the disk ("" means $HPU_RECIPE_CACHE_REMOTE, if set; "none" turns it off).
+    remote: str = ""
+    remote_ttl_s: float = 0.0  # 0 means $HPU_RECIPE_CACHE_REMOTE_TTL, else 7 days
 
     def __post_init__(self):
         path = default_cache_dir() if self.path in (None, "") else Path(self.path).expanduser()
@@ -51,6 +57,12 @@ class CacheConfig:
             object.__setattr__(self, "policy", os.environ.get(POLICY_ENV, "").strip().lower() or "created")
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {POLICIES} ({POLICY_ENV}), got {self.policy!r}")
+        remote = self.remote or os.environ.get(REMOTE_ENV, "").strip()
+        object.__setattr__(self, "remote", "" if remote == "none" else remote)
+        if self.remote and not self.remote.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"remote cache {self.remote!r} ({REMOTE_ENV}): expected redis://host:port/db")
+        if not self.remote_ttl_s:
+            object.__setattr__(self, "remote_ttl_s", _env_seconds(REMOTE_TTL_ENV, DEFAULT_REMOTE_TTL_S))
         if self.memory_entries < 0:
             raise ConfigError(f"memory_entries must be >= 0, got {self.memory_entries}")
 
@@ -86,6 +98,17 @@ class CacheConfig:
         if not rank.isdigit():
             raise ConfigError(f"RANK/LOCAL_RANK must be a non-negative integer for per_rank, got {rank!r}")
         return Path(self.path) / f"rank{int(rank)}"
+
+
+def _env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        seconds = -1
+    if seconds <= 0:
+        raise ConfigError(f"{name}={value!r}: expected a number of seconds > 0")
+    return seconds
 
 
 def _parse_bool(value: str, field: str) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .locks import DirLock, write_atomic
 
-COUNTERS = ("hits", "disk_hits", "misses", "corrupt", "evictions", "bytes_written", "bytes_evicted",
+COUNTERS = ("hits", "disk_hits", "remote_hits", "misses", "corrupt", "evictions", "bytes_written", "bytes_evicted",
             "compile_time_saved_s")
 # Per-key hit counts go to an append-only log; compact it when it grows past this.
 _HITS_COMPACT_BYTES = 1024 * 1024
@@ -24,7 +24,8 @@ class StatsStore:
         self.file = root / "stats.json"
         self.hits_file = root / "hits.log"
         self._lock = DirLock(root / "stats.lock", lock_timeout_s)
-        self._mutex = threading.Lock()
+        self._mutex = threading.Lock()  # the pending counts (held briefly: hits take it)
+        self._flushing = threading.Lock()  # a flush in progress (readers wait, so nothing is counted twice or not at all)
         self._pending: Counter = Counter()
         self._pending_hits: Counter = Counter()
         self.last_flush = time.monotonic()
@@ -44,16 +45,17 @@ class StatsStore:
 
     def flush(self) -> None:
         """Merge pending counts into the files (OSError/CacheTimeout propagate; the counts are kept)."""
-        with self._mutex:
-            pending, hits = self._pending, self._pending_hits
-            self._pending, self._pending_hits = Counter(), Counter()
-        try:
-            self._merge(pending, hits)
-        except BaseException:
-            with self._mutex:  # put them back so a later flush can try again
-                self._pending.update(pending)
-                self._pending_hits.update(hits)
-            raise
+        with self._flushing:
+            with self._mutex:
+                pending, hits = self._pending, self._pending_hits
+                self._pending, self._pending_hits = Counter(), Counter()
+            try:
+                self._merge(pending, hits)
+            except BaseException:
+                with self._mutex:  # put them back so a later flush can try again
+                    self._pending.update(pending)
+                    self._pending_hits.update(hits)
+                raise
         self.last_flush = time.monotonic()
 
     def _merge(self, pending: Counter, hits: Counter) -> None:
@@ -79,16 +81,18 @@ class StatsStore:
 
     def counters(self) -> dict:
         """Persisted plus not-yet-flushed counters."""
-        totals = self._read_totals()
-        with self._mutex:
-            totals.update(self._pending)
+        with self._flushing:
+            totals = self._read_totals()
+            with self._mutex:
+                totals.update(self._pending)
         return {name: totals.get(name, 0) for name in COUNTERS}
 
     def key_hits(self) -> Counter:
         """Hits per key, persisted plus pending."""
-        counts = _read_hits(self.hits_file)
-        with self._mutex:
-            counts.update(self._pending_hits)
+        with self._flushing:
+            counts = _read_hits(self.hits_file)
+            with self._mutex:
+                counts.update(self._pending_hits)
         return counts
 
     def reset(self) -> None:

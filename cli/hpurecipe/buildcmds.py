@@ -92,8 +92,13 @@ def _enabled(config, command: str):
 
 
 def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
+    doc = manifest(report, spec)
+    if config.remote:  # the fleet tier gets the manifest too, so that other hosts can pull just these keys
+        from .shipcmds import push_manifest
+
+        push_manifest(config, doc)
     try:
-        path = write_manifest(config.resolved_path(), manifest(report, spec))
+        path = write_manifest(config.resolved_path(), doc)
     except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing
         path = None
         render.warn(f"cannot write the manifest ({e.strerror or e}); recipes that could be stored are in the "

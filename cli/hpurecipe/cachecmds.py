@@ -87,12 +87,21 @@ def show(key: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
 
 
 def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
-          "--zero", "-z", help="Zero the counters after printing them.")] = False, json: Json = False) -> None:
+          "--zero", "-z", help="Zero the counters after printing them.")] = False,
+          remote: Annotated[bool, typer.Option("--remote", help="Also count the fleet tier's entries and bytes "
+                                               "(HPU_RECIPE_CACHE_REMOTE).")] = False, json: Json = False) -> None:
     """Size and limit, entries, hits, misses, evictions, corrupt entries, compile time saved."""
     cache = open_cache(cache_dir, quiet=json)
     if cache is None:
         return render.emit_json({"entries": 0, "total_bytes": 0}) if json else None
     doc = cache.stats()
+    if remote:
+        if cache.remote is None:
+            raise CliError("no remote cache configured: set HPU_RECIPE_CACHE_REMOTE=redis://host:port/db")
+        try:
+            doc["remote"] = {"url": cache.remote.url, **cache.remote.stats()}
+        except ConnectionError as e:
+            raise CliError(str(e)) from None
     if zero:
         cache.reset_stats()
     if json:
@@ -107,7 +116,9 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
                 + (f", {100 * doc['hits'] / lookups:.0f}% of lookups" if lookups else ""),
         "misses": doc["misses"], "evictions": f"{doc['evictions']} ({render.size(doc['bytes_evicted'])})",
         "corrupt": doc["corrupt"], "written": render.size(doc["bytes_written"]),
-        "compile time saved": render.duration(doc["compile_time_saved_s"])})
+        "compile time saved": render.duration(doc["compile_time_saved_s"]),
+        **({"fleet tier": f"{doc['remote']['entries']} entries, {render.size(doc['remote']['bytes'])} at "
+                          f"{doc['remote']['url']}; {doc['remote_hits']} hits from it"} if remote else {})})
     if zero:
         render.note("Counters zeroed.")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpu_backend.keyparts import toolchain_id
 from recipecache import CacheConfig, EntryInfo, RecipeCache
 from recipecache.config import ENV_VAR, recorded
 
@@ -12,7 +13,7 @@ from .errors import CliError
 from .render import note
 
 
-def config_for(cache_dir: Path | None) -> CacheConfig:
+def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig:
     """The backend's cache configuration (PT_HPU_RECIPE_CACHE_CONFIG), at ``cache_dir`` if given.
 
     The size limit and eviction policy are PT_HPU_RECIPE_CACHE_CONFIG's when it names this directory,
@@ -22,8 +23,8 @@ def config_for(cache_dir: Path | None) -> CacheConfig:
     base = CacheConfig.from_env()
     path = Path(cache_dir or base.path).expanduser()
     if os.environ.get(ENV_VAR, "").strip() and path == Path(base.path):
-        return CacheConfig(path=path, max_size_mb=base.max_size_mb, policy=base.policy)
-    return CacheConfig(path=path, **(recorded(path) or {}))
+        return CacheConfig(path=path, max_size_mb=base.max_size_mb, policy=base.policy, remote=remote or "")
+    return CacheConfig(path=path, remote=remote or "", **(recorded(path) or {}))
 
 
 def config_string(config: CacheConfig) -> str:
@@ -32,16 +33,17 @@ def config_string(config: CacheConfig) -> str:
     return f"{config.path},false,{size}"
 
 
-def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = False) -> RecipeCache | None:
+def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = False,
+               remote: str | None = None) -> RecipeCache | None:
     """The cache at ``cache_dir``; None (after a friendly note) if it does not exist and ``create`` is False."""
-    config = config_for(cache_dir)
+    config = config_for(cache_dir, remote)
     if config.max_size_mb == 0:
         raise CliError("the recipe cache is disabled (max_size_mb 0 in PT_HPU_RECIPE_CACHE_CONFIG)")
     if not create and not Path(config.resolved_path()).is_dir():
         if not quiet:
             note("No recipe cache at {} yet. Fill it with: hpurecipe warm MODEL.py", config.resolved_path())
         return None
-    return RecipeCache(config)
+    return RecipeCache(config, remote_namespace=toolchain_id())
 
 
 def resolve_key(cache: RecipeCache | None, prefix: str, infos: list[EntryInfo] | None = None) -> str:

@@ -20,6 +20,7 @@ COMMANDS = [
     ("analyze", buildcmds.analyze), ("package", packagecmds.package), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
+    ("push", shipcmds.push), ("pull", shipcmds.pull),
 ]
 for _name, _fn in COMMANDS:
     app.command(_name)(mapped(_fn))

@@ -19,5 +19,7 @@ ModelFile = Annotated[str, typer.Argument(
 Axis = Annotated[Optional[list[str]], typer.Option(
     "--axis", "-a", help="Override an axis: NAME=V1,V2,... (repeatable).", show_default=False)]
 Train = Annotated[bool, typer.Option("--train", help="Warm training graphs (forward, loss, backward).")]
+Remote = Annotated[Optional[str], typer.Option(
+    "--remote", help="Fleet tier URL, redis://host:port/db (default: HPU_RECIPE_CACHE_REMOTE).", show_default=False)]
 Key = Annotated[str, typer.Argument(help="A recipe key, or a unique prefix of one (or a package file).",
                                     show_default=False)]

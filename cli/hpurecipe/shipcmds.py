@@ -1,7 +1,9 @@
-"""Commands that ship a cache between machines: export and import bundles."""
+"""Commands that ship a cache between machines: export and import bundles; push to and pull from the
+fleet tier (Redis)."""
 
 from __future__ import annotations
 
+import json as _json
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +15,7 @@ from hpu_backend.aot.manifests import manifest_path, read_manifests, write_manif
 from . import render
 from .caches import open_cache
 from .errors import CliError
-from .options import CacheDir, Json, Model
+from .options import Axis, CacheDir, Json, Model, ModelFile, Remote, Train
 
 BundlePath = Annotated[Path, typer.Argument(help="The bundle file (a tar).", show_default=False)]
 
@@ -63,3 +65,81 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
                 len(found.entries) - added, render.plural(len(found.manifests), "manifest"), cache.path)
     if differ:
         render.note("[yellow]warning:[/yellow] forced past a toolchain mismatch: {}", "; ".join(differ))
+
+
+def push(cache_dir: CacheDir = None, remote: Remote = None, model: Model = None, json: Json = False) -> None:
+    """Copy this host's entries (or one model's) and their manifests to the fleet tier, e.g. from CI
+    after hpurecipe warm."""
+    cache = open_cache(cache_dir, quiet=True, remote=remote)
+    if cache is None:
+        raise CliError("no recipe cache to push; fill it with: hpurecipe warm MODEL.py")
+    keys = None if model is None else [i.key for i in cache.entries() if i.meta.get("model") == model]
+    manifests = [d for d in read_manifests(cache.path) if model is None or d["model"] == model]
+    try:
+        sent = cache.push(keys)
+        for doc in manifests:
+            if not cache.remote.put_doc(_manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
+                raise ConnectionError(f"remote cache {cache.remote.url} is unavailable")
+    except ConnectionError as e:
+        raise CliError(f"{e}; nothing more was pushed") from None
+    if json:
+        return render.emit_json({"pushed": sent, "manifests": len(manifests), "remote": cache.remote.url})
+    render.note("Pushed {} and {} to {}.", render.plural(sent, "entry"), render.plural(len(manifests), "manifest"),
+                cache.remote.url)
+
+
+def pull(model_file: ModelFile, cache_dir: CacheDir = None, remote: Remote = None, axis: Axis = None,
+         train: Train = False, json: Json = False) -> None:
+    """Fetch from the fleet tier just the entries this model file's buckets need, as listed by the manifest
+    that push sent (without one, the buckets are compiled compile-only to learn their keys)."""
+    from .buildcmds import load_spec
+
+    spec = load_spec(model_file, axis)
+    cache = open_cache(cache_dir, create=True, remote=remote)
+    keys = _keys_from_manifest(cache, spec, train)
+    if keys is None:
+        from hpu_backend.aot.warm import plan
+
+        keys = sorted({k for p in plan(spec, train=train) for k in p.keys + p.programs})
+    got = cache.pull(keys)
+    missing = [k for k in keys if not cache.contains(k)]
+    if json:
+        render.emit_json({"needed": len(keys), "pulled": got, "missing": missing, "remote": cache.remote.url})
+    else:
+        render.note("Pulled {} of the {} entries {} needs from {}; {} missing.", got, len(keys), spec.name,
+                    cache.remote.url, len(missing))
+    if missing:
+        raise typer.Exit(1)
+
+
+def push_manifest(config, doc: dict) -> None:
+    """Send a manifest to the configured fleet tier (a warning if it is unavailable)."""
+    from hpu_backend.keyparts import toolchain_id
+    from recipecache.remote import RemoteTier
+
+    if not RemoteTier(config.remote, config.remote_ttl_s, toolchain_id()).put_doc(
+            _manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
+        render.warn(f"could not send the manifest to {config.remote}; hosts will compile to learn the keys")
+
+
+def _manifest_name(model: str, mode: str) -> str:
+    return manifest_path(Path("."), model, mode).name
+
+
+def _keys_from_manifest(cache, spec, train: bool) -> list[str] | None:
+    """The keys the pushed manifest lists for the spec's points, or None if it lacks one of them."""
+    from hpu_backend.keyparts import toolchain
+    from hpu_backend.modelfile import point_label
+    from recipecache.entry import KEY_RE
+
+    data = cache.remote.get_doc(_manifest_name(spec.name, "train" if train else "inference"))
+    try:
+        doc = _json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("toolchain") != toolchain() or not isinstance(doc.get("buckets"), dict):
+        return None
+    lists = [doc["buckets"].get(point_label(p)) for p in spec.points()]
+    if any(not isinstance(k, list) or not all(isinstance(x, str) and KEY_RE.fullmatch(x) for x in k) for k in lists):
+        return None
+    return sorted({k for keys in lists for k in keys})
