@@ -78,18 +78,20 @@ def test_host_b_compiles_nothing_after_host_a_warmed(tmp_path, server):
     assert _hpurecipe("stats", "-d", tmp_path / "host-b", env_extra=env)["remote_hits"] > 0
 
 
-def test_a_dead_server_costs_one_warning_and_a_bounded_wait(tmp_path, server, caplog):
-    url, proc, _ = server
+def test_a_server_killed_mid_run_costs_one_warning_and_a_bounded_wait(tmp_path, server, caplog):
+    url, proc, client = server
+    cache = _cache(tmp_path / "c", url)
+    cache.put("before", b"stored while the server was up", wait=True)
+    assert client.exists("hpu_recipes:before") == 1
     proc.kill()
     proc.wait(5)
-    cache = _cache(tmp_path / "c", url)
     start = time.perf_counter()
     with caplog.at_level(logging.WARNING, "recipecache"):
         for i in range(50):
             assert cache.get(f"k{i}") is None
-        cache.put("aa", b"local still works", wait=True)
+        cache.put("after", b"local still works", wait=True)
     assert time.perf_counter() - start < 2.0
-    assert cache.get("aa") == b"local still works"
+    assert cache.get("after") == b"local still works" and cache.get("before") == b"stored while the server was up"
     assert caplog.text.count("remote tier") == 1
 
 
@@ -162,3 +164,26 @@ def test_ci_warms_and_pushes_a_fresh_host_pulls_what_its_buckets_need(tmp_path, 
     client.delete(*client.keys("*:doc:*"))  # without the manifest, pull learns the keys by compiling
     again = _hpurecipe("pull", model, "-d", tmp_path / "host2", "--remote", url, env_extra=local_only)
     assert again["missing"] == [] and again["needed"] == pulled["needed"]
+
+
+def test_the_tier_is_retried_after_its_back_off_not_on_every_call(tmp_path, server):
+    from recipecache.remote import RETRY_AFTER_S, RemoteTier
+
+    url, proc, _ = server
+    now = [0.0]
+    tier = RemoteTier(url, ttl_s=60, clock=lambda: now[0])
+    assert tier.put("aa", b"x") and tier.get("aa") == b"x"
+    proc.kill()
+    proc.wait(5)
+    assert tier.get("aa") is None and not tier.available  # one failed call, then it stays off
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    again = subprocess.Popen([REDIS, "--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
+                             stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        assert tier.get("aa") is None  # still backing off: not even asked
+        now[0] += RETRY_AFTER_S + 1
+        assert tier.put("aa", b"y") and tier.get("aa") == b"y"
+    finally:
+        again.kill()
+        again.wait(5)
