@@ -159,7 +159,6 @@ def test_ci_warms_and_pushes_a_fresh_host_pulls_what_its_buckets_need(tmp_path, 
     assert stats["remote"]["entries"] == pushed and stats["remote"]["bytes"] > 0
     pulled = _hpurecipe("pull", model, "-d", tmp_path / "host", "--remote", url, env_extra=local_only)
     assert pulled["missing"] == [] and pulled["pulled"] == pulled["needed"] > 0
-    assert _hpurecipe("coverage", model, "-d", tmp_path / "host", env_extra=local_only)["uncovered"] == []
     assert _hpurecipe("warm", model, "-d", tmp_path / "host", env_extra=local_only)["compiled"] == 0
     client.delete(*client.keys("*:doc:*"))  # without the manifest, pull learns the keys by compiling
     again = _hpurecipe("pull", model, "-d", tmp_path / "host2", "--remote", url, env_extra=local_only)
