@@ -16,7 +16,7 @@ from . import startup
 from .config import CacheConfig, record
 from .disk import DiskStore, FileItem, discard, identity, read_file
 from .entry import Entry, EntryInfo, decode_entry, encode_entry, validate_key, validate_meta
-from .errors import CacheError, CacheTimeout, CorruptEntry, VersionMismatch
+from .errors import CacheError, CacheTimeout, ConfigError, CorruptEntry, VersionMismatch
 from .eviction import TRIM_RATIO, Candidate, EvictionLog, log_removal, plan_trim, select
 from .ledger import Ledger, LedgerFile
 from .locks import DirLock
@@ -52,8 +52,7 @@ class RecipeCache:
         ``remote_namespace``: a prefix for this caller's entries in the remote tier (e.g. a toolchain)."""
         self.config = CacheConfig.from_env() if config is None else config
         self._cost_of = cost_of
-        self._remote = (RemoteTier(self.config.remote, self.config.remote_ttl_s, remote_namespace)
-                        if self.config.remote else None)
+        self._remote = self._open_remote(remote_namespace) if self.config.remote else None
         self.path = self.config.resolved_path()
         self._clock = clock
         self._limit = self.config.limit_bytes
@@ -70,6 +69,13 @@ class RecipeCache:
         self._writer = BackgroundWriter("recipecache-writer", on_idle=self._flush_stats)
         self._open()
         atexit.register(_flush_at_exit, weakref.ref(self))
+
+    def _open_remote(self, namespace: str) -> RemoteTier | None:
+        try:
+            return RemoteTier(self.config.remote, self.config.remote_ttl_s, namespace)
+        except ConfigError as exc:  # e.g. no redis client: the local tiers still work
+            logger.warning("recipe cache: %s; continuing without the remote tier", exc)
+            return None
 
     @property
     def enabled(self) -> bool:

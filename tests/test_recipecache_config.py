@@ -94,3 +94,19 @@ def test_the_limit_is_recorded_in_the_directory_for_tools_that_open_it_later(tmp
     assert recorded(tmp_path / "c") == {"max_size_mb": 3, "policy": "lru"}
     (tmp_path / "c" / "config.json").write_text('{"max_size_mb": "huge"}')
     assert recorded(tmp_path / "c") is None  # a garbled record is ignored, not trusted
+
+
+def test_a_remote_tier_without_its_client_warns_and_keeps_the_local_tiers(tmp_path, monkeypatch, caplog):
+    import logging
+    import sys
+
+    from recipecache import RecipeCache
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
+    with caplog.at_level(logging.WARNING, "recipecache"):
+        cache = RecipeCache(CacheConfig(path=tmp_path / "c", fsync=False, remote="redis://127.0.0.1:1/0"))
+    assert "pip install 'hpu_backend[fleet]'" in caplog.text and cache.remote is None
+    cache.put("aa", b"x", wait=True)
+    assert cache.get("aa") == b"x"
+    with pytest.raises(ConfigError, match="redis://host:port/db"):
+        CacheConfig(path=tmp_path, remote="http://example.com")
