@@ -314,7 +314,7 @@ def test_cache_only_commands_do_not_import_torch(tmp_path, warmed):
 
 
 def test_analyze_finds_the_largest_batch_by_searching_the_memory_plan(tiny_file):
-    from hpurecipe.analysis import _peak_at, _same_graphs, _scaled_graphs
+    from hpu_backend.aot.analyze import _peak_at, _same_graphs, _scaled_graphs
 
     from hpu_backend.aot.warm import plan
     from hpu_backend.modelfile import load_model_file

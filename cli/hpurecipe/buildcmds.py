@@ -156,7 +156,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             json: Json = False) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. Reads and writes no cache."""
-    from .analysis import analyze_spec, print_analysis
+    from hpu_backend.aot.analyze import analyze_spec
+
+    from .analysis import print_analysis
 
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")

@@ -2,7 +2,8 @@
 return dataclasses (the CLI only parses arguments and renders what they return).
 
 ``warm.py`` (warm, prebuild, plan, and ``warmup`` for serving processes), ``package.py`` (torch.export →
-package), ``manifests.py`` (which entries serve which shape point; torch-free). Names load their
+package), ``analyze.py`` (per-bucket analysis, largest batch), ``manifests.py`` (which entries serve which
+shape point; torch-free), ``bundles.py`` (export/import files, optionally signed; torch-free). Names load their
 module on first use, so that reading manifests never imports torch.
 """
 
@@ -13,7 +14,8 @@ from typing import Any
 
 _EXPORTS = {"PackageReport": "package", "build_package": "package", "export_model": "package",
             "prebuild": "warm", "plan": "warm", "warmup": "warm", "WarmReport": "warm",
-            "read_manifests": "manifests", "write_manifest": "manifests", "manifest": "manifests"}
+            "read_manifests": "manifests", "write_manifest": "manifests", "manifest": "manifests",
+            "analyze_spec": "analyze"}
 
 __all__ = list(_EXPORTS)
 

@@ -1,0 +1,154 @@
+"""A model file's buckets analyzed (what ``hpurecipe analyze`` prints): per bucket fallbacks, graph breaks,
+recompilations, estimated time and HBM, and the largest batch that fits; a JSON-ready dict.
+
+It compiles each bucket (compile-only, no cache) and reads each recipe through
+``hpu_backend.analysis.GraphReport`` (the same reading as ``hpu_backend.analyze()``); graph breaks
+per bucket are the Dynamo graphs it ran beyond the first, recompilations the graphs a guard
+failure compiled, and the reasons come from ``torch._dynamo.explain`` at the first bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict
+from typing import Any
+
+
+from ..analysis import GraphReport
+from ..modelfile import ModelSpec
+from .warm import PointResult, plan
+
+
+
+def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
+    breaks = _graph_breaks(spec, train)
+    points = plan(spec, train=train, target=target)
+    rows = [_row(p) for p in points]
+    hbm = _hbm_bytes(target)
+    return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
+            "hbm_bytes": hbm, "graph_break_reasons": breaks, "buckets": rows,
+            "max_batch": _max_batch(spec, points, hbm, train, target)}
+
+
+def _row(p: PointResult) -> dict[str, Any]:
+    graphs = [GraphReport.from_recipe(r) for _, r, _ in getattr(p, "used", [])]
+    frames = {g.name.rsplit("_", 1)[0] for g in graphs}
+    new_frames = {g.ctx.name.rsplit("_", 1)[0] for g, r, _ in getattr(p, "used", [])
+                  if g.first_reason == "guard failure" and _is_first(g, r)}
+    return {"bucket": p.label, "point": p.point, "recipes": len(p.keys),
+            "fallbacks": sum(len(g.fallbacks) for g in graphs),
+            "fallback_ops": sorted({fb["op"] for g in graphs for fb in g.fallbacks}),
+            "graphs": [asdict(g) for g in graphs], "graph_breaks": max(len(frames) - 1, 0),
+            "recompilations": len(new_frames), "time_s": sum(g.est_time_s for g in graphs),
+            "peak_hbm_bytes": max((g.est_peak_bytes for g in graphs), default=0),
+            "fits_hbm": all(g.fits_hbm for g in graphs)}
+
+
+def _is_first(graph, recipe) -> bool:
+    """The recipe that made the graph compile (its first)."""
+    return next(iter(graph.recipes.values()), None) is recipe
+
+
+def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
+    """Dynamo's reasons for breaking the graph, at the first point (torch._dynamo.explain)."""
+    import torch._dynamo
+
+    model = spec.build_model().train(train)
+    inputs = spec.split(spec.inputs(spec.points()[0]))
+    with torch.no_grad():
+        out = torch._dynamo.explain(model)(*inputs)
+    torch._dynamo.reset()
+    return sorted({str(getattr(b, "reason", b)).splitlines()[0] for b in out.break_reasons})
+
+
+def _hbm_bytes(target: str) -> int:
+    from ..lowering.devices import device
+
+    return int(device(target).hbm_bytes)
+
+
+MAX_SEARCH_BATCH = 1 << 31
+
+
+def _max_batch(spec: ModelSpec, points: list[PointResult], hbm: int, train: bool, target: str
+               ) -> dict[str, Any] | None:
+    """The largest batch whose planned peak HBM fits ``hbm`` (other axes at their largest), found by
+    evaluating the graphs' memory plans at candidate batch sizes; ``batch`` None with the reason when
+    that cannot be done. Each graph's symbols are matched to the batch from two batch sizes of at least
+    2 (Dynamo specializes a size of 1): two of AXES, else two probes compiled here (compile-only)."""
+    if "batch" not in spec.axes:
+        return None
+    others = {a: max(v) for a, v in spec.axes.items() if a != "batch"}
+    pair = _same_graphs([p for p in points if all(p.point[a] == v for a, v in others.items())])
+    if pair is None:
+        b = max(2, *spec.axes["batch"])
+        pair = _same_graphs(plan(spec.with_axes({"batch": [b, b + 1], **{a: [v] for a, v in others.items()}}),
+                                 train=train, target=target))
+    if pair is None:
+        return {"batch": None, "at": others, "reason": "Dynamo compiled a separate graph for each batch size "
+                "tried; compile with dynamic shapes (COMPILE = {\"dynamic\": True, ...}) to let analyze search"}
+    p0, p1 = pair
+    b0, b1 = p0.point["batch"], p1.point["batch"]
+    scaled = _scaled_graphs(p0, p1, b0, b1)
+    if scaled is None:
+        return {"batch": None, "at": others, "reason": "no graph has a shape that follows the batch (static "
+                "graphs: compile with dynamic shapes, COMPILE = {\"dynamic\": True, ...})"}
+
+    def fits(batch: int) -> bool:
+        return _peak_at(scaled, batch) <= hbm
+
+    if not fits(1):
+        return {"batch": 0, "at": others, "reason": "even batch 1 does not fit"}
+    lo, hi = 1, max(b1, 2)
+    while fits(hi):  # grow until it no longer fits
+        lo, hi = hi, hi * 2
+        if hi > MAX_SEARCH_BATCH:
+            return {"batch": lo, "at": others, "peak_bytes": _peak_at(scaled, lo),
+                    "note": f"fits at every batch searched (up to {lo:,})"}
+    while hi - lo > 1:  # largest lo that fits, smallest hi that does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return {"batch": lo, "at": others, "peak_bytes": _peak_at(scaled, lo)}
+
+
+def _same_graphs(points: list[PointResult]) -> tuple[PointResult, PointResult] | None:
+    """The point with the largest batch and the next smaller one (≥ 2) that ran the same graphs."""
+    ranked = sorted((p for p in points if p.point["batch"] >= 2), key=lambda p: -p.point["batch"])
+    if not ranked:
+        return None
+    top = ranked[0]
+    graphs = {id(g) for g, _, _ in getattr(top, "used", [])}
+    return next(((p, top) for p in ranked[1:] if p.point["batch"] < top.point["batch"]
+                 and {id(g) for g, _, _ in getattr(p, "used", [])} == graphs), None)
+
+
+def _scaled_graphs(p0: PointResult, p1: PointResult, b0: int, b1: int) -> list | None:
+    """(recipe, {symbol: (a, c)}) per graph used at both points, each symbol's value being a*batch + c
+    (integers; a = 0 for a symbol that does not follow the batch); None if no symbol follows it."""
+    first = {id(g): env for g, _, env in getattr(p0, "used", [])}
+    out, follows = [], False
+    for g, recipe, env1 in getattr(p1, "used", []):
+        env0 = first.get(id(g))
+        if env0 is None or set(env0) != set(env1):
+            continue
+        lines = {}
+        for sym, v1 in env1.items():
+            a, rest = divmod(v1 - env0[sym], b1 - b0)
+            if rest:
+                return None  # not a whole multiple of the batch: not a shape we can extrapolate
+            lines[sym] = (a, env0[sym] - a * b0)
+            follows = follows or a != 0
+        out.append((recipe, lines))
+    return out if follows else None
+
+
+def _peak_at(scaled: list, batch: int) -> int:
+    """The largest planned peak HBM of the graphs with their symbols at this batch (memory pass re-run)."""
+    from ..lowering.passes.plan_memory import plan_memory
+
+    peak = 0
+    for recipe, lines in scaled:
+        env = {s: a * batch + c for s, (a, c) in lines.items()}
+        planned = plan_memory(dataclasses.replace(recipe, facts=dict(recipe.facts, plan_at=env)), None)
+        peak = max(peak, planned.facts["memory"]["peak_bytes"])
+    return peak
