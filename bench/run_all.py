@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import time
 from common import RESULTS, ROOT, print_table, write_results
 
 SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench",
-           "cli_bench"]
+           "cli_bench", "fleet_bench"]
 
 
 def _load(name: str, quick: bool) -> dict:
@@ -61,6 +62,10 @@ def summarize(quick: bool) -> list[list]:
         rows.append(["bucket selection µs per call", sel, "< 2", sel < 2])
         ratio = disp["load_vs_build"]["ratio"]
         rows.append(["recipe load / build", ratio, "≤ 0.1", ratio <= 0.1])
+    fleet = _load("fleet_bench", quick).get("ratio_to_compile", {})
+    for step, r in fleet.items():
+        if "compile" not in step:
+            rows.append([f"fleet tier, gpt: {step} / compile", r, "—", True])
     cli = _load("cli_bench", quick)
     for command, r in cli.get("results", {}).items():
         if "reference" not in command:
@@ -74,10 +79,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="+", choices=SCRIPTS, help="run just these")
-    ap.add_argument("--summarize", action="store_true", help="only summarize the JSON results already written")
+    ap.add_argument("--summarize", action="store_true", help="only summarize the JSON results already written "
+                    "(into summary.json)")
     args = ap.parse_args()
     timings = {}
     for name in [] if args.summarize else args.only or SCRIPTS:
+        if name == "fleet_bench" and shutil.which("redis-server") is None:
+            print("fleet_bench skipped: no redis-server (apt-get install redis-server)")
+            continue
         start = time.time()
         cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *(["--quick"] if args.quick else [])]
         subprocess.run(cmd, check=True, cwd=ROOT)
@@ -85,8 +94,6 @@ def main() -> None:
     rows = summarize(args.quick)
     print_table("targets (estimates of this machine, ratios from the same run)", ["measure", "value", "target",
                 "met"], rows)
-    if args.summarize:
-        return
     write_results("summary" + ("_quick" if args.quick else ""),
                   {"seconds": timings, "targets": [dict(zip(["measure", "value", "target", "met"], r))
                                                    for r in rows]})
