@@ -4,8 +4,8 @@
 ``with metric_localcontext(name) as m: ...`` gives the same for a region. Names and tags:
 ``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons),
 ``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss; ProgramHit, ProgramMiss count Dynamo
-graphs served from a stored program, skipping AOTAutograd, or traced) and ``cpu_fallback`` (TotalNumber,
-FallbackOps). ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
+graphs served from a stored program, skipping AOTAutograd, or traced), ``cpu_fallback`` (TotalNumber,
+FallbackOps) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``). ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _COUNTERS: dict[str, dict[str, Any]] = {
     "recipe_cache": {"TotalHit": 0, "TotalMiss": 0, "RecipeHit": Counter(), "RecipeMiss": Counter(),
                      "ProgramHit": 0, "ProgramMiss": 0},
     "cpu_fallback": {"TotalNumber": 0, "FallbackOps": Counter()},
+    "mark_step": {"TotalNumber": 0},
 }
 
 
@@ -75,6 +76,11 @@ def record_fallback(op: str, count: int = 1) -> None:
         m = _COUNTERS["cpu_fallback"]
         m["TotalNumber"] += count
         m["FallbackOps"][op] += count
+
+
+def record_mark_step() -> None:
+    with _lock:
+        _COUNTERS["mark_step"]["TotalNumber"] += 1
 
 
 def _stats(name: str, values: dict[str, Any]) -> list[tuple[str, Any]]:

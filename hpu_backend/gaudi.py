@@ -1,0 +1,61 @@
+"""Gaudi's training APIs under their Gaudi names, so that a Gaudi script runs against the simulator.
+
+===========================================================  ==========================================
+Gaudi (``habana_frameworks.torch``)                          here
+===========================================================  ==========================================
+``hpex.optimizers.FusedAdamW(params, lr, betas, eps=1e-6,    ``hpu_backend.gaudi.FusedAdamW``: torch's
+weight_decay)``                                              fused AdamW kernel, Gaudi's default eps
+``hpex.optimizers.FusedSGD(params, lr, momentum, ...)``      ``FusedSGD``: torch's fused SGD kernel
+``hpex.normalization.FusedClipNorm(params, max_norm)`` and   ``FusedClipNorm``: ``clip_grad_norm_`` with
+``.clip_norm(params)``                                       torch's foreach kernels
+``core.mark_step()``                                         ``mark_step()``: see below
+===========================================================  ==========================================
+
+``mark_step()`` ends a lazy-mode graph on Gaudi. Under ``torch.compile`` there is no lazy graph to
+end: here it is a graph boundary (Dynamo does not trace into it, so a compiled region ends there)
+and counts in ``metric_global("mark_step")``; eagerly it only counts. It synchronizes nothing,
+since the simulated device runs on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from . import metrics
+
+
+class FusedAdamW(torch.optim.AdamW):
+    """AdamW with Gaudi's defaults (``eps=1e-6``), stepping with torch's fused kernel."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, amsgrad: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, fused=True)
+
+
+class FusedSGD(torch.optim.SGD):
+    """SGD (momentum, dampening, Nesterov, weight decay as torch's), stepping with torch's fused kernel."""
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, fused=True)
+
+
+class FusedClipNorm:
+    """Gradient-norm clipping as Gaudi spells it: ``FusedClipNorm(params, max_norm).clip_norm(params)``."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0):
+        self.max_norm = float(max_norm)
+        self.norm_type = float(norm_type)
+
+    def clip_norm(self, parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+        """Scale the gradients in place so that their total norm is at most ``max_norm``; returns that norm."""
+        return torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, self.norm_type, foreach=True)
+
+
+@torch._dynamo.disable
+def mark_step() -> None:
+    """A graph boundary under torch.compile; counted in ``metric_global("mark_step")``."""
+    metrics.record_mark_step()
