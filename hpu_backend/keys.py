@@ -29,7 +29,6 @@ def _digest(obj: Any) -> str:
     return hashlib.blake2b(msgpack.packb(obj, use_bin_type=True), digest_size=16).hexdigest()
 
 
-
 @dataclass(frozen=True)
 class GraphKey:
     """The bucket-independent parts of a graph's keys, computed once per graph."""
@@ -210,7 +209,6 @@ def _dynamo_guards(rename: dict[str, str]) -> list:
 def _global_state() -> list:
     return [torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")),
             torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype())]
-
 
 
 def _spec(s) -> list:

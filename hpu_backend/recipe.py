@@ -244,7 +244,7 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
                 symexpr.validate(tree)
     except symexpr.SymExprError as e:
         raise bad(str(e)) from None
-    _check_facts(recipe.facts, f"{where}: facts")
+    _FACTS(recipe.facts, f"{where}: facts")
 
 
 # What readers of ``Recipe.facts`` rely on (fallback reports, analysis, ``hpurecipe show``), checked
@@ -313,10 +313,6 @@ _FACTS = _record(
     cost=_record(device_s=_NUM, cpu_s=_NUM, transfer_s=_NUM, total_s=_NUM, clusters=_list_of(dict)),
     compile_time_s=_NUM,
 )
-
-
-def _check_facts(facts: Any, where: str) -> None:
-    _FACTS(facts, where)
 
 
 def _readable(source: list[int], inputs: list[ValueSpec]) -> bool:

@@ -137,9 +137,7 @@ class RecipeCache:
         if data is None:
             return None
         try:
-            entry = decode_entry(data)
-            if entry.key != key:
-                raise CorruptEntry(f"foreign entry: header key {entry.key!r}")
+            entry = _decode_as(key, data)
         except (CorruptEntry, VersionMismatch) as exc:
             logger.warning("recipe cache: deleting unusable remote entry %s: %s", key, exc)
             self._stats.add(corrupt=1)
@@ -188,10 +186,7 @@ class RecipeCache:
         try:
             if result.problem:
                 raise CorruptEntry(result.problem)
-            entry = decode_entry(result.data)
-            if entry.key != key:
-                raise CorruptEntry(f"foreign entry: header key {entry.key!r}")
-            return entry
+            return _decode_as(key, result.data)
         except VersionMismatch as exc:
             logger.info("recipe cache: dropping %s: %s", key, exc)
             self._submit_discard(key, result.ident, quarantine=False)
@@ -216,10 +211,9 @@ class RecipeCache:
         except OSError:
             return None
         try:
-            entry = None if result is None or result.problem else decode_entry(result.data)
+            return None if result is None or result.problem else _decode_as(key, result.data)
         except CorruptEntry:
             return None
-        return entry if entry is not None and entry.key == key else None
 
     def contains(self, key: str) -> bool:
         validate_key(key)
@@ -505,14 +499,10 @@ class RecipeCache:
                 return None  # evicted while we looked
             if result.problem:
                 return result.problem
-            entry = decode_entry(result.data)
+            entry = _decode_as(item.key, result.data)
         except CorruptEntry as exc:
             return str(exc)
-        if entry.key != item.key:
-            return f"foreign entry: header key {entry.key!r}"
         return None if check is None else check(entry.payload)
-
-    # -- numbers ----------------------------------------------------------------------------------------
 
     # -- the fleet tier ---------------------------------------------------------------------------------------
 
@@ -550,6 +540,12 @@ class RecipeCache:
         got = sum(1 for k in keys if not self.contains(k) and self._from_remote(k) is not None)
         self.flush()
         return got
+
+    # -- numbers ----------------------------------------------------------------------------------------
+
+    def keys(self) -> list[str]:
+        """The key of every entry file on disk (names only: nothing is read)."""
+        return [item.key for item in self._disk.scan()]
 
     def total_bytes(self) -> int:
         """Bytes on disk as the shared ledger records them (a scan if there is no ledger)."""
@@ -649,6 +645,9 @@ class DisabledCache(RecipeCache):
 
     pull = push
 
+    def keys(self) -> list[str]:
+        return []
+
     def total_bytes(self) -> int:
         return 0
 
@@ -658,6 +657,14 @@ class DisabledCache(RecipeCache):
 
     def reset_stats(self) -> None:
         pass
+
+
+def _decode_as(key: str, data: bytes) -> Entry:
+    """The entry in ``data``, which must be stored under ``key`` (CorruptEntry otherwise)."""
+    entry = decode_entry(data)
+    if entry.key != key:
+        raise CorruptEntry(f"foreign entry: header key {entry.key!r}")
+    return entry
 
 
 def _with_hits(info: EntryInfo, hits: int) -> EntryInfo:

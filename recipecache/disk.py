@@ -90,12 +90,10 @@ def read_file(path, allow_shared: bool = True) -> ReadResult | None:
             if not allow_shared and not _private(os.fstat(dfd)):
                 return None
             try:
-                fd = os.open(path.name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
+                fd, st = _open_regular(path.name, dfd)
+            except CorruptEntry as exc:  # a link, FIFO or device in an entry's place
                 st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
-                return ReadResult(b"", identity(st), st.st_mtime, "a symbolic link, not an entry file")
+                return ReadResult(b"", identity(st), st.st_mtime, str(exc))
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
@@ -103,9 +101,6 @@ def read_file(path, allow_shared: bool = True) -> ReadResult | None:
             return None  # the directory is a link: never followed
         raise
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return ReadResult(b"", identity(st), st.st_mtime, "not a regular file")
         # An open descriptor keeps the inode alive, so a concurrent eviction cannot cut this read short.
         chunks, remaining = [], st.st_size
         while remaining > 0:
@@ -162,7 +157,7 @@ class DiskStore:
         """Decode only the header of an entry file (CorruptEntry if it is unusable or sized wrong)."""
         path = Path(path)
         with _InDir(path.parent) as dfd:
-            fd = _open_regular(path.name, dfd)
+            fd, _ = _open_regular(path.name, dfd)
         with os.fdopen(fd, "rb") as f:
             data = f.read(_HEADER_PEEK)
             header_len, _ = decode_prefix(data)
@@ -317,18 +312,20 @@ def check_private(root: Path, allow_shared: bool = False, link_ok: bool = True) 
             f"Use a private directory (chmod 700) or pass allow_shared_dir=True if the sharing is intended.")
 
 
-def _open_regular(name: str, dfd: int) -> int:
-    """fd of the regular file ``name`` in the directory ``dfd``; CorruptEntry for a link, FIFO or device."""
+def _open_regular(name: str, dfd: int) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of the regular file ``name`` in the directory ``dfd``, opened without following a link or
+    blocking; CorruptEntry for a link, FIFO or device."""
     try:
         fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CorruptEntry("a symbolic link, not an entry file") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise CorruptEntry("not a regular file")
-    return fd
+    return fd, st
 
 
 def _kind(shard: str, name: str) -> str:

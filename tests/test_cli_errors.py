@@ -116,3 +116,12 @@ def test_warm_into_a_disabled_cache_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{tmp_path / 'c'},false,0")
     line = one_line(cli("warm", tiny_model(tmp_path), code=2))
     assert "the recipe cache is disabled" in line and not (tmp_path / "c").exists()
+
+
+def test_push_and_pull_without_a_remote_tier_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPU_RECIPE_CACHE_REMOTE", "none")
+    model = tiny_model(tmp_path)
+    cli("warm", model, "-d", tmp_path / "c")
+    for args in (["push", "-d", tmp_path / "c"], ["pull", model, "-d", tmp_path / "d"], ["stats", "--remote", "-d",
+                                                                                          tmp_path / "c"]):
+        assert "no remote cache configured" in one_line(cli(*args, code=1))

@@ -3,8 +3,6 @@ torch with the same hyper-parameters."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch._dynamo

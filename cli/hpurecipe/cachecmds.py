@@ -15,7 +15,7 @@ from hpu_backend.keyparts import explain as explain_keys
 from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, render
-from .caches import open_cache, resolve_key
+from .caches import open_cache, require_remote, resolve_key
 from .errors import CliError
 from .options import CacheDir, DryRun, Json, Key, Model, Yes
 from .packagecmds import PackageFile
@@ -96,8 +96,7 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
         return render.emit_json({"entries": 0, "total_bytes": 0}) if json else None
     doc = cache.stats()
     if remote:
-        if cache.remote is None:
-            raise CliError("no remote cache configured: set HPU_RECIPE_CACHE_REMOTE=redis://host:port/db")
+        require_remote(cache)
         try:
             doc["remote"] = {"url": cache.remote.url, **cache.remote.stats()}
         except ConnectionError as e:
@@ -162,9 +161,9 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
     cache = open_cache(cache_dir, quiet=json)
     if cache is None:
         return render.emit_json({"entries": 0, "bad": 0, "problems": []}) if json else None
-    readable = {i.key for i in cache.entries()}
+    on_disk = set(cache.keys())
     bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix, check=_recipe_problem)]
-    count = len(readable | {b["entry"] for b in bad})
+    count = len(on_disk | {b["entry"] for b in bad})
     if json:
         render.emit_json({"entries": count, "bad": len(bad), "fixed": fix, "problems": bad})
     elif not bad:

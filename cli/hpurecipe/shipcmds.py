@@ -10,10 +10,10 @@ from typing import Annotated
 import typer
 
 from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, write_bundle
-from hpu_backend.aot.manifests import manifest_path, read_manifests, write_manifest
+from hpu_backend.aot.manifests import manifest_name, manifest_path, read_manifests, write_manifest
 
 from . import render
-from .caches import open_cache
+from .caches import open_cache, require_remote
 from .errors import CliError
 from .options import Axis, CacheDir, Json, Model, ModelFile, Remote, Train
 
@@ -73,12 +73,13 @@ def push(cache_dir: CacheDir = None, remote: Remote = None, model: Model = None,
     cache = open_cache(cache_dir, quiet=True, remote=remote)
     if cache is None:
         raise CliError("no recipe cache to push; fill it with: hpurecipe warm MODEL.py")
+    require_remote(cache)
     keys = None if model is None else [i.key for i in cache.entries() if i.meta.get("model") == model]
     manifests = [d for d in read_manifests(cache.path) if model is None or d["model"] == model]
     try:
         sent = cache.push(keys)
         for doc in manifests:
-            if not cache.remote.put_doc(_manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
+            if not cache.remote.put_doc(manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
                 raise ConnectionError(f"remote cache {cache.remote.url} is unavailable")
     except ConnectionError as e:
         raise CliError(f"{e}; nothing more was pushed") from None
@@ -96,6 +97,7 @@ def pull(model_file: ModelFile, cache_dir: CacheDir = None, remote: Remote = Non
 
     spec = load_spec(model_file, axis)
     cache = open_cache(cache_dir, create=True, remote=remote)
+    require_remote(cache)
     keys = _keys_from_manifest(cache, spec, train)
     if keys is None:
         from hpu_backend.aot.warm import plan
@@ -118,12 +120,8 @@ def push_manifest(config, doc: dict) -> None:
     from recipecache.remote import RemoteTier
 
     if not RemoteTier(config.remote, config.remote_ttl_s, toolchain_id()).put_doc(
-            _manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
+            manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
         render.warn(f"could not send the manifest to {config.remote}; hosts will compile to learn the keys")
-
-
-def _manifest_name(model: str, mode: str) -> str:
-    return manifest_path(Path("."), model, mode).name
 
 
 def _keys_from_manifest(cache, spec, train: bool) -> list[str] | None:
@@ -132,7 +130,7 @@ def _keys_from_manifest(cache, spec, train: bool) -> list[str] | None:
     from hpu_backend.modelfile import point_label
     from recipecache.entry import KEY_RE
 
-    data = cache.remote.get_doc(_manifest_name(spec.name, "train" if train else "inference"))
+    data = cache.remote.get_doc(manifest_name(spec.name, "train" if train else "inference"))
     try:
         doc = _json.loads(data) if data is not None else None
     except ValueError:

@@ -22,10 +22,15 @@ if TYPE_CHECKING:
 MANIFEST_DIR = "manifests"
 
 
-def manifest_path(cache_dir: Path, model: str, mode: str) -> Path:
-    """``<cache>/manifests/<model>.<mode>.json``, with the name made safe (it may come from a bundle)."""
+def manifest_name(model: str, mode: str) -> str:
+    """``<model>.<mode>.json``, made safe as a file name (it may come from a bundle)."""
     name = re.sub(r"[^0-9A-Za-z_.-]", "_", f"{model}.{mode}").lstrip(".") or "model"
-    return Path(cache_dir) / MANIFEST_DIR / f"{name}.json"
+    return f"{name}.json"
+
+
+def manifest_path(cache_dir: Path, model: str, mode: str) -> Path:
+    """``<cache>/manifests/<model>.<mode>.json``."""
+    return Path(cache_dir) / MANIFEST_DIR / manifest_name(model, mode)
 
 
 def manifest(report: WarmReport, spec: ModelSpec) -> dict[str, Any]:

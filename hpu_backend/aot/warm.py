@@ -22,7 +22,6 @@ from ..compiled import Event, listen
 from ..modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
 
 
-
 @dataclass
 class PointResult:
     """What warming one shape point did."""
@@ -72,7 +71,7 @@ class _GraphTracker:
     server itself); their ``use`` events name the recipes they run.
     """
 
-    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any]], list[str]]:
+    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any, dict[str, int]]], list[str]]:
         """``fn()``, the (graph, recipe, symbol values) it used and the keys of the programs it used."""
         used: dict[int, tuple[Any, Any, dict[str, int]]] = {}
         programs: set[str] = set()
