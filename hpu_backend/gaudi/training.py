@@ -1,4 +1,4 @@
-"""Gaudi's training APIs under their Gaudi names, so that a Gaudi script runs against the simulator.
+"""Gaudi's training APIs: fused optimizers, fused gradient clipping and mark_step.
 
 ===========================================================  ==========================================
 Gaudi (``habana_frameworks.torch``)                          here
@@ -23,7 +23,7 @@ from typing import Iterable
 
 import torch
 
-from . import metrics
+from .. import metrics
 
 
 class FusedAdamW(torch.optim.AdamW):

@@ -1,0 +1,8 @@
+"""Gaudi's runtime APIs under their Gaudi names, so that a Gaudi script runs against the simulator.
+
+The README's table "Gaudi API → hpu_backend" maps each ``habana_frameworks.torch`` name to the one here.
+"""
+
+from .training import FusedAdamW, FusedClipNorm, FusedSGD, mark_step
+
+__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSGD", "mark_step"]
