@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,20 +20,15 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from ..buckets import policies_for
-from ..decompositions import hpu_decompositions
-from ..lowering import LoweringContext, LoweringError, capture_graph, constant_of, lower_bucket, lower_graph
+from ..exported import decompose, graph_inputs, lower_exported
+from ..lowering import LoweringContext, LoweringError, constant_of, lower_bucket
 from ..modelfile import ModelSpec, point_label
 from ..package import GraphInput, Package, PackageError, toolchain
 from ..runtime.packaged import load_package
 from ..recipe import Recipe
 from ..settings import Settings
-
-_KINDS = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer",
-          InputKind.CONSTANT_TENSOR: "constant", InputKind.USER_INPUT: "user"}
-
 
 @dataclass
 class PackageReport:
@@ -63,9 +57,9 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     model = spec.build_model().eval()
     examples = [spec.split(spec.inputs(p)) for p in spec.points()]
     with torch.no_grad():
-        ep = _decompose(export_model(model, examples, spec, settings))
-    template, ctx = _lower(ep, settings, spec.name)
-    inputs = _graph_inputs(ep)
+        ep = decompose(export_model(model, examples, spec, settings))
+    template, ctx = lower_exported(ep, settings, f"{spec.name}_package")
+    inputs = graph_inputs(ep)
     recipes, points = _bucket_recipes(template, ctx, inputs, examples, spec)
     package = Package(
         model=spec.name, toolchain=toolchain(), inputs=inputs,
@@ -125,46 +119,6 @@ def _dynamic_shapes(examples: list[tuple], spec: ModelSpec, settings: Settings, 
     dims = {name: Dim(name, min=1, max=policy.bucket(max(sizes))[1] if widen else max(sizes))
             for (name, sizes), policy in zip(varying.items(), policies)}
     return tuple({d: dims[name] for d, name in per_dim.items()} or None for per_dim in layout)
-
-
-def _decompose(ep: ExportedProgram) -> ExportedProgram:
-    """The exported program in the HPU op set (the table torch.compile's AOTAutograd uses)."""
-    with warnings.catch_warnings():  # torch's own deepcopy of pytree specs, not something the user can act on
-        warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
-        ep = ep.run_decompositions(hpu_decompositions())
-    _check_outputs(ep)
-    return ep
-
-
-def _lower(ep: ExportedProgram, settings: Settings, name: str) -> tuple[Recipe, LoweringContext]:
-    """Capture and run the graph passes once: the template every bucket is lowered from."""
-    gm = ep.graph_module
-    ctx = LoweringContext(settings, name=f"{name}_package", kind="inference", gm=gm)
-    try:
-        return lower_graph(capture_graph(gm, ctx), ctx), ctx
-    except LoweringError as e:
-        raise PackageError(f"{name}: the exported graph cannot be lowered: {e.reason}") from None
-
-
-def _check_outputs(ep: ExportedProgram) -> None:
-    kinds = {s.kind for s in ep.graph_signature.output_specs}
-    if kinds - {OutputKind.USER_OUTPUT}:
-        raise PackageError(f"the model mutates its inputs or buffers in eval mode ({sorted(k.name for k in kinds)}); "
-                           "a package serves pure inference graphs")
-
-
-def _graph_inputs(ep: ExportedProgram) -> list[GraphInput]:
-    """The graph's placeholders in order: where each one's value comes from at a call."""
-    out, user = [], 0
-    for s in ep.graph_signature.input_specs:
-        if s.kind not in _KINDS or not isinstance(s.arg, TensorArgument) and s.kind != InputKind.USER_INPUT:
-            raise PackageError(f"graph input {s.arg} of kind {s.kind.name} cannot be packaged")
-        if s.kind == InputKind.USER_INPUT:
-            out.append(GraphInput("user", getattr(s.arg, "name", f"arg{user}"), user))
-            user += 1
-        else:
-            out.append(GraphInput(_KINDS[s.kind], s.target))
-    return out
 
 
 def _ranges(ep: ExportedProgram, template: Recipe) -> dict[str, list[int]]:

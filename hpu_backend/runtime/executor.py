@@ -12,7 +12,7 @@ import dataclasses
 import keyword
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -66,10 +66,12 @@ def load_constant(c: Constant) -> torch.Tensor:
 class _Codegen:
     """Renders one recipe into the source of ``run(args)`` plus the names it binds."""
 
-    def __init__(self, recipe: Recipe):
+    def __init__(self, recipe: Recipe, fixed: Mapping[str, torch.Tensor] | None = None):
         self.recipe = recipe
+        self.fixed = fixed or {}  # inputs bound at build time (an HPU graph's parameters), by input name
         self.var: dict[str, str] = {}
         self.bound: dict[str, Any] = {}
+        self.folded: set[str] = set()  # values computed at build time: fixed inputs and views of them
         self.lines: list[str] = []
 
     def bind(self, value: Any, prefix: str = "c") -> str:
@@ -131,23 +133,40 @@ class _Codegen:
 
     def render(self) -> str:
         r = self.recipe
-        for i, name in enumerate(r.input_names):
+        passed = [n for n in r.input_names if n not in self.fixed]
+        for i, name in enumerate(passed):
             self.var[name] = f"a{i}"
+        for name, tensor in self.fixed.items():
+            self.var[name] = self.bind(tensor, "p")
+            self.folded.add(name)
         for name, const in r.constants.items():
             self.var[name] = self.bind(load_constant(const), "k")
         last_use = self.last_uses()
         self.lines.append("def run(args):")
-        if r.input_names:
-            self.lines.append(f"    {', '.join(self.var[n] for n in r.input_names)}, = args")
+        if passed:
+            self.lines.append(f"    {', '.join(self.var[n] for n in passed)}, = args")
             self.lines.append("    args.clear()")
             self.free(last_use.get("<inputs>", ()))
         for i, node in enumerate(r.nodes):
             expr = self.call(node)
+            if self.foldable(node):
+                self.var[node.name] = self.bind(eval(expr, dict(self.bound)), "p")  # generated above, not stored text
+                self.folded.add(node.name)
+                continue
             self.var[node.name] = f"v{i}"
             self.lines.append(f"    v{i} = {expr}")
             self.free(last_use.get(node.name, ()))
         self.lines.append(f"    return [{', '.join(self.arg(o) for o in r.outputs)}]")
         return "\n".join(self.lines) + "\n"
+
+    def foldable(self, node) -> bool:
+        """A view of fixed inputs only (``t(weight)``): computed once at build time. Only views, so that
+        an in-place update of a parameter (``load_state_dict``) is still seen by every later call."""
+        if not self.fixed:
+            return False
+        refs = list(iter_refs([node.args, list(node.kwargs.values())]))
+        op = ops.resolve(node.op)
+        return bool(refs) and all(r in self.folded for r in refs) and getattr(op, "is_view", False)
 
     def last_uses(self) -> dict[str, list[str]]:
         """Map a node name to the values whose last reader it is (freed right after it runs)."""
@@ -166,7 +185,7 @@ class _Codegen:
         return out
 
     def free(self, names) -> None:
-        names = [self.var[n] for n in names if n in self.var]
+        names = [self.var[n] for n in names if n in self.var and n not in self.folded]
         if names:
             self.lines.append(f"    del {', '.join(names)}")
 
@@ -181,23 +200,29 @@ def check_ops(recipe: Recipe) -> None:
             raise RecipeLoadError(f"node {node.name}: {e}") from None
 
 
-def build_callable(recipe: Recipe) -> Callable[[list], list]:
+def build_callable(recipe: Recipe, fixed: Mapping[str, torch.Tensor] | None = None) -> Callable[[list], list]:
     """Compile a recipe into ``run(args: list) -> list`` (boxed: it clears ``args``).
+
+    ``fixed`` binds some inputs once, by name (an HPU graph's parameters): ``args`` then holds only
+    the others, in order, and views of fixed inputs (a transposed weight) are taken once, here.
 
     Any failure, whatever its type, is a RecipeLoadError: a stored recipe that cannot be built is
     a cache miss, never a crash.
     """
     try:
-        return _build(recipe)
+        return _build(recipe, fixed or {})
     except RecipeLoadError:
         raise
     except Exception as e:  # a malformed recipe may fail anywhere in codegen; all of it is a load error
         raise RecipeLoadError(f"{type(e).__name__}: {e}") from e
 
 
-def _build(recipe: Recipe) -> Callable[[list], list]:
-    gen = _Codegen(dataclasses.replace(recipe, nodes=fold_linear(recipe)))
-    source = gen.render()
+def _build(recipe: Recipe, fixed: Mapping[str, torch.Tensor]) -> Callable[[list], list]:
+    # A transpose of a fixed weight is taken once instead of being folded into linear.
+    nodes = fold_linear(recipe, keep=set(fixed))
+    gen = _Codegen(dataclasses.replace(recipe, nodes=nodes), fixed)
+    with torch.no_grad():  # folded views of parameters must not record autograd history
+        source = gen.render()
     namespace: dict[str, Any] = dict(gen.bound)
     code = compile(source, f"<recipe {recipe.name}>", "exec")
     exec(code, namespace)  # source generated above from checked structure, not stored text

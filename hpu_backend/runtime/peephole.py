@@ -2,7 +2,10 @@
 
 ``t(w)`` read only by ``addmm(b, x, t(w))`` becomes ``linear(x, w, b)``: one dispatcher call instead
 of two, and the same kernel (ATen's CPU ``linear`` with a 1-D bias is that very ``addmm``), so the
-results are bit-identical. Only the executor's code changes; the recipe and its key do not.
+results are bit-identical. Likewise ``view(x, [M, K])`` → ``addmm`` → ``view(·, [..., N])`` over a
+contiguous N-d ``x`` becomes ``linear(x, w, b)``: ATen's linear flattens such an input into that same
+addmm (``_flatten_nd_linear``), in C++ rather than as three calls from Python. Only the executor's
+code changes; the recipe and its key do not.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from collections import Counter
 from ..recipe import Node, Recipe, iter_refs
 
 TRANSPOSES = ("aten::t.default", "aten::permute.default")
+RESHAPES = ("aten::view.default", "aten::_unsafe_view.default", "aten::reshape.default")
 
 
-def fold_linear(recipe: Recipe) -> list[Node]:
-    """The recipe's nodes with each foldable transpose + addmm pair replaced by one linear node."""
+def fold_linear(recipe: Recipe, keep: set[str] = frozenset()) -> list[Node]:
+    """The recipe's nodes with each foldable transpose + addmm pair replaced by one linear node
+    (except transposes of the values in ``keep``: those the executor takes once at build time)."""
     readers = Counter(iter_refs([[n.args, list(n.kwargs.values())] for n in recipe.nodes] + [recipe.outputs]))
     by_name = {n.name: n for n in recipe.nodes}
     specs = dict(zip(recipe.input_names, recipe.inputs))
@@ -24,7 +29,7 @@ def fold_linear(recipe: Recipe) -> list[Node]:
     folded: dict[str, str] = {}  # transpose node -> the addmm that absorbs it
     for node in recipe.nodes:
         t = _foldable_transpose(node, by_name, specs, readers)
-        if t is not None:
+        if t is not None and not (isinstance(t.args[0], dict) and t.args[0].get("r") in keep):
             folded[t.name] = node.name
     out = []
     for node in recipe.nodes:
@@ -35,7 +40,56 @@ def fold_linear(recipe: Recipe) -> list[Node]:
             node = dataclasses.replace(node, op="aten::linear.default",
                                        args=[x, by_name[t_ref["r"]].args[0], bias])
         out.append(node)
-    return out
+    return _fold_nd_linear(out, specs, readers)
+
+
+def _fold_nd_linear(nodes: list[Node], specs: dict, readers: Counter) -> list[Node]:
+    """``view → linear → view`` over a contiguous N-d input, as one N-d linear (see the module docstring)."""
+    by_name = {n.name: n for n in nodes}
+    drop, replace = set(), {}
+    for out_view in nodes:
+        inner = _ref_node(out_view.args[0] if out_view.args else None, by_name)
+        if out_view.op not in RESHAPES or inner is None or readers[inner.name] != 1:
+            continue
+        linear = _linear_args(inner, by_name, specs, readers)
+        if linear is None:
+            continue
+        in_view = _ref_node(linear[0], by_name)
+        if in_view is None or in_view.op not in RESHAPES or readers[in_view.name] != 1:
+            continue
+        x = in_view.args[0]
+        spec = specs.get(x.get("r")) if isinstance(x, dict) else None
+        if spec is None or not _contiguous(spec) or len(spec.shape) < 3 or len(out_view.out) != 1:
+            continue
+        if out_view.out[0].shape != [*spec.shape[:-1], out_view.out[0].shape[-1]]:
+            continue
+        drop.update((in_view.name, inner.name, *linear[3:]))
+        replace[out_view.name] = dataclasses.replace(out_view, op="aten::linear.default", args=[x, *linear[1:3]])
+    return [replace.get(n.name, n) for n in nodes if n.name not in drop]
+
+
+def _linear_args(node: Node, by_name: dict[str, Node], specs: dict, readers: Counter) -> list | None:
+    """``[x, w, b]`` (and the transpose node it absorbs) if ``node`` is a linear or an addmm of a transpose."""
+    if node.op == "aten::linear.default" and len(node.args) == 3 and not node.kwargs:
+        return list(node.args)
+    t = _foldable_transpose(node, by_name, specs, readers)
+    return None if t is None else [node.args[1], t.args[0], node.args[0], t.name]
+
+
+def _ref_node(arg, by_name: dict[str, Node]) -> Node | None:
+    return by_name.get(arg["r"]) if isinstance(arg, dict) and "r" in arg else None
+
+
+def _contiguous(spec) -> bool:
+    """A tensor whose recorded (concrete) strides are the contiguous ones for its shape."""
+    if spec.kind != "tensor" or not all(type(d) is int for d in [*spec.shape, *spec.stride]):
+        return False
+    expected, step = [], 1
+    for d in reversed(spec.shape):
+        expected.append(step)
+        step *= max(d, 1)
+    return [st for d, st in zip(spec.shape, spec.stride) if d != 1] == \
+        [st for d, st in zip(spec.shape, reversed(expected)) if d != 1]
 
 
 def _foldable_transpose(node: Node, by_name: dict[str, Node], specs: dict, readers: Counter) -> Node | None:

@@ -1,0 +1,172 @@
+"""HPU Graphs: a module's call captured once per input signature, then replayed as one straight-line run.
+
+Gaudi's ``wrap_in_hpu_graph(module)`` records the device work of a static-shape call and replays it
+with no host-side framework work: inputs are copied into the graph's static input buffers and the
+recorded launches run again. Here a capture is ``torch.export`` of the call, lowered to one recipe
+(the same passes and recipes as ``torch.compile(backend="hpu_backend")``), whose executor binds the
+module's parameters, buffers and constants once (views of them, such as transposed weights, are
+taken once too); a replay copies the call's tensors into the static buffers and runs that executor:
+no Dynamo, no guards, no AOTAutograd wrapper, no module tree walk.
+
+Caveats, as on Gaudi: what the capture saw is what replays — Python control flow and side effects
+run once, at capture; non-tensor arguments are part of the signature, so each new value captures
+again; a parameter replaced by a new object (rather than updated in place) is not seen; a replay
+runs without autograd (HPU graphs serve inference). Unlike Gaudi, outputs are fresh tensors, not
+buffers the next replay overwrites: a script correct on Gaudi is correct here, not the reverse.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..exported import decompose, graph_inputs, lower_exported
+from ..lowering import LoweringContext, LoweringError, lower_bucket
+from ..package import PackageError
+from ..runtime import RecipeLoadError, build_callable
+from ..settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def wrap_in_hpu_graph(module: torch.nn.Module, asynchronous: bool = False, disable_tensor_cache: bool = False,
+                      dry_run: bool = False, max_graphs: int | None = None) -> torch.nn.Module:
+    """Gaudi's ``habana_frameworks.torch.hpu.wrap_in_hpu_graph``: ``module`` (returned, wrapped in place)
+    replays a captured graph per input signature, keeping at most ``max_graphs`` (None: no limit).
+
+    ``asynchronous``, ``disable_tensor_cache`` and ``dry_run`` are accepted for compatibility and
+    change nothing: the simulated device runs on the host, synchronously, and keeps no output cache.
+    """
+    if not isinstance(module.__dict__.get("forward"), HPUGraphForward):
+        module.forward = HPUGraphForward(module, module.forward, max_graphs)
+    return module
+
+
+class HPUGraphForward:
+    """The forward of a wrapped module: signature of the call → captured graph → replay."""
+
+    def __init__(self, module: torch.nn.Module, forward: Callable, max_graphs: int | None):
+        self.module_name = type(module).__name__
+        self.forward = forward  # the module's own forward: captured, and the fallback
+        self.unwrapped = _Unwrapped(module, forward)  # what export traces (module.forward is this object)
+        self.max_graphs = max_graphs
+        self.graphs: collections.OrderedDict[tuple, CapturedGraph | None] = collections.OrderedDict()
+        self.captures = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or not all(type(a) is torch.Tensor for a in args):
+            return self._call_general(args, kwargs)
+        key = tuple((a.shape, a.dtype, a.device) for a in args)
+        graph = self.graphs.get(key, False)
+        if graph is False:
+            graph = self._capture(key, args, {})
+        return self.forward(*args) if graph is None or graph.needs_autograd() else graph.replay(args)
+
+    def _call_general(self, args: tuple, kwargs: dict) -> Any:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        key = (spec, *((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+                       for a in flat))
+        graph = self.graphs.get(key, False)
+        if graph is False:
+            graph = self._capture(key, args, kwargs)
+        if graph is None or graph.needs_autograd():
+            return self.forward(*args, **kwargs)
+        return graph.replay([a for a in flat if isinstance(a, torch.Tensor)])
+
+    def _capture(self, key: tuple, args: tuple, kwargs: dict) -> CapturedGraph | None:
+        """Capture the call; None (the module runs eagerly for this signature) after one warning."""
+        self.captures += 1
+        try:
+            graph = capture(self.unwrapped, args, kwargs, f"{self.module_name}_hpu_graph{self.captures}")
+        except (PackageError, LoweringError, RecipeLoadError) as e:
+            log.warning("hpu_backend: HPU graph capture of %s failed, running it eagerly for these inputs: %s",
+                        self.module_name, e)
+            graph = None
+        self.graphs[key] = graph
+        if self.max_graphs is not None and len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)  # the oldest capture goes, as Gaudi's max_graphs does
+        return graph
+
+
+class CapturedGraph:
+    """One captured call: static input buffers, the executor with the module's state bound, the output layout."""
+
+    def __init__(self, run: Callable[[list], list], static: list[torch.Tensor], out_spec: pytree.TreeSpec,
+                 trainable: bool):
+        self.run = run
+        self.static = static
+        self.out_spec = out_spec
+        self.single = out_spec.is_leaf()
+        self.trainable = trainable
+
+    def needs_autograd(self) -> bool:
+        """A call that records gradients runs the module itself: a replay has no autograd graph."""
+        return self.trainable and torch.is_grad_enabled()
+
+    def replay(self, tensors) -> Any:
+        for buffer, value in zip(self.static, tensors):
+            buffer.copy_(value)
+        outs = self.run(list(self.static))
+        return outs[0] if self.single else pytree.tree_unflatten(outs, self.out_spec)
+
+
+class _Unwrapped(torch.nn.Module):
+    """``module`` called through its own forward, so that exporting it does not replay a graph."""
+
+    def __init__(self, module: torch.nn.Module, forward: Callable):
+        super().__init__()
+        self.module = module
+        self.call = forward
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(*args, **kwargs)
+
+
+def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> CapturedGraph:
+    """Export ``module`` at exactly these inputs and lower it to one recipe with its state bound."""
+    with torch.no_grad():
+        try:
+            ep = torch.export.export(module, args, kwargs, strict=False)
+        except Exception as e:  # export reports unsupported Python and data-dependent control flow
+            raise PackageError(f"torch.export cannot capture the call: {_first_line(e)}") from None
+        ep = decompose(ep)
+        template, ctx = lower_exported(ep, Settings.from_options({}), name)
+        if template.symbols:
+            raise PackageError(f"the captured graph has symbolic sizes {template.symbols}")
+        recipe = lower_bucket(template, _static(ctx))
+        fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
+        run = build_callable(recipe, fixed)
+    trainable = any(p.requires_grad for p in module.parameters())
+    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable)
+
+
+def _static(ctx: LoweringContext) -> LoweringContext:
+    ctx.bucket, ctx.gm = {}, None
+    return ctx
+
+
+def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: dict
+          ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The recipe's inputs that are the module's state (by input name), and static buffers for the rest."""
+    state = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False)), **ep.constants}
+    user = pytree.tree_leaves((args, kwargs))
+    fixed, static = {}, []
+    for name, gi in zip(names, graph_inputs(ep)):
+        if gi.kind == "user" and isinstance(user[gi.index], torch.Tensor):
+            value = user[gi.index]
+            static.append(torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                              device=value.device).copy_(value))
+        elif gi.kind == "user":
+            fixed[name] = user[gi.index]  # a non-tensor argument: part of the signature, fixed per graph
+        else:
+            fixed[name] = state[gi.target].detach()
+    return fixed, static
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
