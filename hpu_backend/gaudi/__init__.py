@@ -3,6 +3,7 @@
 The README's table "Gaudi API → hpu_backend" maps each ``habana_frameworks.torch`` name to the one here.
 """
 
+from .sdpa import FusedSDPA
 from .training import FusedAdamW, FusedClipNorm, FusedSGD, mark_step
 
-__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSGD", "mark_step"]
+__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSDPA", "FusedSGD", "mark_step"]
