@@ -3,7 +3,8 @@
 The README's table "Gaudi API → hpu_backend" maps each ``habana_frameworks.torch`` name to the one here.
 """
 
+from .mixed_precision import autocast
 from .sdpa import FusedSDPA
 from .training import FusedAdamW, FusedClipNorm, FusedSGD, mark_step
 
-__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSDPA", "FusedSGD", "mark_step"]
+__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSDPA", "FusedSGD", "autocast", "mark_step"]
