@@ -82,15 +82,15 @@ def _padding_mask(query, key, lengths, is_causal: bool, padding_side: str):
     A padded query row has no key to attend to under a causal mask; it attends to every key (to
     stay finite) and its output is zeroed: padded positions carry no meaningful value on Gaudi either.
     """
-    s, l = query.shape[-2], key.shape[-2]
+    seq_q, seq_k = query.shape[-2], key.shape[-2]
     n = lengths.view(-1, 1)
-    pos_q, pos_k = torch.arange(s, device=query.device), torch.arange(l, device=query.device)
+    pos_q, pos_k = torch.arange(seq_q, device=query.device), torch.arange(seq_k, device=query.device)
     if padding_side == "right":
         valid_q, valid_k = pos_q < n, pos_k < n
     else:
-        valid_q, valid_k = pos_q >= s - n, pos_k >= l - n
+        valid_q, valid_k = pos_q >= seq_q - n, pos_k >= seq_k - n
     allowed = valid_k[:, None, None, :]
     if is_causal:  # top-left aligned, as scaled_dot_product_attention's is_causal
-        allowed = allowed & torch.ones(s, l, dtype=torch.bool, device=query.device).tril()
+        allowed = allowed & torch.ones(seq_q, seq_k, dtype=torch.bool, device=query.device).tril()
     allowed = allowed | ~allowed.any(-1, keepdim=True)
     return allowed, valid_q[:, None, :, None].to(query.dtype)
