@@ -147,3 +147,24 @@ def test_a_missing_or_malformed_list_is_a_one_line_error(tmp_path, content, mess
 def test_every_default_op_has_a_python_entry_point():
     assert [n for n in LOWER_PRECISION_OPS + FP32_OPS if not callables_of(n)] == []
     assert F.cross_entropy in callables_of("cross_entropy_loss")
+
+
+def test_a_gpt_training_step_under_autocast_matches_eager_autocast():
+    from conftest import load_model_file
+
+    spec = load_model_file("gpt")
+
+    def step(compiled):
+        model = spec.make_model().train()
+        run = _compiled(model) if compiled else model
+        inputs = spec.make_inputs(2, 16, seed=0)
+        with autocast(env={}):
+            out = run(*inputs[:spec.MODEL_INPUTS])
+            loss = spec.loss(out, *inputs)
+        loss.backward()
+        return [out, loss, *(p.grad for p in model.parameters())]
+
+    ours, eager = step(True), step(False)
+    assert eager[0].dtype == torch.bfloat16 and eager[1].dtype == torch.float32
+    for a, b in zip(ours, eager):
+        torch.testing.assert_close(a, b)
