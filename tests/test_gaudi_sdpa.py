@@ -162,3 +162,27 @@ def test_what_cannot_be_honoured_is_a_one_line_error(kwargs, message):
     with pytest.raises(ValueError, match=message) as e:
         FusedSDPA.apply(*_qkv(), **kwargs)
     assert "\n" not in str(e.value)
+
+
+FRESH_PROCESS = """
+import torch
+from hpu_backend.compiled import collect_recipes
+from hpu_backend.gaudi import FusedSDPA
+q, k, v = (torch.randn(1, 8, 32, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+fn = torch.compile(lambda q, k, v: FusedSDPA.apply(q, k, v, None, 0.0, True, None, "None", False),
+                   backend="hpu_backend", options={"cache_config": CONFIG})
+with collect_recipes() as found:
+    fn(q, k, v).sum().backward()
+for _, r, hit in sorted(found, key=lambda f: f[1].kind):
+    print(r.kind, hit, r.facts["memory"]["saved_probs_bytes"], [f.get("recompute") for f in r.facts["fusions"]])
+"""
+
+
+def test_a_fresh_process_reads_the_recompute_choice_back_from_disk(tmp_path):
+    from conftest import run_python
+
+    config = f"{tmp_path},false,64"
+    _train_recipes(False, s=32, d=16, options={"cache_config": config})
+    out = run_python(FRESH_PROCESS.replace("CONFIG", repr(config)))
+    probs = 1 * 8 * 32 * 32 * 2
+    assert out.split("\n")[:2] == [f"backward True {probs} [False]", f"forward True {probs} [False]"]
