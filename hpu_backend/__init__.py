@@ -18,6 +18,7 @@ from .version import __version__
 _EXPORTS = {
     "analyze": "analysis", "hpu_backend": "backend", "Settings": "settings", "SettingsError": "settings",
     "load_model_file": "modelfile", "warmup": "aot.warm", "load_package": "runtime.packaged", "PackageError": "package",
+    "autocast": "gaudi.mixed_precision",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -85,6 +85,7 @@ class Taken:
     recipe: Recipe | None  # None: the graph runs eagerly after a lowering failure
     run: Callable[[list], list]
     key: str | None = None
+    fallbacks: tuple[str, ...] = ()  # its CPU-fallback ops, counted at every call
 
 
 class CompiledGraph:
@@ -152,6 +153,8 @@ class CompiledGraph:
                 taken = self.on_new_values(values)
         if _listeners:
             emit(Event("use", self, taken.recipe, True, values=values))
+        if taken.fallbacks:  # the bridge counts fallbacks per execution
+            fallback.executed(taken.fallbacks)
         return taken.run(args)
 
     def bucket_of(self, values: tuple) -> tuple:
@@ -189,7 +192,9 @@ class CompiledGraph:
         taken, hit = self._from_store(named)
         if taken is None:
             taken = self._compile(named)
-        fallback.report(taken.recipe, strict=self.ctx.settings.strict)  # lines, counts, cpu_fallback metric
+        fallback_ops = fallback.report(taken.recipe, strict=self.ctx.settings.strict)  # strict check, log lines
+        if self.ctx.settings.execute:  # a compile-only run executes no op on the CPU
+            taken.fallbacks = fallback_ops
         self.buckets[bucket] = taken
         emit(Event("take", self, taken.recipe, hit))
         return taken

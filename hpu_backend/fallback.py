@@ -7,9 +7,10 @@ With ``LOG_LEVEL_PT_FALLBACK`` (or ``LOG_LEVEL_ALL``) at 1 or lower, each fallba
     1       aten::digamma
 
 on the console (stderr) when ``ENABLE_CONSOLE=true``, else through the ``hpu_backend.fallback``
-logger. Every fallback also counts in the ``cpu_fallback`` metric. A fallback is reported when a
-recipe holding it is taken up by this process (compiled, or loaded from the cache), once per
-recipe: the simulated device does not count executions.
+logger. As on the bridge, the table and the ``cpu_fallback`` metric count executions: each call of a
+recipe counts each of its fallback ops once (``executed``). The line is printed once, when a recipe
+holding the fallback is taken up by this process (compiled, or loaded from the cache), and
+``recipe_counts()`` keeps the per-recipe count: each op's fallback nodes in the recipes taken up.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 HEADER = "Frequency of op and op name that were executed on CPU:"
 
 _lock = threading.Lock()
-_counts: Counter = Counter()
+_counts: Counter = Counter()  # executions per fallback op
+_recipe_counts: Counter = Counter()  # fallback nodes per op in the recipes taken up
 _exit_registered = False
 
 
@@ -44,33 +46,49 @@ def enabled(env: Mapping[str, str] = os.environ) -> bool:
         return False
 
 
-def report(recipe: Recipe, strict: bool = False, env: Mapping[str, str] = os.environ) -> None:
-    """Count (and, if enabled, print) the CPU fallbacks of a recipe this process takes up.
+def report(recipe: Recipe, strict: bool = False, env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """Print (if enabled) the CPU fallbacks of a recipe this process takes up; returns their op names,
+    which the caller passes to ``executed`` at every call of the recipe.
 
     In strict mode a recipe with fallbacks is a LoweringError: lowering raises it already, and a
     recipe from the cache (strict is not part of its key) must not slip past it.
     """
     fallbacks = recipe.facts.get("placement", {}).get("fallbacks", [])
     if not fallbacks:
-        return
+        return ()
     if strict:
         fb = fallbacks[0]
         raise LoweringError(f"CPU fallback of {fb['op']} ({', '.join(fb['dtypes'])}) in strict mode: "
                             f"{fb.get('reason', 'not supported on HPU')}", graph=recipe.name)
     show = enabled(env)
+    with _lock:
+        _recipe_counts.update(fb["op"] for fb in fallbacks)
     for fb in fallbacks:
-        metrics.record_fallback(fb["op"])
-        with _lock:
-            _counts[fb["op"]] += 1
         if show:
             _emit(fb["line"], env)
     if show:
         _print_table_at_exit(env)
+    return tuple(fb["op"] for fb in fallbacks)
+
+
+def executed(ops: tuple[str, ...]) -> None:
+    """One call of a recipe whose fallback ops are ``ops`` (from ``report``): each counts once."""
+    for op in ops:
+        metrics.record_fallback(op)
+    with _lock:
+        _counts.update(ops)
 
 
 def counts() -> Counter:
+    """Executions of each fallback op in this process (what the exit table prints)."""
     with _lock:
         return Counter(_counts)
+
+
+def recipe_counts() -> Counter:
+    """Each op's fallback nodes in the recipes this process took up (counted once per recipe, not per call)."""
+    with _lock:
+        return Counter(_recipe_counts)
 
 
 def frequency_table(table: Mapping[str, int]) -> str:

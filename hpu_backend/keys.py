@@ -1,7 +1,7 @@
 """Recipe keys: a hash over canonical parts, each hashed on its own so a miss can be explained.
 
 Parts: ``graph`` (ops and arguments with normalized value names and host devices, kind,
-constants' bytes),
+constants' bytes, the annotations capture recorded),
 ``inputs`` (dtypes, symbolic shapes and strides by normalized symbol name), ``guards``,
 ``bucket``, ``settings`` (every field that changes a recipe) and ``toolchain`` (torch,
 hpu_backend and recipe format versions). Weights are graph inputs, so their values are never in
@@ -57,6 +57,9 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
         [[names[k], c.dtype, c.shape, hashlib.blake2b(c.data, digest_size=16).hexdigest()]
          for k, c in sorted(recipe.constants.items())],
     ]
+    annotations = recipe.facts.get("annotations")
+    if annotations:  # only when present, so that the keys of unannotated graphs stay as they were
+        graph.append(sorted([names[k], _plain(v)] for k, v in annotations.items()))
     settings_part = settings.key_fields()
     tc = toolchain()
     parts = {
@@ -92,12 +95,12 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     """Key of the program for a Dynamo graph, from the graph itself: no AOTAutograd trace.
 
     Parts: the graph (ops by qualified name, arguments with value names normalized, constants'
-    bytes), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
+    bytes, annotations that change a recipe), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
     device type), Dynamo's guards on the shape symbols, global state AOTAutograd reads (grad
     mode, autocast, deterministic algorithms), settings and toolchain. Unkeyable when something
     has no stable form.
     """
-    from .lowering import LoweringError, symbol_table
+    from .lowering import LoweringError, recorded_annotations, symbol_table
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
@@ -111,8 +114,8 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     except LoweringError as e:
         raise Unkeyable(e.reason) from None
     names = {node: f"n{i}" for i, node in enumerate(gm.graph.nodes)}
-    graph = [[n.op, _target(gm, n), _canon(n.args, names), _canon(dict(n.kwargs), names)]
-             for n in gm.graph.nodes]
+    graph = [[n.op, _target(gm, n), _canon(n.args, names), _canon(dict(n.kwargs), names),
+              *([_canon(a, names)] if (a := recorded_annotations(n)) else [])] for n in gm.graph.nodes]
     inputs = [_input(v, real, rename) for v, real in zip(fakes, example_inputs)]
     parts = {"dynamo_graph": _digest(graph), "inputs": _digest(inputs), "guards": _digest(_dynamo_guards(rename)),
              "state": _digest(_global_state()),

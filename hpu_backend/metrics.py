@@ -5,7 +5,7 @@
 ``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons),
 ``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss; ProgramHit, ProgramMiss count Dynamo
 graphs served from a stored program, skipping AOTAutograd, or traced), ``cpu_fallback`` (TotalNumber,
-FallbackOps) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
+FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
 ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
 """
 

@@ -312,6 +312,7 @@ _FACTS = _record(
                    buffers=_list_of(list)),
     cost=_record(device_s=_NUM, cpu_s=_NUM, transfer_s=_NUM, total_s=_NUM, clusters=_list_of(dict)),
     compile_time_s=_NUM,
+    annotations=_map_of(dict),
 )
 
 

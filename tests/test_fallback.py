@@ -15,8 +15,9 @@ import torch
 def f(x):
     return torch.special.digamma(x) * 2
 x = torch.rand(8, dtype=torch.bfloat16) + 0.5
-out = torch.compile(f, backend="hpu_backend", options={"cache": False})(x)
-torch.testing.assert_close(out, f(x))
+compiled = torch.compile(f, backend="hpu_backend", options={"cache": False})
+for _ in range(2):  # two executions of one recipe: the bridge's table counts both
+    torch.testing.assert_close(compiled(x), f(x))
 print("RESULT OK")
 """
 
@@ -36,9 +37,9 @@ def test_fallback_line_and_exit_table_on_the_console():
     out, err = _run({"LOG_LEVEL_PT_FALLBACK": "1", "ENABLE_CONSOLE": "true"})
     console = out + err
     assert "RESULT OK" in out
-    assert "CPU fallback digamma : self=HPUBFloat16Type" in console
+    assert console.count("CPU fallback digamma : self=HPUBFloat16Type") == 1  # once, when the recipe is taken up
     table = console[console.index(fallback.HEADER):].splitlines()
-    assert table[:2] == [fallback.HEADER, "1       aten::digamma"]
+    assert table[:2] == [fallback.HEADER, "2       aten::digamma"]
     assert console.index("CPU fallback digamma") < console.index(fallback.HEADER)
 
 
@@ -53,12 +54,28 @@ def test_no_fallback_output_without_the_log_level(capsys, monkeypatch):
     assert capsys.readouterr().err == "CPU fallback digamma : self=HPUBFloat16Type\n"
 
 
-def test_fallbacks_feed_the_cpu_fallback_metric():
+def test_fallbacks_feed_the_cpu_fallback_metric_per_execution():
     x = torch.rand(8, dtype=torch.bfloat16) + 0.5
+    fn = torch.compile(lambda t: torch.special.digamma(t) + torch.special.digamma(t * 2), backend="hpu_backend",
+                       options={"cache": False})
+    recipes_before, runs_before = fallback.recipe_counts()["aten::digamma"], fallback.counts()["aten::digamma"]
     with metric_localcontext("cpu_fallback") as m:
-        torch.compile(lambda t: torch.special.digamma(t) + 1, backend="hpu_backend", options={"cache": False})(x)
+        for _ in range(3):
+            fn(x)
     stats = dict(m.stats())
-    assert stats["TotalNumber"] == 1 and stats["FallbackOps"] == {"aten::digamma": 1}
+    # Two digamma nodes in one recipe, executed three times: six fallback executions, one recipe.
+    assert stats["TotalNumber"] == 6 and stats["FallbackOps"] == {"aten::digamma": 6}
+    assert fallback.counts()["aten::digamma"] - runs_before == 6
+    assert fallback.recipe_counts()["aten::digamma"] - recipes_before == 2
+
+
+def test_a_compile_only_run_counts_no_fallback_execution():
+    x = torch.rand(8, dtype=torch.bfloat16) + 0.5
+    fn = torch.compile(lambda t: torch.special.digamma(t) + 1, backend="hpu_backend",
+                       options={"cache": False, "execute": False})
+    with metric_localcontext("cpu_fallback") as m:
+        fn(x)
+    assert dict(m.stats())["TotalNumber"] == 0
 
 
 def test_strict_mode_raises_naming_the_op():

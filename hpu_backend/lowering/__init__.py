@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..recipe import Recipe
 from .context import LoweringContext
 from .errors import LoweringError
-from .passes.capture import capture, constant_of, encode_guards, symbol_table
+from .passes.capture import capture, constant_of, encode_guards, recorded_annotations, symbol_table
 from .passes.estimate_cost import estimate_cost
 from .passes.find_transfers import find_transfers
 from .passes.fuse_attention import fuse_attention
@@ -90,5 +90,5 @@ def _run(p, done: list[str], ctx: LoweringContext, *args):
 
 
 __all__ = ["LoweringContext", "LoweringError", "capture_graph", "lower_graph", "lower_bucket",
-           "constant_of", "encode_guards", "symbol_table",
+           "constant_of", "encode_guards", "recorded_annotations", "symbol_table",
            "GRAPH_PASSES", "BUCKET_PASSES"]

@@ -1,6 +1,8 @@
 """Which values own memory: views and tuple elements alias their base; fused values may stay on chip.
 
-Shared by the memory plan and the cost model, so the two always agree on what touches HBM.
+Shared by the memory plan and the cost model, so the two always agree on what touches HBM. Also
+what FusedSDPA's recompute choice saves: without recompute the forward keeps its B×H×S×L
+probabilities in HBM for the backward, with it the backward recomputes them on chip.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from .values import nbytes, node_refs
 SDPA_FORWARD = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention"}
 SDPA_BACKWARD = {"_scaled_dot_product_flash_attention_for_cpu_backward",
                  "_scaled_dot_product_efficient_attention_backward"}
+
+# node.meta["custom"] key that hpu_backend.gaudi.FusedSDPA sets; capture records it in facts["annotations"].
+FUSED_SDPA_ANNOTATION = "hpu_fused_sdpa"
 
 Root = tuple[str, int]  # (value that owns the memory, output index)
 
@@ -70,3 +75,16 @@ def sdpa_workspace_bytes(node: Node, specs, env) -> int:
     if not scores:
         return 0
     return scores * (3 if packet_name(node.op) in SDPA_BACKWARD else 2)
+
+
+def recompute_choice(recipe: Recipe, node: Node) -> bool | None:
+    """FusedSDPA's recompute_mode for this attention op (None: plain sdpa, not called through FusedSDPA)."""
+    note = recipe.facts.get("annotations", {}).get(node.name, {}).get(FUSED_SDPA_ANNOTATION)
+    return None if note is None else bool(note.get("recompute"))
+
+
+def saved_probs_bytes(recipe: Recipe, node: Node, specs, env) -> int:
+    """Bytes of the probabilities a training forward saves for its backward (FusedSDPA without recompute)."""
+    if recipe.kind == "inference" or recompute_choice(recipe, node) is not False:
+        return 0
+    return sdpa_scores_bytes(node, specs, env)

@@ -20,8 +20,14 @@ def dims(spec: ValueSpec, env: Mapping[str, int]) -> list[int]:
     return [int(symexpr.evaluate(d, env)) for d in spec.shape]
 
 
-def mme_flops(node: Node, ins: list[ValueSpec], env: Mapping[str, int]) -> float:
-    """Matrix FLOPs (2 per multiply-add) of an MME op."""
+# Backward attention FLOPs as a multiple of the forward's (QKᵀ and PV): four matmuls (dV, dP, dQ, dK)
+# are 2×, plus what is recomputed. None: a plain sdpa op, flash-style, recomputes QKᵀ (+0.5×);
+# FusedSDPA without recompute reads the saved probabilities (+0); with recompute it runs the forward again (+1×).
+SDPA_BACKWARD_FACTOR = {None: 2.5, False: 2.0, True: 3.0}
+
+
+def mme_flops(node: Node, ins: list[ValueSpec], env: Mapping[str, int], recompute: bool | None = None) -> float:
+    """Matrix FLOPs (2 per multiply-add) of an MME op (``recompute``: FusedSDPA's choice, for attention)."""
     packet = packet_name(node.op)
     out = math.prod(dims(node.out[0], env)) if node.out and node.out[0].kind == "tensor" else 0
     if packet in MATMULS:
@@ -37,7 +43,7 @@ def mme_flops(node: Node, ins: list[ValueSpec], env: Mapping[str, int]) -> float
         off = 1 if packet in SDPA_BACKWARD else 0
         q, k = dims(ins[off], env), dims(ins[off + 1], env)
         fw = 4.0 * math.prod(q) * k[-2]  # QKᵀ and PV
-        return fw * (2.5 if packet in SDPA_BACKWARD else 1.0)
+        return fw * (SDPA_BACKWARD_FACTOR[recompute] if packet in SDPA_BACKWARD else 1.0)
     return 2.0 * out
 
 

@@ -1,5 +1,8 @@
 """Capture: the aten FX graph (with the facts earlier passes left in ``node.meta['hpu']``) → Recipe.
 
+Annotations that change a recipe (FusedSDPA's recompute choice, from ``node.meta["custom"]``) are
+recorded per node in ``facts["annotations"]``, which the recipe key hashes.
+
 Shape symbols are renamed ``s0, s1, ...`` in order of first appearance among the inputs, so the
 same graph captured in another process (or with other Dynamo symbol names) gives the same recipe.
 """
@@ -17,6 +20,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ... import symexpr
 from ...recipe import Constant, Node, Recipe, ValueSpec
 from ...runtime import ops
+from ..buffers import FUSED_SDPA_ANNOTATION
 from ..context import LoweringContext
 from ..errors import LoweringError
 
@@ -44,7 +48,22 @@ def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
         elif node.op != "placeholder":
             raise LoweringError(f"unsupported FX node kind {node.op!r}", node=node)
     recipe.guards = encode_guards(ctx.guards, rename)
+    annotations = {n.name: a for n in gm.graph.nodes if (a := recorded_annotations(n))}
+    if annotations:
+        recipe.facts["annotations"] = annotations
     return recipe
+
+
+def recorded_annotations(node: torch.fx.Node) -> dict:
+    """The user's annotations on a node that change its recipe, as plain data (FusedSDPA's recompute choice).
+
+    ``torch.fx.traceback.annotate`` puts them in ``node.meta["custom"]``; Dynamo and AOTAutograd carry
+    them to the forward and backward nodes made from the annotated call. Other annotations are ignored.
+    """
+    note = (node.meta.get("custom") or {}).get(FUSED_SDPA_ANNOTATION)
+    if not isinstance(note, dict):
+        return {}
+    return {FUSED_SDPA_ANNOTATION: {"recompute": bool(note.get("recompute"))}}
 
 
 def symbol_table(values: list) -> tuple[dict[str, str], list[list[int]]]:

@@ -2,7 +2,9 @@
 
 A cluster's MME work, TPC work and HBM traffic overlap on the device (the engines run as a
 pipeline), so its time is the largest of the three plus one launch. Values that stay inside a
-fused kernel add no HBM traffic; an unfused sdpa op writes and reads its score matrices. CPU
+fused kernel add no HBM traffic; an unfused sdpa op writes and reads its score matrices. FusedSDPA
+without recompute writes its probabilities in the forward and reads them in the backward; with
+recompute the backward does the forward's attention FLOPs again (``flops.mme_flops``). CPU
 fallbacks run at assumed host rates and each host↔device copy pays the link. Figures come from
 ``devices.py``; every number this pass writes is an estimate, and is labelled so.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...recipe import Recipe
-from ..buffers import alias_roots, internal_values, sdpa_workspace_bytes
+from ..buffers import alias_roots, internal_values, recompute_choice, saved_probs_bytes, sdpa_workspace_bytes
 from ..context import LoweringContext
 from ..devices import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, device
 from ..flops import mme_flops, tpc_flops
@@ -67,6 +69,7 @@ class _Work:
     """FLOPs, HBM bytes and dtype of each node at the plan's shapes."""
 
     def __init__(self, recipe: Recipe, env):
+        self.recipe = recipe
         self.env = env
         self.specs = spec_map(recipe)
         self.roots = alias_roots(recipe)
@@ -82,7 +85,7 @@ class _Work:
 
     def flops(self, node) -> float:
         if node.engine == "mme":
-            return mme_flops(node, self.inputs(node), self.env)
+            return mme_flops(node, self.inputs(node), self.env, recompute_choice(self.recipe, node))
         record = self.table.lookup(node.op)
         return tpc_flops(record.kind if record else "elementwise", self.inputs(node), node, self.env)
 
@@ -92,4 +95,5 @@ class _Work:
         written = sum(nbytes(s, self.env) for k, s in enumerate(node.out)
                       if self.roots.get((node.name, k)) not in self.on_chip)
         scratch = 2 * sdpa_workspace_bytes(node, self.specs, self.env) if node.fusion < 0 else 0
-        return read + written + scratch
+        saved = saved_probs_bytes(self.recipe, node, self.specs, self.env)  # written by the forward, read back
+        return read + written + scratch + saved

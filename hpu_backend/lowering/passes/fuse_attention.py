@@ -8,7 +8,8 @@ add, ``_softmax`` or amax-sub-exp-sum-div, bmm; and the mirror image in backward
 matmul to the output matmul(s), plus the layout ops that only prepare q, k and v for it. Values
 that stay inside a group (the S×S scores and probabilities, unless saved for backward) never
 reach HBM in the memory plan. The executor still runs the individual ops: fusion changes the
-plan and the estimate, never the numerics.
+plan and the estimate, never the numerics. A group called through ``gaudi.FusedSDPA`` records its
+``recompute`` choice, which the memory plan and the estimate read from the attention op.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...recipe import Recipe
+from ..buffers import recompute_choice
 from ..context import LoweringContext
 from ..graphview import GraphView
 from ..optable import packet_name
@@ -135,6 +137,12 @@ def _one_cluster(view: GraphView, names: list[str]) -> bool:
 def _record(recipe: Recipe, view: GraphView, groups) -> Recipe:
     fusion_of = {m: i for i, (_, members) in enumerate(groups) for m in members}
     nodes = [with_fields(n, fusion=fusion_of[n.name]) if n.name in fusion_of else n for n in recipe.nodes]
-    fusions = [{"id": i, "kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster}
-               for i, (kind, members) in enumerate(groups)]
+    fusions = [{"id": i, "kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster,
+                **_recompute(recipe, view, members)} for i, (kind, members) in enumerate(groups)]
     return dataclasses.replace(recipe, nodes=nodes, facts=dict(recipe.facts, fusions=fusions))
+
+
+def _recompute(recipe: Recipe, view: GraphView, members: list[str]) -> dict:
+    """``{"recompute": bool}`` for a group called through FusedSDPA (its recompute_mode), else nothing."""
+    choices = {recompute_choice(recipe, view.nodes[m]) for m in members} - {None}
+    return {"recompute": choices.pop()} if len(choices) == 1 else {}

@@ -4,7 +4,9 @@ Persistent bytes are the graph's inputs (parameters included), constants and out
 buffer gets a lifetime from the schedule (its defining step to its last reader, readers of its
 views included) and an offset in one arena (``arena.assign_offsets``). Views and tuple elements
 own no memory; values that stay inside a fused kernel live on chip, not in the arena; an sdpa op
-that is not fused materializes its score matrices as a workspace for its own step.
+that is not fused materializes its score matrices as a workspace for its own step. An attention
+called through ``gaudi.FusedSDPA`` without recompute saves its B×H×S×L probabilities for the
+backward: persistent output bytes of the forward, input bytes of the backward (``saved_probs_bytes``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 
 from ...recipe import Recipe, iter_refs
 from .. import arena
-from ..buffers import alias_roots, internal_values, sdpa_workspace_bytes
+from ..buffers import alias_roots, internal_values, saved_probs_bytes, sdpa_workspace_bytes
 from ..context import LoweringContext
 from ..devices import device
 from ..values import nbytes, node_refs, spec_map
@@ -29,13 +31,16 @@ def plan_memory(recipe: Recipe, ctx: LoweringContext) -> Recipe:
     on_chip = internal_values(recipe, roots) & set(sizes)
     buffers = _lifetimes(recipe, roots, sizes, on_chip) + _workspaces(recipe, env)
     offsets, arena_bytes = arena.assign_offsets(buffers)
-    persistent_bytes = _persistent_bytes(recipe, nodes, persistent, env)
+    specs = spec_map(recipe)
+    saved_probs = sum(saved_probs_bytes(recipe, n, specs, env) for n in recipe.nodes)
+    persistent_bytes = _persistent_bytes(recipe, nodes, persistent, env, saved_probs)
     memory = {
         "estimate": True, "plan_at": dict(env), **persistent_bytes,
         "intermediate_bytes": sum(b.size for b in buffers),
         "arena_bytes": arena_bytes, "peak_live_bytes": arena.peak_live(buffers),
         "peak_bytes": persistent_bytes["persistent_bytes"] + arena_bytes,
         "on_chip_bytes": sum(sizes[r] for r in on_chip),
+        "saved_probs_bytes": saved_probs,
         "workspace_bytes": max((b.size for b in buffers if b.name.startswith("workspace:")), default=0),
         "buffers": [[b.name, offsets[b.name], b.size, b.first, b.last] for b in buffers],
     }
@@ -48,10 +53,15 @@ def _persistent(recipe: Recipe, roots) -> set:
     return {roots[(ref, 0)] for ref in iter_refs(recipe.outputs) if (ref, 0) in roots}
 
 
-def _persistent_bytes(recipe: Recipe, nodes, persistent: set, env) -> dict:
+def _persistent_bytes(recipe: Recipe, nodes, persistent: set, env, saved_probs: int) -> dict:
+    """Inputs, constants and outputs; FusedSDPA's saved probabilities are a forward's output, a backward's input."""
     inputs = sum(nbytes(s, env) for s in recipe.inputs) + sum(
         len(c.data) for c in recipe.constants.values())
     outputs = sum(nbytes(nodes[r[0]].out[r[1]], env) for r in persistent if r[0] in nodes)
+    if recipe.kind == "forward":
+        outputs += saved_probs
+    else:
+        inputs += saved_probs
     return {"input_bytes": inputs, "output_bytes": outputs, "persistent_bytes": inputs + outputs}
 
 

@@ -1,0 +1,96 @@
+"""FusedSDPA: Gaudi's fused attention kernel under its name, computed by torch's scaled_dot_product_attention.
+
+Gaudi scripts call ``habana_frameworks.torch.hpex.kernels.FusedSDPA.apply(q, k, v, attn_mask, dropout_p,
+is_causal, scale, softmax_mode, recompute_mode, valid_sequence_lengths, padding_side)``. Here the
+numerics are torch's ``scaled_dot_product_attention`` (forward and gradients). The recompute choice
+is a property of the recipe, not of the numbers: the call is annotated
+(``torch.fx.traceback.annotate``), the annotation follows the attention op into the forward and
+backward graphs AOTAutograd makes, capture records it in ``facts["annotations"]`` (so it is part of
+the recipe key), and the memory plan and cost estimate read it (``lowering/buffers.py``):
+without recompute the B×H×S×L probabilities are saved for the backward, with it the backward
+recomputes them (the forward's attention FLOPs again).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.nn.functional as F
+
+from ..lowering.buffers import FUSED_SDPA_ANNOTATION
+
+SOFTMAX_MODES = ("None", "fast")
+PADDING_SIDES = ("left", "right")
+
+
+class FusedSDPA:
+    """``FusedSDPA.apply(...)`` with Gaudi's signature and defaults (an autograd-aware call, as on Gaudi)."""
+
+    @staticmethod
+    def apply(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              softmax_mode: str = "None", recompute_mode: bool | None = None,
+              valid_sequence_lengths: torch.Tensor | None = None, padding_side: str = "left") -> torch.Tensor:
+        _check(query, key, value, attn_mask, dropout_p, is_causal, softmax_mode, recompute_mode,
+               valid_sequence_lengths, padding_side)
+        keep = None
+        if valid_sequence_lengths is not None:
+            attn_mask, keep = _padding_mask(query, key, valid_sequence_lengths, is_causal, padding_side)
+            is_causal = False
+        # recompute_mode=None takes Gaudi's default, which is not to recompute.
+        with fx_traceback.annotate({FUSED_SDPA_ANNOTATION: {"recompute": bool(recompute_mode)}}):
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                 is_causal=is_causal, scale=scale)
+        return out if keep is None else out * keep
+
+
+def _check(query, key, value, attn_mask, dropout_p, is_causal, softmax_mode, recompute_mode,
+           valid_sequence_lengths, padding_side) -> None:
+    """One-line ValueErrors for what Gaudi refuses or what cannot be honoured here."""
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        raise TypeError("FusedSDPA.apply: query, key and value must be tensors")
+    if softmax_mode not in SOFTMAX_MODES and softmax_mode is not None:
+        raise ValueError(f"FusedSDPA.apply: softmax_mode={softmax_mode!r} is not one of {SOFTMAX_MODES}")
+    if recompute_mode not in (None, True, False):
+        raise ValueError(f"FusedSDPA.apply: recompute_mode={recompute_mode!r} must be True, False or None")
+    if padding_side not in PADDING_SIDES:
+        raise ValueError(f"FusedSDPA.apply: padding_side={padding_side!r} is not one of {PADDING_SIDES}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"FusedSDPA.apply: dropout_p={dropout_p!r} must be in [0, 1)")
+    if attn_mask is not None and is_causal:
+        raise ValueError("FusedSDPA.apply: pass either attn_mask or is_causal=True, not both "
+                         "(fold the causal mask into attn_mask)")
+    if valid_sequence_lengths is not None:
+        _check_lengths(query, attn_mask, valid_sequence_lengths)
+
+
+def _check_lengths(query, attn_mask, lengths) -> None:
+    if attn_mask is not None:
+        raise ValueError("FusedSDPA.apply: valid_sequence_lengths replaces attn_mask; pass one of them")
+    if query.dim() != 4:
+        raise ValueError(f"FusedSDPA.apply: valid_sequence_lengths needs [batch, heads, seq, dim] inputs, "
+                         f"got a {query.dim()}-d query")
+    if not isinstance(lengths, torch.Tensor) or lengths.shape != (query.shape[0],) or lengths.is_floating_point():
+        raise ValueError(f"FusedSDPA.apply: valid_sequence_lengths must be an integer tensor of shape "
+                         f"[{query.shape[0]}] (one length per batch row)")
+
+
+def _padding_mask(query, key, lengths, is_causal: bool, padding_side: str):
+    """(boolean attention mask [B,1,S,L], 0/1 factor [B,1,S,1] that zeroes padded query rows).
+
+    Valid tokens are the first ``length`` positions (right padding) or the last (left padding).
+    A padded query row has no key to attend to under a causal mask; it attends to every key (to
+    stay finite) and its output is zeroed: padded positions carry no meaningful value on Gaudi either.
+    """
+    seq_q, seq_k = query.shape[-2], key.shape[-2]
+    n = lengths.view(-1, 1)
+    pos_q, pos_k = torch.arange(seq_q, device=query.device), torch.arange(seq_k, device=query.device)
+    if padding_side == "right":
+        valid_q, valid_k = pos_q < n, pos_k < n
+    else:
+        valid_q, valid_k = pos_q >= seq_q - n, pos_k >= seq_k - n
+    allowed = valid_k[:, None, None, :]
+    if is_causal:  # top-left aligned, as scaled_dot_product_attention's is_causal
+        allowed = allowed & torch.ones(seq_q, seq_k, dtype=torch.bool, device=query.device).tril()
+    allowed = allowed | ~allowed.any(-1, keepdim=True)
+    return allowed, valid_q[:, None, :, None].to(query.dtype)
