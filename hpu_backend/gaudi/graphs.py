@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from .. import fallback
 from ..exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringContext, LoweringError, lower_bucket
 from ..package import PackageError
@@ -96,8 +97,9 @@ class CapturedGraph:
     """One captured call: static input buffers, the executor with the module's state bound, the output layout."""
 
     def __init__(self, run: Callable[[list], list], static: list[torch.Tensor], out_spec: pytree.TreeSpec,
-                 trainable: bool):
+                 trainable: bool, fallbacks: tuple[str, ...] = ()):
         self.run = run
+        self.fallbacks = fallbacks  # CPU-fallback ops, counted at every replay as the bridge does
         self.static = static
         self.out_spec = out_spec
         self.single = out_spec.is_leaf()
@@ -110,6 +112,8 @@ class CapturedGraph:
     def replay(self, tensors) -> Any:
         for buffer, value in zip(self.static, tensors):
             buffer.copy_(value)
+        if self.fallbacks:
+            fallback.executed(self.fallbacks)
         outs = self.run(list(self.static))
         return outs[0] if self.single else pytree.tree_unflatten(outs, self.out_spec)
 
@@ -138,10 +142,11 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Ca
         if template.symbols:
             raise PackageError(f"the captured graph has symbolic sizes {template.symbols}")
         recipe = lower_bucket(template, _static(ctx))
+        fallbacks = fallback.report(recipe)
         fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
         run = build_callable(recipe, fixed)
     trainable = any(p.requires_grad for p in module.parameters())
-    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable)
+    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks)
 
 
 def _static(ctx: LoweringContext) -> LoweringContext:
