@@ -18,7 +18,7 @@ from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 from torch._dynamo.symbolic_convert import TensorifyState
 
 from . import metrics
-from .compiled import CompiledGraph, Event, boxed, emit
+from .compiled import CompiledGraph, Event, Replay, boxed, emit
 from .keys import ProgramKey, Unkeyable, program_key
 from .lowering import LoweringContext, LoweringError
 from .programs import Recorder, restart_program, serve
@@ -31,11 +31,16 @@ _graph_ids = itertools.count()
 _SUFFIX = {"forward": "fw", "backward": "bw", "inference": "inf"}
 
 
+MODES = (None, "default", "reduce-overhead")
+
+
 def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, **kwargs: Any):
-    """Dynamo backend: serve ``gm`` from its stored program, or lower its AOTAutograd graphs to recipes."""
-    if kwargs.get("mode") not in (None, "default"):
-        log.debug("hpu_backend ignores mode=%r", kwargs["mode"])
+    """Dynamo backend: serve ``gm`` from its stored program, or lower its AOTAutograd graphs to recipes.
+
+    ``mode="reduce-overhead"`` replays inference graphs as HPU Graphs do (``compiled.Replay``).
+    """
     settings = Settings.from_options(options)
+    replay = _mode(kwargs.get("mode"))
     graph_id = next(_graph_ids)
     reason = _compile_reason()
     name_of = functools.partial(_graph_name, graph_id)
@@ -44,7 +49,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     if pkey is not None:
         served = _serve(pkey, store, gm, example_inputs, settings, name_of, reason)
         if served is not None:
-            return served
+            return _replayed(served, example_inputs) if replay else served
     recorder = None if pkey is None else Recorder(pkey, store, settings, name_of("program"))
     inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
 
@@ -59,13 +64,15 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     start = time.perf_counter()
     specialized = set(TensorifyState.force_specializations)
     try:
-        return aot_autograd(
+        compiled = aot_autograd(
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
             decompositions=hpu_decompositions(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
+        replayable = replay and recorder is not None and recorder.replayable()
+        return Replay(recorder.graphs["inference"], example_inputs, compiled) if replayable else compiled
     except TensorifyScalarRestartAnalysis:
         # AOTAutograd's float pass asks Dynamo to trace again with some floats specialized: store
         # that answer, so that a later process replays it without tracing to find it out.
@@ -76,6 +83,24 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
         raise
     finally:
         metrics.record_phase("aot_trace", time.perf_counter() - start - inner[0])
+
+
+_warned_modes: set = set()
+
+
+def _mode(mode: str | None) -> bool:
+    """Whether ``mode`` asks for graph replay; a mode this backend does not implement is named once."""
+    if mode not in MODES and mode not in _warned_modes:
+        _warned_modes.add(mode)
+        log.warning("hpu_backend: torch.compile mode=%r is ignored (hpu_backend knows 'default' and "
+                    "'reduce-overhead'); compiling with the default mode", mode)
+    return mode == "reduce-overhead"
+
+
+def _replayed(served, example_inputs: list):
+    """A served program's inference graph as a Replay, when the program allows it (else ``served``)."""
+    graph = getattr(served, "replayable_graph", None)
+    return served if graph is None else Replay(graph, example_inputs, served)
 
 
 def _program_key(gm, example_inputs, settings: Settings, name: str) -> ProgramKey | None:

@@ -145,17 +145,20 @@ class CompiledGraph:
         return {b: t.recipe for b, t in self.buckets.items() if t.recipe is not None}
 
     def __call__(self, args: list) -> list:
-        taken, values = self.fixed, ()
-        if taken is None:
-            values = self.read_symbols(args)
-            taken = self.known.get(values)
-            if taken is None:
-                taken = self.on_new_values(values)
+        taken, values = self.taken_for(args)
         if _listeners:
             emit(Event("use", self, taken.recipe, True, values=values))
         if taken.fallbacks:  # the bridge counts fallbacks per execution
             fallback.executed(taken.fallbacks)
         return taken.run(args)
+
+    def taken_for(self, args: list) -> tuple[Taken, tuple]:
+        """The bucket these inputs run, and their symbol values."""
+        if self.fixed is not None:
+            return self.fixed, ()
+        values = self.read_symbols(args)
+        taken = self.known.get(values)
+        return (taken if taken is not None else self.on_new_values(values)), values
 
     def bucket_of(self, values: tuple) -> tuple:
         bucket = []
@@ -287,3 +290,51 @@ def _safe_graph_key(captured: Recipe, ctx: LoweringContext) -> GraphKey | None:
     except (TypeError, ValueError, KeyError) as e:
         log.info("hpu_backend: %s bypasses the recipe cache: cannot compute its key (%s)", ctx.name, e)
         return None
+
+
+class Replay:
+    """``mode="reduce-overhead"``, HPU Graphs under torch.compile: an inference graph captured per input
+    signature and replayed. A capture takes the signature's bucket once and gives it static buffers for the
+    inputs that are not parameters or buffers; a replay copies the call's inputs into those buffers and runs
+    the bucket's executor directly: no symbol reading, no AOTAutograd runtime wrapper."""
+
+    def __init__(self, graph: CompiledGraph, example_inputs: list, unreplayed: Callable[..., list]):
+        self.graph = graph
+        self.unreplayed = unreplayed  # the graph's ordinary call: what runs a bucket that cannot be lowered
+        self.copied = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and not _static(x)]
+        self.captured: dict[tuple, tuple[Taken, list[tuple[int, torch.Tensor]]]] = {}
+
+    def __call__(self, *args) -> list:
+        signature = self.graph.read_symbols(args) if self.graph.fixed is None else ()
+        found = self.captured.get(signature)
+        if found is None:
+            return self._capture(signature, args)
+        taken, buffers = found
+        full = list(args)
+        for i, buffer in buffers:
+            buffer.copy_(args[i])
+            full[i] = buffer
+        if taken.fallbacks:
+            fallback.executed(taken.fallbacks)
+        if torch.is_grad_enabled():  # an inference graph runs without autograd, as AOTAutograd runs it
+            with torch.no_grad():
+                return taken.run(full)
+        return taken.run(full)
+
+    def _capture(self, signature: tuple, args: tuple) -> list:
+        try:
+            with torch.no_grad():
+                outs = self.graph(list(args))  # takes up the bucket (store or lowering), emits its events
+        except LoweringError:
+            return self.unreplayed(*args)  # runs eagerly after one warning (or raises, in strict mode)
+        taken, _ = self.graph.taken_for(list(args))
+        if taken.recipe is not None:  # a bucket that fell back to eager is not captured
+            self.captured[signature] = (taken, [(i, torch.empty_strided(args[i].shape, args[i].stride(),
+                                                                        dtype=args[i].dtype, device=args[i].device))
+                                                for i in self.copied])
+        return outs
+
+
+def _static(x: torch.Tensor) -> bool:
+    """A parameter or a buffer Dynamo marked static: bound for the graph's lifetime, never copied."""
+    return isinstance(x, torch.nn.Parameter) or getattr(x, "_dynamo_static_input_type", None) is not None

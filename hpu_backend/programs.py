@@ -50,6 +50,7 @@ class Recorder:
         self.guards: list = []
         self.disable_amp = False
         self.abandoned = False
+        self.contract: Contract | None = None  # set once the program is complete and expressible
 
     def add(self, kind: str, graph: CompiledGraph | None) -> None:
         """Called by each compiler; ``graph`` None means it runs eagerly (no program then)."""
@@ -80,10 +81,20 @@ class Recorder:
         except (Unsupported, RecipeFormatError) as e:
             log.info("hpu_backend: %s: compiled, but not stored as a program: %s", self.name, e)
             return
+        self.contract = contract
         self.store.put_program(self.pkey, program, self.settings, self.name)
         for g in graphs:
             g.program = self.pkey.key
         emit(Event("program", key=self.pkey.key))
+
+
+    def replayable(self) -> bool:
+        """An inference graph whose runtime contract is only "run it" (what a Replay does)."""
+        return "inference" in self.graphs and self.contract is not None and replayable(self.contract)
+
+
+def replayable(c: Contract) -> bool:
+    return not c.mutated_inputs and not c.disable_amp
 
 
 def contract_of(meta: Any, mode: str, templates: list, disable_amp: bool) -> Contract:
@@ -169,7 +180,10 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
     emit(Event("program", key=key, hit=True))
     call = inference_call(graphs[0], program.contract) if program.mode == "inference" else training_call(
         *graphs, program.contract)
-    return _eager_after_failure(call, gm, settings, name_of("program"))
+    call = _eager_after_failure(call, gm, settings, name_of("program"))
+    if program.mode == "inference" and replayable(program.contract):
+        call.replayable_graph = graphs[0]  # what mode="reduce-overhead" replays
+    return call
 
 
 def replay_restart(names: list[str]) -> None:

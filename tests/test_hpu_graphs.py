@@ -143,3 +143,56 @@ def test_cpu_fallbacks_count_at_every_replay():
         for _ in range(3):
             torch.testing.assert_close(graphed(x), torch.special.digamma(x) * 2)
     assert fallback.counts()["aten::digamma"] - before == 3
+
+
+def _uses(compiled, calls):
+    """Run ``compiled`` on each input; the number of calls that went through a graph's bucket dispatch."""
+    from hpu_backend.compiled import listen
+
+    events = []
+    with listen(lambda e: events.append(e.kind)), torch.no_grad():
+        outs = [compiled(x) for x in calls]
+    return outs, events.count("use")
+
+
+def test_reduce_overhead_replays_after_one_capture_on_a_miss_and_on_a_program_hit():
+    model = _mlp()
+    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    for attempt in ("compiled", "served from the stored program"):
+        torch._dynamo.reset()
+        compiled = torch.compile(copy.deepcopy(model), backend="hpu_backend", mode="reduce-overhead")
+        outs, uses = _uses(compiled, xs)
+        assert uses == 1, attempt  # the capture; the replays skip the dispatch
+        for out, x in zip(outs, xs):
+            torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+    _, default_uses = _uses(torch.compile(copy.deepcopy(model), backend="hpu_backend"), xs)
+    assert default_uses == len(xs)
+
+
+def test_reduce_overhead_captures_each_shape_of_a_dynamic_graph():
+    gpt = load_model_file("gpt")
+    model = gpt.make_model().eval()
+    compiled = torch.compile(copy.deepcopy(model), backend="hpu_backend", mode="reduce-overhead", dynamic=True)
+    tokens = [gpt.make_inputs(2, seq)[0] for seq in (8, 16, 8, 16, 8)]
+    outs, uses = _uses(compiled, tokens)
+    assert uses == 2
+    for out, t in zip(outs, tokens):
+        torch.testing.assert_close(out, model(t), rtol=0, atol=0)
+
+
+def test_reduce_overhead_training_keeps_autograd():
+    model = _mlp().train()
+    compiled = torch.compile(model, backend="hpu_backend", mode="reduce-overhead")
+    compiled(torch.randn(2, 16)).sum().backward()
+    assert model[0].weight.grad is not None
+
+
+def test_an_unknown_mode_is_named_once(caplog):
+    model = _mlp()
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.compile(model, backend="hpu_backend", mode="max-autotune-no-cudagraphs")(torch.randn(2, 16))
+    lines = [r.message for r in caplog.records if "mode=" in r.message]
+    assert len(lines) == 1 and "max-autotune-no-cudagraphs" in lines[0] and "ignored" in lines[0]
