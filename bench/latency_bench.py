@@ -1,9 +1,13 @@
-"""Steady-state per-call latency: eager vs aot_eager vs inductor vs hpu_backend vs a recipe package, in one run.
+"""Steady-state per-call latency: eager vs aot_eager vs inductor vs hpu_backend vs a recipe package vs HPU
+Graphs, in one run.
 
 Host-bound: 8× Linear(64,64)+GELU at batch 8, and models/gpt.py at batch 1, seq 32 (inference).
 Compute-bound: models/gpt.py at batch 8, seq 512. "hpu_package" serves the same shape from a package
-(``build_package`` then ``load_package``). Writes bench/results/latency_bench.json.
-Targets (ratios to eager): hpu_backend ≤ 0.9 host-bound, ≤ 1.05 compute-bound; hpu_package ≤ hpu_backend.
+(``build_package`` then ``load_package``); "hpu_graph" is ``wrap_in_hpu_graph(model)``; "hpu_reduce_overhead"
+is ``torch.compile(model, backend="hpu_backend", mode="reduce-overhead")``.
+Writes bench/results/latency_bench.json.
+Targets (ratios to eager): hpu_backend ≤ 0.9 host-bound, ≤ 1.05 compute-bound; hpu_package ≤ hpu_backend;
+hpu_graph ≤ 0.75 host-bound.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from common import BACKENDS, load_model_file, maybe_plot, per_call_us, print_table, write_results
 from hpu_backend import load_package
 from hpu_backend.aot import build_package
+from hpu_backend.gaudi import wrap_in_hpu_graph
 from hpu_backend.modelfile import spec_from
 
 
@@ -48,6 +53,10 @@ def prepare(case: str, backend: str):
     model, inputs = CASES[case][0]()
     if backend == "hpu_package":
         fn = packaged(model, inputs)
+    elif backend == "hpu_graph":
+        fn = wrap_in_hpu_graph(model)
+    elif backend == "hpu_reduce_overhead":
+        fn = torch.compile(model, backend="hpu_backend", mode="reduce-overhead")
     else:
         fn = model if backend == "eager" else torch.compile(model, backend=backend)
     with torch.no_grad():
@@ -80,7 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="few repetitions, no inductor (CI smoke run)")
     args = ap.parse_args()
-    backends = [b for b in (*BACKENDS, "hpu_package") if not (args.quick and b == "inductor")]
+    backends = [b for b in (*BACKENDS, "hpu_package", "hpu_graph", "hpu_reduce_overhead") if not (args.quick and b == "inductor")]
     results, rows = {}, []
     for case, (_, kind) in CASES.items():
         repeat = 5 if args.quick else (10 if kind == "compute" else 1000)

@@ -38,6 +38,9 @@ def summarize(quick: bool) -> list[list]:
             if "hpu_package" in lat[case]["ratio_to_eager"]:
                 p = lat[case]["ratio_to_eager"]["hpu_package"]
                 rows.append([f"latency {case}: package / eager", p, f"≤ hpu_backend ({r:.3f})", p <= r])
+            if "hpu_graph" in lat[case]["ratio_to_eager"] and case != "gpt_b8_s512":
+                g = lat[case]["ratio_to_eager"]["hpu_graph"]
+                rows.append([f"latency {case}: HPU graph / eager", g, "≤ 0.75", g <= 0.75])
     first = _load("first_call_bench", quick).get("results", {})
     for combo, by_case in first.items():
         warm_target = 0.75 if combo.endswith("train") else 0.65

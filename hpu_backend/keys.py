@@ -102,6 +102,10 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     """
     from .lowering import LoweringError, recorded_annotations, symbol_table
 
+    if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
+        # AOTAutograd lifts these to graph inputs that Dynamo does not pass (an optimizer's state):
+        # a program would need them bound, and keying them would hash every byte of them.
+        raise Unkeyable("the graph holds parameters or buffers as attributes")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
     if len(fakes) != len(example_inputs):

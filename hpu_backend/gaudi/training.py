@@ -31,7 +31,7 @@ class FusedAdamW(torch.optim.AdamW):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, amsgrad: bool = False):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, fused=True)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, foreach=True)
 
 
 class FusedSGD(torch.optim.SGD):
@@ -40,7 +40,7 @@ class FusedSGD(torch.optim.SGD):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                         nesterov=nesterov, fused=True)
+                         nesterov=nesterov, foreach=True)
 
 
 class FusedClipNorm:

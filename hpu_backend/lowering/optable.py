@@ -110,6 +110,8 @@ def default_table() -> OpTable:
         *_group("tpc", "elementwise", frozenset({"float32"}), "digamma lgamma polygamma erfinv"),
         *_group("tpc", "elementwise", ALL | FP8, "_to_copy to"),
         *_group("tpc", "reduction", FLOAT | INT | BOOL, REDUCTIONS),
+        # Multi-tensor kernels of the optimizers and gradient clipping (Gaudi's fused optimizers).
+        *_group("tpc", "foreach", FLOAT, FOREACH),
         *_group("tpc", "softmax", FLOAT, "_softmax _log_softmax _softmax_backward_data "
                 "_log_softmax_backward_data"),
         *_group("tpc", "norm", FLOAT | {"uint8"}, NORMS),  # uint8: batch norm's reserve buffer
@@ -159,6 +161,12 @@ max_pool3d_with_indices avg_pool3d _adaptive_avg_pool3d upsample_nearest1d upsam
 upsample_bicubic2d upsample_nearest3d upsample_trilinear3d _upsample_bilinear2d_aa reflection_pad1d
 reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d _embedding_bag
 _embedding_bag_forward_only col2im im2col pixel_shuffle pixel_unshuffle
+"""
+FOREACH = """
+_foreach_add _foreach_sub _foreach_mul _foreach_div _foreach_addcmul _foreach_addcdiv _foreach_sqrt
+_foreach_rsqrt _foreach_norm _foreach_pow _foreach_lerp _foreach_neg _foreach_maximum _foreach_minimum
+_foreach_clamp_min _foreach_clamp_max _foreach_reciprocal _foreach_sign _foreach_abs _foreach_exp
+_foreach_copy _foreach_zero
 """
 RANDOM = "rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal"
 FACTORIES = """
