@@ -87,11 +87,12 @@ _stores_lock = threading.Lock()
 
 
 def cache_config(settings: Settings) -> CacheConfig:
-    """The disk cache configuration: the ``cache_config`` option, else PT_HPU_RECIPE_CACHE_CONFIG."""
+    """The disk cache configuration: the ``cache_config`` option or its environment variable (parsed once,
+    by Settings), else the defaults."""
+    if settings.cache_config is not None:
+        return settings.cache_config
     try:
-        if settings.cache_config:
-            return CacheConfig.parse(settings.cache_config)
-        return CacheConfig.from_env()
+        return CacheConfig.from_env()  # a Settings built without from_options
     except ConfigError as e:
         raise SettingsError(str(e)) from None
 
