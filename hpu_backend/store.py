@@ -34,8 +34,10 @@ class RecipeStore:
     fails to parse, validate or build is quarantined and counts as a miss.
     """
 
-    def __init__(self, disk: RecipeCache | None = None):
+    def __init__(self, disk: RecipeCache | None = None, capacity: int = CacheConfig.memory_entries):
         self.disk = disk
+        # How many buckets a compiled graph keeps taken up: the memory tier's size (at least one).
+        self.capacity = max(1, capacity)
 
     def load(self, key: str, prepare: Callable[[Any], T], parse: Callable[[bytes], Any] = Recipe.from_bytes
              ) -> tuple[Any, T] | None:
@@ -101,10 +103,11 @@ def store_for(settings: Settings) -> RecipeStore:
     """The process-wide store for these settings' cache configuration (opened once)."""
     config = cache_config(settings) if settings.cache else None
     ident = None if config is None else (str(config.resolved_path()), config.max_size_mb, config.policy,
-                                         config.remote)
+                                         config.remote, config.memory_entries)
     with _stores_lock:
         if ident not in _stores:
-            _stores[ident] = RecipeStore(_open_disk(config))
+            _stores[ident] = RecipeStore(_open_disk(config), config.memory_entries if config else
+                                         CacheConfig.memory_entries)
         return _stores[ident]
 
 
