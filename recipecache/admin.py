@@ -1,5 +1,5 @@
-"""The administration calls behind the CLI (list, evict, remove, clear, verify, push): each lets pending
-writes land, changes the directory under eviction.lock and reports disk trouble as CacheError."""
+"""The administration calls behind the CLI (peek, list, evict, remove, clear, verify, push, stats): those that
+change the directory let pending writes land, hold eviction.lock and report disk trouble as CacheError."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable
 
 from .accounting import Accounting
 from .disk import FileItem, discard, read_file
-from .entry import EntryInfo, decode_as, decode_entry, validate_key
+from .entry import Entry, EntryInfo, decode_as, decode_entry, validate_key
 from .errors import CacheError, CorruptEntry, VersionMismatch
 from .eviction import TRIM_RATIO, select
 from .ledger import Ledger
@@ -16,7 +16,8 @@ from .remote import RemoteTier
 
 
 class Admin:
-    """Whole-directory operations over one cache's accounting; ``drain`` waits for its pending writes."""
+    """Inspection and whole-directory operations over one cache's accounting; ``drain`` waits for the
+    cache's pending writes."""
 
     def __init__(self, space: Accounting, drain: Callable[[], None]):
         self.space = space
@@ -32,6 +33,18 @@ class Admin:
                 yield
         except OSError as exc:
             raise CacheError(f"recipe cache at {self.disk.root}: {exc}") from exc
+
+    def peek(self, key: str) -> Entry | None:
+        """The entry under key as stored on disk, or None; counts no hit and keeps its recency (for inspection)."""
+        validate_key(key)
+        try:
+            result = self.disk.read(key)
+        except OSError:
+            return None
+        try:
+            return None if result is None or result.problem else decode_as(key, result.data)
+        except CorruptEntry:
+            return None
 
     def entries(self) -> list[EntryInfo]:
         """Every readable entry (headers only), with per-entry hit counts; sorted by key."""

@@ -1,8 +1,8 @@
 """RecipeCache: get and put over the tiers (memory → local disk → fleet), disk writes in the background.
 
 Around this core: the background writes and the switch to memory only in persist.py, the size
-accounting in accounting.py, the administration calls (list, evict, verify, push) in admin.py, and the
-disabled cache in disabled.py.
+accounting in accounting.py, the administration calls (peek, list, evict, verify, push, stats) in admin.py,
+and the disabled cache in disabled.py.
 """
 
 from __future__ import annotations
@@ -175,18 +175,6 @@ class RecipeCache:
             logger.debug("recipe cache: cannot touch %s: %s", key, exc)
         return now
 
-    def peek(self, key: str) -> Entry | None:
-        """The entry under key as stored on disk, or None; counts no hit and keeps its recency (for inspection)."""
-        validate_key(key)
-        try:
-            result = self._disk.read(key)
-        except OSError:
-            return None
-        try:
-            return None if result is None or result.problem else decode_as(key, result.data)
-        except CorruptEntry:
-            return None
-
     def contains(self, key: str) -> bool:
         validate_key(key)
         return self._writes.pending(key) is not None or key in self._memory or self._disk.exists(key)
@@ -221,6 +209,9 @@ class RecipeCache:
             self._writes.submit(self._space.quarantine_if_same, key, bytes(payload))
 
     # -- administration and numbers (CLI): see admin.py ------------------------------------------------------
+
+    def peek(self, key: str) -> Entry | None:
+        return self._admin.peek(key)
 
     def entries(self) -> list[EntryInfo]:
         return self._admin.entries()
