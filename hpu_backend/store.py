@@ -36,8 +36,9 @@ class RecipeStore:
 
     def __init__(self, disk: RecipeCache | None = None, capacity: int = CacheConfig.memory_entries):
         self.disk = disk
-        # How many buckets a compiled graph keeps taken up: the memory tier's size (at least one).
-        self.capacity = max(1, capacity)
+        # How many buckets a compiled graph keeps taken up: the memory tier's size. A memory tier turned off
+        # (0) keeps no entries, but a graph still needs its working set: the default size then.
+        self.capacity = capacity if capacity > 0 else CacheConfig.memory_entries
 
     def load(self, key: str, prepare: Callable[[Any], T], parse: Callable[[bytes], Any] = Recipe.from_bytes
              ) -> tuple[Any, T] | None:

@@ -199,3 +199,11 @@ def test_the_memo_of_symbol_values_is_bounded_too(tmp_path):
     (graph,) = {id(g): g for g, _, _ in taken}.values()
     assert len(taken) == 1 and len(graph.buckets) == 1
     assert 0 < len(graph.known) <= 16
+
+
+def test_a_memory_tier_turned_off_still_leaves_a_graph_its_working_set():
+    from hpu_backend.store import RecipeStore
+    from recipecache import CacheConfig
+
+    assert RecipeStore(None, 3).capacity == 3
+    assert RecipeStore(None, 0).capacity == CacheConfig.memory_entries == 256
