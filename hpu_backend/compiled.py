@@ -202,13 +202,13 @@ class CompiledGraph:
         if taken is None:
             taken = self._compile(named)
         fallback.report(taken.recipe, strict=self.ctx.settings.strict)  # lines, counts, cpu_fallback metric
-        self._keep(bucket, taken)
+        self.buckets[bucket] = taken
         emit(Event("take", self, taken.recipe, hit))
+        self._let_go_past_capacity()
         return taken
 
-    def _keep(self, bucket: tuple, taken: Taken) -> None:
-        """Keep a bucket taken up, letting go of the least recently taken past the store's capacity."""
-        self.buckets[bucket] = taken
+    def _let_go_past_capacity(self) -> None:
+        """Let go of the least recently taken buckets past the store's capacity (and of their symbol values)."""
         while len(self.buckets) > self.store.capacity:
             _, dropped = self.buckets.popitem(last=False)
             self.known = {values: t for values, t in self.known.items() if t is not dropped}
