@@ -5,7 +5,10 @@ mapped to its bucket; a bucket not seen before gets its recipe from the store (m
 and only then from lowering (the bucket passes over the graph's template). What runs is built from
 the recipe's stored bytes — read back from the store on a hit, or from the bytes just written on a
 miss — so a stored recipe is the program, never just a report. Buckets whose recipes execute the
-same ops share one generated executor.
+same ops share one generated executor. A graph keeps at most as many buckets taken up as the recipe
+cache's memory tier holds entries (``CacheConfig.memory_entries``): past that, the least recently
+taken one is let go and, if it comes back, taken up again from the store, so a long tail of shapes
+cannot grow a process without bound.
 
 Observers (warm-up, analysis) ``listen()`` to the events graphs emit: ``take`` when a graph takes up
 a recipe (``hit`` says whether the store had it), ``use`` when a call runs one, and ``program``
@@ -15,8 +18,10 @@ when a Dynamo graph is served from its stored program or stores one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,6 +39,10 @@ from .runtime.symbols import symbol_reader
 from .store import RecipeStore, entry_meta, store_for
 
 log = logging.getLogger(__name__)
+
+# Symbol values remembered per bucket kept: mapping values to a bucket again is cheap, so the memo of
+# values seen is simply cleared when it reaches this many per bucket (a long tail of sizes).
+_VALUES_PER_BUCKET = 16
 
 @dataclass(frozen=True)
 class Event:
@@ -104,11 +113,11 @@ class CompiledGraph:
         self.eager = eager  # the boxed aten graph, run after a lowering failure (None: no graph at hand)
         self.policies = policies_for(ctx.settings.buckets, template.symbols)
         self.read_symbols = symbol_reader(template.symbol_sources)
-        self.known: dict[tuple, Taken] = {}  # symbol values -> taken bucket
-        self.buckets: dict[tuple, Taken] = {}  # bucket -> taken bucket
+        self.known: dict[tuple, Taken] = {}  # symbol values -> taken bucket (a memo, cleared when large)
+        self.buckets: OrderedDict[tuple, Taken] = OrderedDict()  # bucket -> taken bucket, least recent first
         self.fixed: Taken | None = None  # a graph without symbols, or one that fell back to eager
         self.program: str | None = None  # the key of the stored program this graph belongs to
-        self._executors: list[tuple[tuple, Callable[[list], list]]] = []
+        self._executors: OrderedDict[bytes, Callable[[list], list]] = OrderedDict()  # digest of what runs
 
     @classmethod
     def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, reason: str = "new graph") -> "CompiledGraph":
@@ -183,6 +192,8 @@ class CompiledGraph:
             log.warning("hpu_backend: could not lower %s, running it eagerly: %s", self.ctx.name, e.reason)
             self.fixed = Taken(None, self.eager)
             return self.fixed
+        if len(self.known) >= _VALUES_PER_BUCKET * self.store.capacity:
+            self.known.clear()
         self.known[values] = taken
         return taken
 
@@ -190,6 +201,7 @@ class CompiledGraph:
         """The bucket's recipe and executor: from this graph, the store, or lowering (in that order)."""
         taken = self.buckets.get(bucket)
         if taken is not None:
+            self.buckets.move_to_end(bucket)
             return taken
         named = {s: list(b) for s, b in zip(self.symbols, bucket)}
         taken, hit = self._from_store(named)
@@ -200,7 +212,14 @@ class CompiledGraph:
             taken.fallbacks = fallback_ops
         self.buckets[bucket] = taken
         emit(Event("take", self, taken.recipe, hit))
+        self._let_go_past_capacity()
         return taken
+
+    def _let_go_past_capacity(self) -> None:
+        """Let go of the least recently taken buckets past the store's capacity (and of their symbol values)."""
+        while len(self.buckets) > self.store.capacity:
+            _, dropped = self.buckets.popitem(last=False)
+            self.known = {values: t for values, t in self.known.items() if t is not dropped}
 
     def _from_store(self, bucket: dict[str, list[int]]) -> tuple[Taken | None, bool]:
         if self.gkey is None:
@@ -225,13 +244,16 @@ class CompiledGraph:
 
     def _executor(self, recipe: Recipe) -> Callable[[list], list]:
         """The callable for a recipe, shared with earlier buckets whose recipes run the same ops."""
-        program = _executable(recipe)
-        for seen, run in self._executors:
-            if seen == program:
-                return run
+        digest = _executable(recipe)
+        run = self._executors.get(digest)
+        if run is not None:
+            self._executors.move_to_end(digest)
+            return run
         with _phase("executor"), unset_fake_temporarily():  # constants must be real tensors
             run = build_callable(recipe) if self.ctx.settings.execute else build_dry_run(recipe)
-        self._executors.append((program, run))
+        self._executors[digest] = run
+        if len(self._executors) > self.store.capacity:
+            self._executors.popitem(last=False)  # buckets still using it keep it alive
         return run
 
     def key_of(self, recipe: Recipe) -> str | None:
@@ -262,11 +284,13 @@ def boxed(fn: Callable) -> Callable[[list], list]:
     return run
 
 
-def _executable(recipe: Recipe) -> tuple:
-    """What the generated executor depends on (not placement, plan or estimates)."""
-    return (recipe.input_names, recipe.symbol_sources, recipe.symbols,
-            [(n.name, n.op, n.args, n.kwargs, n.out) for n in recipe.nodes], recipe.outputs,
-            {k: (c.dtype, c.shape, c.data) for k, c in recipe.constants.items()})
+def _executable(recipe: Recipe) -> bytes:
+    """A digest of what the generated executor depends on (not placement, plan or estimates); a digest, so
+    that the table of executors holds no copy of recipe content."""
+    parts = (recipe.input_names, recipe.symbol_sources, recipe.symbols,
+             [(n.name, n.op, n.args, n.kwargs, n.out) for n in recipe.nodes], recipe.outputs,
+             {k: (c.dtype, c.shape, c.data) for k, c in recipe.constants.items()})
+    return hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
 
 
 def emit(event: Event) -> None:

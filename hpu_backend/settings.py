@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from recipecache import CacheConfig, ConfigError
+from recipecache.config import ENV_VAR
+
 TARGETS = ("gaudi2", "gaudi3")
 
 
@@ -37,8 +40,9 @@ class Settings:
     place_on_cpu: frozenset = _key(
         frozenset(), "PT_HPU_PLACE_ON_CPU", "aten op names to run on the CPU (comma list)")
     cache: bool = _key(True, "HPU_BACKEND_CACHE", "use the recipe disk cache", key=False)
-    cache_config: str = _key(
-        "", "PT_HPU_RECIPE_CACHE_CONFIG", "disk cache: <path>,<delete_on_start>,<max_size_mb>", key=False)
+    cache_config: Any = _key(  # a CacheConfig, parsed once here from its string form; None: the defaults
+        None, ENV_VAR, "disk cache: <path>,<delete_on_start>,<max_size_mb> (or a recipecache.CacheConfig)",
+        key=False)
     model: str = _key("", "HPU_BACKEND_MODEL", "label stored with cache entries", key=False)
     execute: bool = _key(
         True, "HPU_BACKEND_EXECUTE",
@@ -96,6 +100,8 @@ def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
             return frozenset(str(x).strip() for x in items if str(x).strip())
         except TypeError:
             raise SettingsError(f"{where} must be a comma list or a list of op names, got {value!r}") from None
+    if f.name == "cache_config":
+        return _cache_config(value, where)
     if f.name == "buckets":
         if isinstance(value, Mapping):
             return tuple(sorted((str(k), str(v)) for k, v in value.items()))
@@ -103,3 +109,15 @@ def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
     if not isinstance(value, str):
         raise SettingsError(f"{where} must be a string, got {value!r}")
     return value
+
+
+def _cache_config(value: Any, where: str) -> CacheConfig | None:
+    if isinstance(value, CacheConfig) or value is None:
+        return value
+    if not isinstance(value, str):
+        raise SettingsError(f"{where} must be a string <path>,<delete_on_start>,<max_size_mb> or a CacheConfig, "
+                            f"got {value!r}")
+    try:
+        return CacheConfig.parse(value) if value.strip() else None
+    except ConfigError as e:
+        raise SettingsError(str(e)) from None

@@ -34,8 +34,11 @@ class RecipeStore:
     fails to parse, validate or build is quarantined and counts as a miss.
     """
 
-    def __init__(self, disk: RecipeCache | None = None):
+    def __init__(self, disk: RecipeCache | None = None, capacity: int = CacheConfig.memory_entries):
         self.disk = disk
+        # How many buckets a compiled graph keeps taken up: the memory tier's size. A memory tier turned off
+        # (0) keeps no entries, but a graph still needs its working set: the default size then.
+        self.capacity = capacity if capacity > 0 else CacheConfig.memory_entries
 
     def load(self, key: str, prepare: Callable[[Any], T], parse: Callable[[bytes], Any] = Recipe.from_bytes
              ) -> tuple[Any, T] | None:
@@ -87,11 +90,12 @@ _stores_lock = threading.Lock()
 
 
 def cache_config(settings: Settings) -> CacheConfig:
-    """The disk cache configuration: the ``cache_config`` option, else PT_HPU_RECIPE_CACHE_CONFIG."""
+    """The disk cache configuration: the ``cache_config`` option or its environment variable (parsed once,
+    by Settings), else the defaults."""
+    if settings.cache_config is not None:
+        return settings.cache_config
     try:
-        if settings.cache_config:
-            return CacheConfig.parse(settings.cache_config)
-        return CacheConfig.from_env()
+        return CacheConfig.from_env()  # a Settings built without from_options
     except ConfigError as e:
         raise SettingsError(str(e)) from None
 
@@ -100,10 +104,11 @@ def store_for(settings: Settings) -> RecipeStore:
     """The process-wide store for these settings' cache configuration (opened once)."""
     config = cache_config(settings) if settings.cache else None
     ident = None if config is None else (str(config.resolved_path()), config.max_size_mb, config.policy,
-                                         config.remote)
+                                         config.remote, config.memory_entries)
     with _stores_lock:
         if ident not in _stores:
-            _stores[ident] = RecipeStore(_open_disk(config))
+            _stores[ident] = RecipeStore(_open_disk(config), config.memory_entries if config else
+                                         CacheConfig.memory_entries)
         return _stores[ident]
 
 

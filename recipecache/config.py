@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ class CacheConfig:
         object.__setattr__(self, "path", path)
         if isinstance(self.max_size_mb, bool) or not isinstance(self.max_size_mb, (int, float)):
             raise ConfigError(f"max_size_mb must be a number, got {self.max_size_mb!r}")
-        if self.max_size_mb < 0 and self.max_size_mb != -1:
+        if not math.isfinite(self.max_size_mb) or (self.max_size_mb < 0 and self.max_size_mb != -1):
             raise ConfigError(f"max_size_mb must be >= 0 or -1 (unbounded), got {self.max_size_mb}")
         if not self.policy:
             object.__setattr__(self, "policy", os.environ.get(POLICY_ENV, "").strip().lower() or "created")
@@ -82,6 +83,16 @@ class CacheConfig:
             raise ConfigError(f"{ENV_VAR}={value!r}: field 'path' is empty; expected {EXPECTED_FORM}")
         return cls(path=path, delete_on_start=_parse_bool(value, delete), max_size_mb=_parse_size(value, size),
                    **overrides)
+
+    def config_string(self) -> str:
+        """This configuration as an ENV_VAR value: the path, delete_on_start and max_size_mb, which is what
+        such a string carries; ``CacheConfig.parse(c.config_string())`` gives those three fields back."""
+        path = str(self.path)
+        if path != path.strip():
+            raise ConfigError(f"cache path {path!r} starts or ends with white space, which {ENV_VAR} cannot "
+                              "carry; rename the directory")
+        size = int(self.max_size_mb) if float(self.max_size_mb).is_integer() else self.max_size_mb
+        return f"{path},{'true' if self.delete_on_start else 'false'},{size}"
 
     @classmethod
     def from_env(cls, environ=None, **overrides) -> "CacheConfig":
@@ -120,15 +131,24 @@ def _parse_bool(value: str, field: str) -> bool:
                       f"expected {EXPECTED_FORM}")
 
 
-def _parse_size(value: str, field: str) -> int:
+def _parse_size(value: str, field: str) -> float:
+    """Whole megabytes as Gaudi writes them; a fraction (e.g. 0.5) is taken too, for small test caches."""
     try:
         size = int(field)
     except ValueError:
-        size = None
+        size = _float_or_none(field)
     if size is None or (size < 0 and size != -1):
-        raise ConfigError(f"{ENV_VAR}={value!r}: field 'max_size_mb' must be an integer >= 0 or -1, got "
+        raise ConfigError(f"{ENV_VAR}={value!r}: field 'max_size_mb' must be a number >= 0 or -1, got "
                           f"{field!r}; expected {EXPECTED_FORM}")
     return size
+
+
+def _float_or_none(field: str) -> float | None:
+    try:
+        size = float(field)
+    except ValueError:
+        return None
+    return size if math.isfinite(size) else None
 
 
 def record(directory: Path, config: CacheConfig) -> None:

@@ -162,3 +162,11 @@ def decode_entry(data: bytes) -> Entry:
         raise CorruptEntry("checksum mismatch")
     header = decode_header(data[:PREFIX_SIZE + header_len])
     return Entry(header.key, data[PREFIX_SIZE + header_len:body_end], header.meta, header.created, FORMAT_VERSION)
+
+
+def decode_as(key: str, data: bytes) -> Entry:
+    """The entry in ``data``, which must be stored under ``key`` (CorruptEntry otherwise)."""
+    entry = decode_entry(data)
+    if entry.key != key:
+        raise CorruptEntry(f"foreign entry: header key {entry.key!r}")
+    return entry

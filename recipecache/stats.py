@@ -13,6 +13,8 @@ from .locks import DirLock, write_atomic
 
 COUNTERS = ("hits", "disk_hits", "remote_hits", "misses", "corrupt", "evictions", "bytes_written", "bytes_evicted",
             "compile_time_saved_s")
+# Counters gathered by reads are handed to the background writer at most this often.
+STATS_FLUSH_S = 5.0
 # Per-key hit counts go to an append-only log; compact it when it grows past this.
 _HITS_COMPACT_BYTES = 1024 * 1024
 
@@ -42,6 +44,13 @@ class StatsStore:
     @property
     def dirty(self) -> bool:
         return bool(self._pending or self._pending_hits)
+
+    def due(self) -> bool:
+        """True (once) when counts are pending and the last flush is older than STATS_FLUSH_S."""
+        if self.dirty and time.monotonic() - self.last_flush > STATS_FLUSH_S:
+            self.last_flush = time.monotonic()
+            return True
+        return False
 
     def flush(self) -> None:
         """Merge pending counts into the files (OSError/CacheTimeout propagate; the counts are kept)."""

@@ -55,6 +55,19 @@ def test_settings_precedence_and_gaudi_env():
     assert "strict" not in s.key_fields() and s.key_fields()["place_on_cpu"] == ["add", "mul"]
 
 
+def test_the_cache_configuration_is_parsed_once_into_the_settings(tmp_path):
+    from recipecache import CacheConfig
+    from recipecache.config import ENV_VAR
+
+    s = Settings.from_options({}, env={ENV_VAR: f"{tmp_path},true,3"})
+    assert (s.cache_config.path, s.cache_config.delete_on_start, s.cache_config.max_size_mb) == (tmp_path, True, 3)
+    given = CacheConfig(path=tmp_path, max_size_mb=5)
+    assert Settings.from_options({"cache_config": given}, env={ENV_VAR: "/elsewhere,false,1"}).cache_config is given
+    assert Settings.from_options({"cache_config": ""}, env={}).cache_config is None
+    with pytest.raises(SettingsError, match="max_size_mb"):
+        Settings.from_options({"cache_config": f"{tmp_path},false,lots"})
+
+
 def test_fallback_and_strict_on_a_real_lowering_failure(monkeypatch, caplog):
     from hpu_backend.runtime import ops
 

@@ -129,6 +129,12 @@ def test_limit_zero_disables_everything(tmp_path):
         cache.put("../bad key", b"x")  # validated all the same
 
 
+def test_limit_zero_takes_every_constructor_argument_the_backend_passes(tmp_path):
+    cache = RecipeCache(CacheConfig(path=tmp_path / "cache", max_size_mb=0), cost_of=lambda meta: 1.0,
+                        remote_namespace="toolchain")
+    assert not cache.enabled and cache.get("aa") is None and not (tmp_path / "cache").exists()
+
+
 def test_unbounded_never_evicts(tmp_path):
     cache = make(tmp_path, max_size_mb=-1)
     for i in range(20):

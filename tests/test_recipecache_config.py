@@ -50,6 +50,36 @@ def test_from_env_reads_the_variable_and_keeps_overrides(tmp_path):
     assert (cfg.path, cfg.max_size_mb, cfg.policy) == (tmp_path, 3, "created")
 
 
+@pytest.mark.parametrize("value", ["/tmp/recipes,true,512", "/tmp/a,b,false,-1", "/tmp/x,false,0",
+                                   "relative/dir,true,0.5", "/tmp/with space,false,3"])
+def test_config_string_gives_back_the_string_it_was_parsed_from(value):
+    cfg = CacheConfig.parse(value)
+    assert cfg.config_string() == value
+    assert CacheConfig.parse(cfg.config_string()) == cfg
+
+
+@pytest.mark.parametrize("delete, size", [(True, 2.5), (False, 1024), (False, -1), (True, 0), (False, 7.0)])
+def test_config_string_round_trips_the_fields_it_carries(tmp_path, delete, size):
+    cfg = CacheConfig(path=tmp_path / "a,b", delete_on_start=delete, max_size_mb=size, policy="lru")
+    back = CacheConfig.parse(cfg.config_string(), policy="lru")
+    assert (back.path, back.delete_on_start, back.max_size_mb, back.limit_bytes) == (
+        cfg.path, cfg.delete_on_start, cfg.max_size_mb, cfg.limit_bytes)
+    assert back == cfg
+
+
+def test_config_string_refuses_a_path_the_string_cannot_carry(tmp_path):
+    with pytest.raises(ConfigError, match="white space"):
+        CacheConfig(path=f"{tmp_path}/trailing ").config_string()
+
+
+@pytest.mark.parametrize("field", ["inf", "nan", "1e999"])
+def test_a_size_that_is_not_a_finite_number_is_a_config_error(field):
+    with pytest.raises(ConfigError, match="max_size_mb"):
+        CacheConfig.parse(f"/tmp/x,false,{field}")
+    with pytest.raises(ConfigError, match="max_size_mb"):
+        CacheConfig(path="/tmp/x", max_size_mb=float(field))
+
+
 @pytest.mark.parametrize("kwargs", [{"max_size_mb": -2}, {"policy": "fifo"}, {"memory_entries": -1},
                                     {"max_size_mb": "10"}])
 def test_invalid_fields_are_config_errors(kwargs):

@@ -161,3 +161,49 @@ def test_key_changes_name_the_part_that_changed():
         assert key not in (base_key, dyn_key), name
         assert expected <= set(explain(reference, parts)), (name, explain(reference, parts))
     assert set(explain(dyn, cases["policy"][0][1])) == {"settings", "bucket"}
+
+
+def _gelu_sum(x):
+    return torch.nn.functional.gelu(x) * 2 + x.sum()
+
+
+def test_a_graph_keeps_as_many_buckets_as_the_memory_tier_and_takes_old_ones_up_again(tmp_path):
+    from recipecache import CacheConfig
+
+    config = CacheConfig(path=tmp_path / "c", memory_entries=2, fsync=False)
+    compiled = torch.compile(_gelu_sum, backend="hpu_backend", dynamic=True,
+                             options={"cache_config": config, "buckets": "exact"})
+    with collect_recipes() as taken, metric_localcontext("graph_compilation") as gc:
+        for n in (3, 4, 5, 6, 3):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x), _gelu_sum(x))
+    (graph,) = {id(g): g for g, _, _ in taken}.values()
+    assert len(graph.buckets) == 2 and len(graph._executors) <= 2
+    assert {values[0] for values in graph.known} == {3, 6}  # values of let-go buckets are forgotten with them
+    # size 3 was let go after 5 and 6, then taken up again from the store: found, not compiled again
+    assert [(r.bucket["s0"], hit) for _, r, hit in taken] == [
+        ([3, 3], False), ([4, 4], False), ([5, 5], False), ([6, 6], False), ([3, 3], True)]
+    assert dict(gc.stats())["TotalNumber"] == 4
+
+
+def test_the_memo_of_symbol_values_is_bounded_too(tmp_path):
+    from recipecache import CacheConfig
+
+    config = CacheConfig(path=tmp_path / "c", memory_entries=1, fsync=False)
+    compiled = torch.compile(_gelu_sum, backend="hpu_backend", dynamic=True,
+                             options={"cache_config": config, "buckets": "exp"})
+    with collect_recipes() as taken:
+        for n in range(33, 64):  # one bucket, 31 distinct sizes
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x), _gelu_sum(x))
+    (graph,) = {id(g): g for g, _, _ in taken}.values()
+    assert len(taken) == 1 and len(graph.buckets) == 1
+    assert 0 < len(graph.known) <= 16
+
+
+def test_a_memory_tier_turned_off_still_leaves_a_graph_its_working_set():
+    from hpu_backend.store import RecipeStore
+    from recipecache import CacheConfig
+
+    assert RecipeStore(None, 3).capacity == 3
+    assert RecipeStore(None, 0).capacity == CacheConfig.memory_entries == 256

@@ -14,9 +14,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hpu_backend.aot.manifests import manifest, write_manifest
 from hpu_backend.modelfile import ModelSpec, load_model_file
 from hpu_backend.settings import TARGETS
+from recipecache.config import ENV_VAR
 
 from . import render
-from .caches import config_for, config_string, open_cache
+from .caches import config_for, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Train
 
@@ -67,7 +68,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
     spec = load_spec(model_file, axis)
     config = _enabled(config_for(cache_dir), "warm")
     with progress(len(spec.points()), json) as on_point:
-        report = warm_spec(spec, config_string(config), train=train, check=check, on_point=on_point)
+        report = warm_spec(spec, config.config_string(), train=train, check=check, on_point=on_point)
     _finish(report, spec, config, json, check)
 
 
@@ -80,14 +81,14 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     spec = load_spec(model_file, axis)
     config = _enabled(config_for(cache_dir), "prebuild")
     with progress(len(spec.points()), json) as on_point:
-        report = prebuild_spec(spec, config_string(config), jobs=jobs, train=train, on_point=on_point)
+        report = prebuild_spec(spec, config.config_string(), jobs=jobs, train=train, on_point=on_point)
     _finish(report, spec, config, json, False)
 
 
 def _enabled(config, command: str):
     if config.max_size_mb == 0:
         raise UsageError(f"the recipe cache is disabled (max_size_mb 0), so {command} has nowhere to store "
-                         "recipes; give it a size in PT_HPU_RECIPE_CACHE_CONFIG")
+                         f"recipes; give it a size in {ENV_VAR}")
     return config
 
 

@@ -14,9 +14,9 @@ from .render import note
 
 
 def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig:
-    """The backend's cache configuration (PT_HPU_RECIPE_CACHE_CONFIG), at ``cache_dir`` if given.
+    """The backend's cache configuration (its environment variable, ENV_VAR), at ``cache_dir`` if given.
 
-    The size limit and eviction policy are PT_HPU_RECIPE_CACHE_CONFIG's when it names this directory,
+    The size limit and eviction policy are the variable's when it names this directory,
     else those recorded in the directory by the processes that filled it (else the defaults). The
     command line never deletes on start: that is for serving processes that ask for it.
     """
@@ -27,18 +27,12 @@ def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig
     return CacheConfig(path=path, remote=remote or "", **(recorded(path) or {}))
 
 
-def config_string(config: CacheConfig) -> str:
-    """The same configuration in PT_HPU_RECIPE_CACHE_CONFIG form, for the backend's ``cache_config`` option."""
-    size = config.max_size_mb if config.max_size_mb == -1 else int(config.max_size_mb)
-    return f"{config.path},false,{size}"
-
-
 def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = False,
                remote: str | None = None) -> RecipeCache | None:
     """The cache at ``cache_dir``; None (after a friendly note) if it does not exist and ``create`` is False."""
     config = config_for(cache_dir, remote)
     if config.max_size_mb == 0:
-        raise CliError("the recipe cache is disabled (max_size_mb 0 in PT_HPU_RECIPE_CACHE_CONFIG)")
+        raise CliError(f"the recipe cache is disabled (max_size_mb 0 in {ENV_VAR})")
     if not create and not Path(config.resolved_path()).is_dir():
         if not quiet:
             note("No recipe cache at {} yet. Fill it with: hpurecipe warm MODEL.py", config.resolved_path())

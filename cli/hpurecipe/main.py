@@ -6,13 +6,15 @@ import logging
 
 import typer
 
+from recipecache.config import ENV_VAR
+
 from . import buildcmds, cachecmds, packagecmds, shipcmds
 from .errors import mapped
 
 app = typer.Typer(
     name="hpurecipe", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Prebuild, warm, inspect, evict, verify and ship the hpu_backend recipe cache.\n\n"
-         "Every command works on the backend's cache (PT_HPU_RECIPE_CACHE_CONFIG, else "
+         f"Every command works on the backend's cache ({ENV_VAR}, else "
          "~/.cache/hpu_backend/recipes) unless given --cache-dir.")
 
 COMMANDS = [

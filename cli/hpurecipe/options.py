@@ -7,8 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from recipecache.config import ENV_VAR
+
 CacheDir = Annotated[Optional[Path], typer.Option(
-    "--cache-dir", "-d", help="Cache directory (default: as the backend, PT_HPU_RECIPE_CACHE_CONFIG, "
+    "--cache-dir", "-d", help=f"Cache directory (default: as the backend, {ENV_VAR}, "
     "else ~/.cache/hpu_backend/recipes).", show_default=False)]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
