@@ -88,7 +88,7 @@ def test_fallback_and_strict_on_a_real_lowering_failure(monkeypatch, caplog):
 
 
 def test_lowering_error_names_pass_node_and_source(monkeypatch):
-    from hpu_backend import lowering
+    from hpu_backend.lowering import pipeline as lowering
 
     def exploding(recipe, ctx):
         raise LoweringError("boom", node=next(n for n in ctx.gm.graph.nodes if n.op == "call_function"))
@@ -128,7 +128,7 @@ def test_recipe_records_inputs_outputs_and_name():
 
 def test_a_dynamic_graph_whose_bucket_fails_to_lower_runs_eagerly(monkeypatch, caplog):
     """Bucket passes run at the first call of a dynamic graph; a failure there falls back too."""
-    from hpu_backend import lowering
+    from hpu_backend.lowering import pipeline as lowering
 
     def exploding(recipe, ctx):
         raise LoweringError("no plan for this bucket")

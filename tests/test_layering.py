@@ -21,10 +21,7 @@ TORCH_FREE = ("recipecache",)
 # loader of those names (so that importing the package stays cheap).
 INIT_NAMES = {"__all__", "_EXPORTS", "__getattr__", "__dir__"}
 # Known exceptions, each with its reason; the test fails when one no longer applies, so the list shrinks.
-INIT_EXCEPTIONS = {
-    "hpu_backend/lowering/__init__.py": "holds the pass pipeline itself (GRAPH_PASSES, BUCKET_PASSES, lower_graph, "
-                                        "lower_bucket); moving it to lowering/pipeline.py is left to the lowering owners",
-}
+INIT_EXCEPTIONS: dict[str, str] = {}
 
 
 def layer_of(module: str) -> int | None:
