@@ -5,15 +5,15 @@ The prefill step reads ``input_len`` tokens and returns the last position's logi
 keys and values; the decode step reads one token per sequence and a KV cache of ``kv_len`` tokens
 and returns the logits and the new token's keys and values. ``LLAMA2_7B`` has LLaMA 2 7B's shapes
 (Touvron et al. 2023, "Llama 2", Table 1 and the released config.json); ``TINY`` is for tests.
-``make_model(config)`` builds it (build it under ``torch.device("meta")`` for a weightless copy:
-``hpurecipe analyze --input-len ... --output-len ...`` does that).
+The file's own names are the tiny model; ``models/llama.py:LLAMA2_7B`` selects the 7B one (built on
+the meta device by ``hpurecipe analyze --input-len ... --output-len ...``: no weight is allocated).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -37,9 +37,8 @@ class Config:
         return self.dim // self.heads
 
 
-LLAMA2_7B = Config(vocab=32000, dim=4096, layers=32, heads=32, kv_heads=32, hidden=11008)
-TINY = Config(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=172, max_seq=512)
-CONFIGS = {"7b": LLAMA2_7B, "tiny": TINY}
+CONFIG_7B = Config(vocab=32000, dim=4096, layers=32, heads=32, kv_heads=32, hidden=11008)
+CONFIG_TINY = Config(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=172, max_seq=512)
 
 
 class RMSNorm(nn.Module):
@@ -149,42 +148,43 @@ class Llama(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _config() -> Config:
-    return CONFIGS[os.environ.get("LLAMA_CONFIG", "tiny")]
-
-
-def make_model(config: Config | None = None) -> nn.Module:
-    """The model at ``config`` (default: ``$LLAMA_CONFIG``, ``tiny`` or ``7b``; ``tiny`` if unset)."""
+def make_model(config: Config = CONFIG_TINY) -> nn.Module:
     torch.manual_seed(0)
-    model = Llama(config or _config())
+    model = Llama(config)
     for p in model.parameters():  # LLaMA's init scale: keeps activations O(1) through the layers
         if p.dim() > 1:
             nn.init.normal_(p, std=0.02)
     return model
 
 
-def make_inputs(batch: int, input_len: int, seed: int = 0, config: Config | None = None) -> tuple:
+def make_inputs(batch: int, input_len: int, seed: int = 0, config: Config = CONFIG_TINY) -> tuple:
     """Prompt tokens for the prefill step."""
-    c = config or _config()
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, c.vocab, (batch, input_len), generator=g),)
+    return (torch.randint(0, config.vocab, (batch, input_len), generator=g),)
 
 
-def make_decode_inputs(batch: int, kv_len: int, seed: int = 0, config: Config | None = None) -> tuple:
+def make_decode_inputs(batch: int, kv_len: int, seed: int = 0, config: Config = CONFIG_TINY) -> tuple:
     """One token per sequence and a KV cache of ``kv_len`` tokens (keys, values per layer)."""
-    c = config or _config()
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, c.vocab, (batch, 1), generator=g)
-    shape = (batch, c.kv_heads, kv_len, c.head_dim)
-    return (tokens, *(torch.randn(shape, generator=g) / math.sqrt(c.head_dim) for _ in range(2 * c.layers)))
+    tokens = torch.randint(0, config.vocab, (batch, 1), generator=g)
+    shape = (batch, config.kv_heads, kv_len, config.head_dim)
+    return (tokens, *(torch.randn(shape, generator=g) / math.sqrt(config.head_dim) for _ in range(2 * config.layers)))
 
 
-AXES = {"batch": [2, 4], "input_len": [16, 32]}
-COMPILE = {"dynamic": True, "options": {"buckets": "exp:16", "model": "llama"}}
-# The decode step: a model file of its own inside this one (``models/llama.py:DECODE`` warms it).
-DECODE = {"make_model": make_model, "make_inputs": make_decode_inputs,
-          "AXES": {"batch": [2, 4], "kv_len": [16, 32]},
-          "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": "llama-decode"}}}
+def model_file(config: Config, label: str) -> dict:
+    """The model-file names (prefill step, and its DECODE step) for one config."""
+    return {"make_model": partial(make_model, config), "make_inputs": partial(make_inputs, config=config),
+            "AXES": {"batch": [2, 4], "input_len": [16, 32]},
+            "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": label}},
+            # The decode step: a model file of its own inside this one (``models/llama.py:DECODE`` warms it).
+            "DECODE": {"make_inputs": partial(make_decode_inputs, config=config),
+                       "AXES": {"batch": [2, 4], "kv_len": [16, 32]},
+                       "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": f"{label}-decode"}}}}
+
+
+LLAMA2_7B = model_file(CONFIG_7B, "llama-2-7b")
+_TINY = model_file(CONFIG_TINY, "llama")
+AXES, COMPILE, DECODE = _TINY["AXES"], _TINY["COMPILE"], _TINY["DECODE"]
 
 
 if __name__ == "__main__":

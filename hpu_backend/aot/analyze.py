@@ -152,11 +152,13 @@ def _scaled_graphs(p0: PointResult, p1: PointResult, b0: int, b1: int) -> list |
 
 def _peak_at(scaled: list, batch: int) -> int:
     """The largest planned peak HBM of the graphs with their symbols at this batch (memory pass re-run)."""
+    return max((replanned_peak(recipe, {s: a * batch + c for s, (a, c) in lines.items()})
+                for recipe, lines in scaled), default=0)
+
+
+def replanned_peak(recipe, env: dict[str, int]) -> int:
+    """The planned peak HBM of a lowered recipe with its symbols at ``env`` (only the memory pass re-run)."""
     from ..lowering.passes.plan_memory import plan_memory
 
-    peak = 0
-    for recipe, lines in scaled:
-        env = {s: a * batch + c for s, (a, c) in lines.items()}
-        planned = plan_memory(dataclasses.replace(recipe, facts=dict(recipe.facts, plan_at=env)), None)
-        peak = max(peak, planned.facts["memory"]["peak_bytes"])
-    return peak
+    planned = plan_memory(dataclasses.replace(recipe, facts=dict(recipe.facts, plan_at=env)), None)
+    return planned.facts["memory"]["peak_bytes"]

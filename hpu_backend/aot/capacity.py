@@ -22,10 +22,10 @@ from ..lowering import LoweringContext, capture_graph, lower_bucket, lower_graph
 from ..lowering.buffers import alias_roots
 from ..lowering.optable import shared_table
 from ..lowering.values import node_refs
-from ..modelfile import ModelSpec, user_call
+from ..modelfile import ModelFileError, ModelSpec, user_call
 from ..recipe import Recipe
 from ..settings import Settings
-from .analyze import largest_fitting
+from .analyze import largest_fitting, replanned_peak
 
 DTYPES = ("bf16", "fp8")
 FP8 = "float8_e4m3fn"
@@ -34,7 +34,7 @@ SAMPLE = {"batch": 3, "input_len": 7, "kv_len": 7}  # ≥ 2 (0 and 1 specialize)
 DECODE_SAMPLES = 17  # decode steps evaluated exactly; the sum over the others is interpolated (see decode_s)
 
 
-class CapacityError(ValueError):
+class CapacityError(ModelFileError):
     """A model file or request capacity planning cannot serve (one line naming what is wrong)."""
 
 
@@ -58,7 +58,8 @@ class StepGraph:
         return self.at(point).facts["cost"]["total_s"]
 
     def peak_bytes(self, point: Mapping[str, int]) -> int:
-        return self.at(point).facts["memory"]["peak_bytes"]
+        """The planned peak HBM at ``point`` (the memory pass alone: what the batch search needs)."""
+        return replanned_peak(self.template, self.env(point))
 
 
 def step_graphs(spec: ModelSpec, target: str, dtype: str) -> tuple[StepGraph, StepGraph]:
