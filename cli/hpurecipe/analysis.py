@@ -54,7 +54,8 @@ def print_capacity(doc: dict[str, Any]) -> None:
     else:
         render.note("Does not fit {} HBM even at batch 1 at {}.", doc["target"], sizes)
     if b:
-        sampled = " (decode steps sampled, the rest interpolated)" if doc["decode_sampled"] else ""
+        sampled = (f"; {doc['decode_steps_evaluated']} decode steps evaluated, the rest interpolated"
+                   if doc["decode_sampled"] else "")
         render.note("At batch {}: {} tokens/s (prefill {} + {} decode steps {}{}){}.", f"{b:,}",
                     f"{doc['tokens_per_s']:,.0f}", _time(doc["prefill_s"]), f"{doc['output_len']:,}",
                     _time(doc["decode_s"]), sampled, "" if doc["fits_hbm"] else "; it does not fit in HBM")

@@ -247,11 +247,12 @@ def throughput(prefill: StepGraph, decode: StepGraph, batch: int, input_len: int
     rows = [_step_row("prefill", prefill.at({"batch": batch, "input_len": input_len}), input_len, hbm)]
     for kv in sorted({input_len, input_len + output_len - 1}):
         rows.append(_step_row("decode", decode.at({"batch": batch, "kv_len": kv}), kv, hbm))
-    decode_s = sum(w * decode.time_s({"batch": batch, "kv_len": kv}) for kv, w in decode_points(input_len, output_len))
+    points = decode_points(input_len, output_len)
+    decode_s = sum(w * decode.time_s({"batch": batch, "kv_len": kv}) for kv, w in points)
     total_s = rows[0]["time_s"] + decode_s
     return {"steps": rows, "prefill_s": rows[0]["time_s"], "decode_s": decode_s, "total_s": total_s,
             "tokens_per_s": batch * output_len / total_s, "fits_hbm": all(r["fits_hbm"] for r in rows),
-            "decode_sampled": output_len > DECODE_SAMPLES}
+            "decode_sampled": len(points) < output_len, "decode_steps_evaluated": len(points)}
 
 
 def _step_row(step: str, recipe: Recipe, length: int, hbm: int) -> dict[str, Any]:

@@ -31,17 +31,16 @@ class Efficiency:
 
 
 # Fitted with bench/capacity_bench.py: LLaMA 2 7B (models/llama.py:LLAMA2_7B) estimated on gaudi2 in fp8 at
-# Intel's six published single-card rows (throughput for four (input, output, batch) rows and batch-1
-# latency at two input lengths); the MME and HBM factors minimize the largest |log(estimate / published)|
+# Intel's six published single-card rows (software 1.18.0; tokens/s at in/out/batch 128/128/1230 -> 13,137,
+# 128/2048/163 -> 4,791, 2048/128/94 -> 1,449, 2048/2048/81 -> 1,953; batch-1 latency at input 128 -> 7.62 ms,
+# 2048 -> 56.31 ms); the MME and HBM factors minimize the largest |log(estimate / published)|
 # over a 0.01 grid. TPC work is under 2% of every row's time there, so the rows cannot fit its factor: it is
 # set to the MME factor. No row moves data over the host link; its factor is PCIe's usable share (128b/130b
 # encoding and TLP headers at 256-byte payloads leave about 90% of the raw rate; 80% is typical measured).
 EFFICIENCY = Efficiency(
     mme=0.61, tpc=0.61, hbm=0.60, host=0.8,
-    sources=("Intel, Model Performance Data for Intel Gaudi 2 AI Accelerators, software 1.18.0: LLaMA 2 7B "
-             "fp8, 1 HPU (throughput: 128/128/1230 -> 13,137 tokens/s, 128/2048/163 -> 4,791, "
-             "2048/128/94 -> 1,449, 2048/2048/81 -> 1,953; batch-1 latency: input 128 -> 7.62 ms, "
-             "input 2048 -> 56.31 ms)",
+    sources=("efficiency fitted by bench/capacity_bench.py on Intel's Model Performance Data for Intel Gaudi 2 "
+             "AI Accelerators (software 1.18.0), LLaMA 2 7B fp8 single-card rows",
              "PCI Express Base Specification 4.0 (128b/130b encoding; TLP overhead)"),
 )
 
