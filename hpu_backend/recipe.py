@@ -239,7 +239,7 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
     try:
         for tree in recipe.guards:
             symexpr.validate(tree)
-        for spec in recipe.inputs:
+        for spec in [*recipe.inputs, *(s for node in recipe.nodes for s in node.out)]:  # show prints them all
             for tree in spec.shape + spec.stride:
                 symexpr.validate(tree)
     except symexpr.SymExprError as e:
