@@ -93,8 +93,8 @@ def trace_step(spec: ModelSpec, name: str, target: str, dtype: str) -> StepGraph
     ctx.gm = None  # the FX graph is not needed again; dropping it frees the tracer's memory
     if dtype == "fp8":
         template = as_fp8(template)
-    n_params = len(list(model.parameters())) + len(list(model.buffers()))
-    lines = {s: dims[(i - n_params, d)] for s, (i, d) in zip(template.symbols, template.symbol_sources)}
+    first = len(template.inputs) - len(inputs)  # the graph's inputs: parameters and buffers, then the step's
+    lines = {s: dims[(i - first, d)] for s, (i, d) in zip(template.symbols, template.symbol_sources)}
     return StepGraph(name, template, ctx, lines)
 
 
