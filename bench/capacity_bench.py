@@ -9,7 +9,7 @@ again. The fit: the MME and HBM factors on a 0.01 grid in [0.20, 1.00] that mini
 of these rows; see devices.EFFICIENCY). Gaudi 3 rows are not fitted: they check that the same factors carry
 over to another target.
 
-    python bench/capacity_bench.py [--no-gaudi3]
+    python bench/capacity_bench.py [--no-gaudi3] [--quick]
 
 Prints estimate / published per row (at the factors in hpu_backend/lowering/devices.py, and at the fitted
 ones), writes bench/results/capacity_bench.json and, with matplotlib, bench/results/capacity_bench.png.
@@ -99,7 +99,7 @@ def table_rows(target, rows, parts, factors) -> list[dict]:
     return out
 
 
-def plot(rows: list[dict]) -> str | None:
+def plot(rows: list[dict], name: str) -> str | None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -118,7 +118,7 @@ def plot(rows: list[dict]) -> str | None:
     ax.set_title("LLaMA 2 7B fp8, 1 card: estimate / Intel's published (blue: fitted gaudi2; orange: gaudi3 check)")
     ax.title.set_fontsize(9)
     fig.tight_layout()
-    path = RESULTS / "capacity_bench.png"
+    path = RESULTS / f"{name}.png"
     fig.savefig(path, dpi=110)
     return str(path.relative_to(ROOT))
 
@@ -126,7 +126,9 @@ def plot(rows: list[dict]) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-gaudi3", action="store_true", help="Skip the Gaudi 3 check rows.")
+    parser.add_argument("--quick", action="store_true", help="Gaudi 2 rows only, into capacity_bench_quick.json.")
     args = parser.parse_args()
+    args.no_gaudi3 = args.no_gaudi3 or args.quick
     spec = load_model_file(str(ROOT / "models" / "llama.py") + ":LLAMA2_7B")
     rows, parts = evaluate("gaudi2", spec)
     mme, hbm, worst = fit(rows, parts)
@@ -143,8 +145,9 @@ def main() -> None:
                 [[r["target"], f"{r['kind']} {r['input']}/{r['output']}/{r['batch']}",
                   f"{r['published']:,} {r['unit']}", f"{r['estimate']:,.2f} {r['unit']}", f"{r['ratio']:.2f}"]
                  for r in results])
-    png = plot(results)
-    path = write_results("capacity_bench", {
+    name = "capacity_bench" + ("_quick" if args.quick else "")
+    png = plot(results, name)
+    path = write_results(name, {
         "sources": [SOURCE_G2, SOURCE_G3], "goal": f"every row within ±{GOAL:.0%}",
         "efficiency": {"mme": EFFICIENCY.mme, "tpc": EFFICIENCY.tpc, "hbm": EFFICIENCY.hbm, "host": EFFICIENCY.host},
         "fitted": {"mme": mme, "tpc": mme, "hbm": hbm, "worst_ratio": math.exp(worst),
