@@ -16,7 +16,7 @@ import time
 from common import RESULTS, ROOT, print_table, write_results
 
 SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench",
-           "cli_bench", "fleet_bench"]
+           "cli_bench", "fleet_bench", "capacity_bench"]
 
 
 def _load(name: str, quick: bool) -> dict:
@@ -69,6 +69,11 @@ def summarize(quick: bool) -> list[list]:
     for step, r in fleet.items():
         if "compile" not in step:
             rows.append([f"fleet tier, gpt: {step} / compile", r, "—", True])
+    cap = _load("capacity_bench", quick).get("rows", [])
+    if cap:
+        worst = max(abs(r["ratio"] - 1) for r in cap)
+        rows.append(["capacity: LLaMA 2 7B fp8 estimate / Intel's published, worst |ratio - 1|", worst, "≤ 0.35",
+                     worst <= 0.35])
     cli = _load("cli_bench", quick)
     for command, r in cli.get("results", {}).items():
         if "reference" not in command:

@@ -4,7 +4,8 @@ A model file defines ``make_model()`` (returns the module), ``make_inputs(**axes
 of example inputs for one shape), ``AXES = {axis: [values]}`` (the shapes to cover; one recipe set per
 point of their cartesian product) and ``COMPILE = {"dynamic": ..., "options": {...}}`` (the
 ``torch.compile`` arguments). Optional: ``MODEL_INPUTS`` (how many leading inputs feed the model; the
-default is all of them) and ``loss(output, *inputs)`` (needed to warm training graphs). With
+default is all of them), ``loss(output, *inputs)`` (needed to warm training graphs) and ``DECODE`` (a
+generative model's decode step: a holder of the same names, missing ones taken from the file). With
 ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
 """
 
@@ -48,6 +49,7 @@ class ModelSpec:
     model_inputs: int | None = None
     loss: Callable[..., Any] | None = None
     source_hash: str = ""
+    decode: "ModelSpec | None" = None  # a generative model's decode step (this spec being its prefill step)
 
     def points(self) -> list[dict[str, int]]:
         """Every shape to cover: the cartesian product of the axes, in file order."""
@@ -143,8 +145,20 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
     if model_inputs is not None and (not isinstance(model_inputs, int) or model_inputs < 1):
         raise ModelFileError(f"{where}: MODEL_INPUTS must be a positive integer, got {model_inputs!r}")
     name = str(options.get("model") or default_name or "model")
+    decode = None if get("DECODE") is None else _decode_spec(get, where, name, source_hash)
     return ModelSpec(name, where, get("make_model"), get("make_inputs"), axes, dynamic, options, model_inputs,
-                     get("loss"), source_hash)
+                     get("loss"), source_hash, decode)
+
+
+def _decode_spec(get: Callable, where: str, name: str, source_hash: str) -> ModelSpec:
+    """``DECODE``: the decode step's names over the file's (its own make_inputs and AXES, the rest inherited)."""
+    holder = get("DECODE")
+    own = holder.get if isinstance(holder, Mapping) else (lambda n, d=None: getattr(holder, n, d))
+    names = [*REQUIRED, "MODEL_INPUTS"]
+    merged = {n: own(n) if own(n) is not None else get(n) for n in names}
+    if own("make_inputs") is None or own("AXES") is None:
+        raise ModelFileError(f"{where}: DECODE must define its own make_inputs and AXES (the decode step's inputs)")
+    return spec_from(merged, f"{where}:DECODE", f"{name}-decode", source_hash)
 
 
 def _import(path: Path):

@@ -222,6 +222,9 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
         raise bad("inputs and input_names differ in length")
     if len(recipe.symbol_sources) != len(recipe.symbols):
         raise bad("symbols and symbol_sources differ in length")
+    for symbol, lo_hi in recipe.bucket.items():  # [lo, hi]: show and the dispatcher read both ends
+        if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
+            raise bad(f"bucket of {symbol!r:.40} is not a [lo, hi] range: {lo_hi!r:.40}")
     for source in recipe.symbol_sources:
         if not _readable(source, recipe.inputs):
             raise bad(f"symbol source {source!r:.40} names no input dimension")
@@ -239,7 +242,7 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
     try:
         for tree in recipe.guards:
             symexpr.validate(tree)
-        for spec in recipe.inputs:
+        for spec in [*recipe.inputs, *(s for node in recipe.nodes for s in node.out)]:  # show prints them all
             for tree in spec.shape + spec.stride:
                 symexpr.validate(tree)
     except symexpr.SymExprError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
@@ -74,3 +75,16 @@ def test_fallback_adds_cpu_and_transfer_time():
     off = lower(lambda t: torch.special.digamma(t) * 2, x, place_on_cpu=["digamma"]).facts["cost"]
     assert on["transfer_s"] == on["cpu_s"] == 0
     assert off["transfer_s"] > 0 and off["cpu_s"] > 0 and off["total_s"] > on["total_s"]
+
+
+def test_device_rates_are_published_peaks_times_the_fitted_efficiency():
+    args = (torch.randn(512, 512, dtype=torch.bfloat16), torch.randn(512, 512, dtype=torch.bfloat16))
+    for target in ("gaudi2", "gaudi3"):
+        cost, spec = lower(torch.mm, *args, target=target).facts["cost"], device(target)
+        eff = spec.efficiency
+        assert all(0 < f <= 1 for f in (eff.mme, eff.tpc, eff.hbm, eff.host)) and eff.sources
+        assert cost["efficiency"] == {"mme": eff.mme, "tpc": eff.tpc, "hbm": eff.hbm, "host": eff.host}
+        (cluster,) = cost["clusters"]
+        assert cluster["hbm_s"] == pytest.approx(cluster["hbm_bytes"] / (spec.hbm_bytes_per_s * eff.hbm))
+        assert cluster["mme_s"] == pytest.approx(cluster["flops"] / (spec.mme_peak("bfloat16") * eff.mme))
+    assert device("gaudi2").efficiency is device("gaudi3").efficiency  # one set of factors for every target

@@ -105,6 +105,9 @@ def _raw(recipe: Recipe) -> dict:
     (lambda d: d["nodes"][0].update(out="tensor"), "expected a list"),
     (lambda d: d.update(kind="sideways"), "kind 'sideways'"),
     (lambda d: d.update(guards=[["__import__", "os"]]), "malformed expression"),
+    (lambda d: d["nodes"][-1]["out"][0].update(shape=[["s0", 8]]), "malformed expression"),  # show prints it
+    (lambda d: d.update(bucket={"s0": [5]}), "not a \\[lo, hi\\] range"),
+    (lambda d: d.update(bucket={"s0": [9, 5]}), "not a \\[lo, hi\\] range"),
     (lambda d: d.update(symbols=["s0"], symbol_sources=[]), "differ in length"),
 ])
 def test_schema_check_rejects_malformed_recipes(mutate, message):

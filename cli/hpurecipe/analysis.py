@@ -1,4 +1,5 @@
-"""Rendering of ``hpurecipe analyze`` (the analysis itself is ``hpu_backend.aot.analyze``)."""
+"""Rendering of ``hpurecipe analyze`` (the analysis itself is ``hpu_backend.aot.analyze``, and
+``hpu_backend.aot.capacity`` with --input-len/--output-len)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,27 @@ def _time(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else render.duration(seconds)
+
+
+def print_capacity(doc: dict[str, Any]) -> None:
+    """The steps at the chosen batch, the largest batch that fits and tokens/s (all estimates)."""
+    b = doc["batch"]
+    if b:
+        render.table(["step", "batch", "length", "est. time", "peak HBM"],
+                     ([r["step"], f"{b:,}", f"{'input' if r['step'] == 'prefill' else 'KV'} {r['length']:,}",
+                       _time(r["time_s"]), render.size(r["peak_hbm_bytes"]) + ("" if r["fits_hbm"] else " (does not fit)")]
+                      for r in doc["steps"]),
+                     title=f"{doc['model']} on {doc['target']} in {doc['dtype']}, {render.size(doc['hbm_bytes'])} HBM "
+                           f"(estimates)", right=("batch", "length", "est. time", "peak HBM"))
+    mb, sizes = doc["max_batch"], f"input {doc['input_len']:,} + output {doc['output_len']:,} tokens"
+    if mb["batch"]:
+        render.note("Largest batch that fits {} HBM at {} (KV cache included): {}.{}", doc["target"], sizes,
+                    f"{mb['batch']:,}", f" {mb['note']}." if mb.get("note") else "")
+    else:
+        render.note("Does not fit {} HBM even at batch 1 at {}.", doc["target"], sizes)
+    if b:
+        sampled = (f"; {doc['decode_steps_evaluated']} decode steps evaluated, the rest interpolated"
+                   if doc["decode_sampled"] else "")
+        render.note("At batch {}: {} tokens/s (prefill {} + {} decode steps {}{}){}.", f"{b:,}",
+                    f"{doc['tokens_per_s']:,.0f}", _time(doc["prefill_s"]), f"{doc['output_len']:,}",
+                    _time(doc["decode_s"]), sampled, "" if doc["fits_hbm"] else "; it does not fit in HBM")

@@ -6,7 +6,7 @@ They import torch when they run, not when the CLI starts (the cache-only command
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Annotated, Iterator
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -152,16 +152,57 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
         raise fail(f"{len(uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
 
 
+DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without importing torch at start-up
+
+
 def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             target: Annotated[str, typer.Option(help=f"Device to plan for: {' or '.join(TARGETS)}.")] = TARGETS[0],
+            input_len: Annotated[Optional[int], typer.Option(
+                "--input-len", help="Capacity planning: prompt tokens per sequence (with --output-len).",
+                show_default=False)] = None,
+            output_len: Annotated[Optional[int], typer.Option(
+                "--output-len", help="Capacity planning: generated tokens per sequence (with --input-len).",
+                show_default=False)] = None,
+            dtype: Annotated[Optional[str], typer.Option(
+                help="Capacity planning: bf16, or fp8 (weights and matmul inputs in fp8). Default bf16.",
+                show_default=False)] = None,
+            batch: Annotated[Optional[int], typer.Option(
+                help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
+                show_default=False)] = None,
             json: Json = False) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
-    that fits the target's HBM. Reads and writes no cache."""
-    from hpu_backend.aot.analyze import analyze_spec
-
-    from .analysis import print_analysis
-
+    that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
+    prefill and decode steps without weights, the largest batch and tokens/s. Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
-    doc = analyze_spec(load_spec(model_file, axis), target, train)
-    render.emit_json(doc) if json else print_analysis(doc)
+    if input_len is None and output_len is None:
+        if dtype is not None or batch is not None:
+            raise UsageError("--dtype and --batch are for capacity planning: give --input-len and --output-len too")
+        from hpu_backend.aot.analyze import analyze_spec
+
+        from .analysis import print_analysis
+
+        doc = analyze_spec(load_spec(model_file, axis), target, train)
+        render.emit_json(doc) if json else print_analysis(doc)
+        return
+    _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, json)
+
+
+def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | None, output_len: int | None,
+              dtype: str, batch: int | None, json: bool) -> None:
+    if input_len is None or output_len is None:
+        raise UsageError("capacity planning needs both --input-len and --output-len, e.g. --input-len 128 "
+                         "--output-len 128")
+    if dtype not in DTYPE_CHOICES:
+        raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPE_CHOICES)}")
+    for name, value in (("--input-len", input_len), ("--output-len", output_len), ("--batch", batch)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} {value}: expected a positive integer")
+    if train or axis:
+        raise UsageError("capacity planning estimates inference at the sizes given: drop --train and --axis")
+    from hpu_backend.aot.capacity import capacity
+
+    from .analysis import print_capacity
+
+    doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch)
+    render.emit_json(doc) if json else print_capacity(doc)

@@ -97,18 +97,26 @@ def _max_batch(spec: ModelSpec, points: list[PointResult], hbm: int, train: bool
     def fits(batch: int) -> bool:
         return _peak_at(scaled, batch) <= hbm
 
-    if not fits(1):
+    batch, note = largest_fitting(fits, max(b1, 2))
+    if not batch:
         return {"batch": 0, "at": others, "reason": "even batch 1 does not fit"}
-    lo, hi = 1, max(b1, 2)
+    return {"batch": batch, "at": others, "peak_bytes": _peak_at(scaled, batch), **({"note": note} if note else {})}
+
+
+def largest_fitting(fits, start: int = 2) -> tuple[int, str]:
+    """(the largest batch for which ``fits(batch)``, a note) by doubling from ``start`` until it does not fit,
+    then bisecting; (0, "") when even batch 1 does not fit. ``fits`` must be monotone (more batch, more HBM)."""
+    if not fits(1):
+        return 0, ""
+    lo, hi = 1, max(start, 2)
     while fits(hi):  # grow until it no longer fits
         lo, hi = hi, hi * 2
         if hi > MAX_SEARCH_BATCH:
-            return {"batch": lo, "at": others, "peak_bytes": _peak_at(scaled, lo),
-                    "note": f"fits at every batch searched (up to {lo:,})"}
+            return lo, f"fits at every batch searched (up to {lo:,})"
     while hi - lo > 1:  # largest lo that fits, smallest hi that does not
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return {"batch": lo, "at": others, "peak_bytes": _peak_at(scaled, lo)}
+    return lo, ""
 
 
 def _same_graphs(points: list[PointResult]) -> tuple[PointResult, PointResult] | None:
@@ -144,11 +152,13 @@ def _scaled_graphs(p0: PointResult, p1: PointResult, b0: int, b1: int) -> list |
 
 def _peak_at(scaled: list, batch: int) -> int:
     """The largest planned peak HBM of the graphs with their symbols at this batch (memory pass re-run)."""
+    return max((replanned_peak(recipe, {s: a * batch + c for s, (a, c) in lines.items()})
+                for recipe, lines in scaled), default=0)
+
+
+def replanned_peak(recipe, env: dict[str, int]) -> int:
+    """The planned peak HBM of a lowered recipe with its symbols at ``env`` (only the memory pass re-run)."""
     from ..lowering.passes.plan_memory import plan_memory
 
-    peak = 0
-    for recipe, lines in scaled:
-        env = {s: a * batch + c for s, (a, c) in lines.items()}
-        planned = plan_memory(dataclasses.replace(recipe, facts=dict(recipe.facts, plan_at=env)), None)
-        peak = max(peak, planned.facts["memory"]["peak_bytes"])
-    return peak
+    planned = plan_memory(dataclasses.replace(recipe, facts=dict(recipe.facts, plan_at=env)), None)
+    return planned.facts["memory"]["peak_bytes"]

@@ -9,5 +9,5 @@ What they leave in ``recipe.facts`` (plain data; sizes and times at the bucket's
 - ``memory`` (estimate): input/output/persistent/intermediate bytes, arena_bytes, peak_live_bytes,
   peak_bytes, on_chip_bytes, workspace_bytes, fits_hbm, buffers [[name, offset, size, first, last]]
 - ``cost`` (estimate): target, device_s, cpu_s, transfer_s, total_s, clusters [{id, mme_s, tpc_s,
-  hbm_s, hbm_bytes, flops, bound, time_s}], sources, note
+  hbm_s, hbm_bytes, flops, bound, time_s}], efficiency {mme, tpc, hbm, host}, sources, note
 """

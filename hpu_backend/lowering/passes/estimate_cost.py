@@ -5,7 +5,8 @@ pipeline), so its time is the largest of the three plus one launch. Values that 
 fused kernel add no HBM traffic; an unfused sdpa op writes and reads its score matrices. FusedSDPA
 without recompute writes its probabilities in the forward and reads them in the backward; with
 recompute the backward does the forward's attention FLOPs again (``flops.mme_flops``). CPU
-fallbacks run at assumed host rates and each host↔device copy pays the link. Figures come from
+fallbacks run at assumed host rates and each host↔device copy pays the link. Device rates are the
+published peaks times the fitted per-engine efficiency (``devices.EFFICIENCY``); figures come from
 ``devices.py``; every number this pass writes is an estimate, and is labelled so.
 """
 
@@ -43,26 +44,31 @@ def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
 
 
 def _peak(dev: DeviceSpec, engine: str, dtype: str) -> float:
-    return dev.mme_peak(dtype) if engine == "mme" else dev.tpc_peak(dtype)
+    """The rate the estimate assumes: the published peak times the engine's efficiency."""
+    eff = dev.efficiency
+    return dev.mme_peak(dtype) * eff.mme if engine == "mme" else dev.tpc_peak(dtype) * eff.tpc
 
 
 def _summary(recipe: Recipe, dev: DeviceSpec, clusters: dict, cpu_s: float) -> dict:
-    rows = []
+    rows, eff = [], dev.efficiency
     for cid in sorted(clusters):
         c = clusters[cid]
-        terms = {"mme": c["mme_s"], "tpc": c["tpc_s"], "hbm": c["hbm_bytes"] / dev.hbm_bytes_per_s}
+        terms = {"mme": c["mme_s"], "tpc": c["tpc_s"], "hbm": c["hbm_bytes"] / (dev.hbm_bytes_per_s * eff.hbm)}
         bound = max(terms, key=terms.get)
         rows.append({"id": cid, "mme_s": terms["mme"], "tpc_s": terms["tpc"], "hbm_s": terms["hbm"],
                      "hbm_bytes": c["hbm_bytes"], "flops": c["flops"], "bound": bound,
                      "launch_s": dev.launch_s, "time_s": terms[bound] + dev.launch_s})
     moves = recipe.facts.get("host_transfers", {"count": 0, "bytes": 0})
-    transfer_s = moves["bytes"] / dev.host_bytes_per_s + moves["count"] * dev.host_latency_s
+    transfer_s = moves["bytes"] / (dev.host_bytes_per_s * eff.host) + moves["count"] * dev.host_latency_s
     device_s = sum(r["time_s"] for r in rows)
     return {"estimate": True, "target": dev.name, "plan_at": dict(recipe.facts["plan_at"]),
             "device_s": device_s, "cpu_s": cpu_s, "transfer_s": transfer_s,
-            "total_s": device_s + cpu_s + transfer_s, "clusters": rows, "sources": list(dev.sources),
+            "total_s": device_s + cpu_s + transfer_s, "clusters": rows,
+            "efficiency": {"mme": eff.mme, "tpc": eff.tpc, "hbm": eff.hbm, "host": eff.host},
+            "sources": [*dev.sources, *eff.sources],
             "note": "estimate: per cluster, time = launch + the largest of MME, TPC and HBM time (roofline from "
-                     "published peaks); device = the clusters' times; total = device + cpu + transfer"}
+                     "published peaks times fitted efficiency); device = the clusters' times; total = device + "
+                     "cpu + transfer"}
 
 
 class _Work:

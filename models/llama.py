@@ -1,0 +1,196 @@
+"""A LLaMA-architecture decoder (RMSNorm, rotary positions, SwiGLU, grouped-query attention, KV cache),
+torch only: a model file with a prefill step (this file) and a decode step (``DECODE``).
+
+The prefill step reads ``input_len`` tokens and returns the last position's logits and every layer's
+keys and values; the decode step reads one token per sequence and a KV cache of ``kv_len`` tokens
+and returns the logits and the new token's keys and values. ``LLAMA2_7B`` has LLaMA 2 7B's shapes
+(Touvron et al. 2023, "Llama 2", Table 1 and the released config.json); ``TINY`` is for tests.
+The file's own names are the tiny model; ``models/llama.py:LLAMA2_7B`` selects the 7B one (built on
+the meta device by ``hpurecipe analyze --input-len ... --output-len ...``: no weight is allocated).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    hidden: int
+    max_seq: int = 4096
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+CONFIG_7B = Config(vocab=32000, dim=4096, layers=32, heads=32, kv_heads=32, hidden=11008)
+CONFIG_TINY = Config(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=172, max_seq=512)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # Normalize in float32 as LLaMA's reference code does, then return to the activations' dtype.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding in the half-split layout (HF LLaMA's ``rotate_half``)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.heads, c.kv_heads, c.head_dim
+        self.q = nn.Linear(c.dim, c.heads * c.head_dim, bias=False)
+        self.k = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
+        self.v = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
+        self.o = nn.Linear(c.heads * c.head_dim, c.dim, bias=False)
+
+    def forward(self, x, cos, sin, past=None):
+        """Attention over ``past`` (cached keys, values) and ``x``; returns (output, new keys, new values)."""
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if past is None:
+            y = F.scaled_dot_product_attention(q, self._repeat(k), self._repeat(v), is_causal=True)
+        else:
+            y = self._decode(q, k, v, *past)
+        return self.o(y.transpose(1, 2).reshape(b, s, -1)), k, v
+
+    def _decode(self, q, k, v, past_k, past_v):
+        """One new token's attention over the cache and itself, without copying the cache (a server writes
+        the new key and value into a preallocated cache in place; a concatenation would read and write it
+        all once more per step). The query heads sharing a key/value head form that head's query rows."""
+        b, kvh, hd = q.shape[0], self.kv_heads, self.head_dim
+        qg = q.reshape(b, kvh, self.heads // kvh, hd) / math.sqrt(hd)
+        scores = torch.cat((qg @ past_k.transpose(2, 3), (qg * k).sum(-1, keepdim=True)), dim=-1)
+        p = scores.float().softmax(-1).to(q.dtype)
+        y = p[..., :-1] @ past_v + p[..., -1:] * v
+        return y.reshape(b, self.heads, 1, hd)
+
+    def _repeat(self, t):
+        """Grouped-query attention: each key/value head serves heads // kv_heads query heads."""
+        n = self.heads // self.kv_heads
+        if n == 1:
+            return t
+        b, h, s, d = t.shape
+        return t[:, :, None].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+
+class Block(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.attn_norm, self.mlp_norm = RMSNorm(c.dim, c.eps), RMSNorm(c.dim, c.eps)
+        self.attn = Attention(c)
+        self.gate = nn.Linear(c.dim, c.hidden, bias=False)
+        self.up = nn.Linear(c.dim, c.hidden, bias=False)
+        self.down = nn.Linear(c.hidden, c.dim, bias=False)
+
+    def forward(self, x, cos, sin, past=None):
+        a, k, v = self.attn(self.attn_norm(x), cos, sin, past)
+        x = x + a
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h)), k, v
+
+
+class Llama(nn.Module):
+    """``forward(tokens, *cache)``: prefill without a cache, one decode step with one (k, v per layer)."""
+
+    def __init__(self, c: Config):
+        super().__init__()
+        self.config = c
+        self.embed = nn.Embedding(c.vocab, c.dim)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
+        self.norm = RMSNorm(c.dim, c.eps)
+        self.head = nn.Linear(c.dim, c.vocab, bias=False)
+        inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, tokens, *cache):
+        start = cache[0].shape[2] if cache else 0  # a decode step's position is the cache's length
+        cos, sin = self._rotary(start, tokens.shape[1])
+        x, new = self.embed(tokens), []
+        for i, block in enumerate(self.blocks):
+            x, k, v = block(x, cos, sin, cache[2 * i:2 * i + 2] if cache else None)
+            new += [k, v]
+        return (self.head(self.norm(x[:, -1])), *new)
+
+    def _rotary(self, start, length):
+        pos = torch.arange(start, start + length, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.embed.weight.dtype
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def make_model(config: Config = CONFIG_TINY) -> nn.Module:
+    torch.manual_seed(0)
+    model = Llama(config)
+    for p in model.parameters():  # LLaMA's init scale: keeps activations O(1) through the layers
+        if p.dim() > 1:
+            nn.init.normal_(p, std=0.02)
+    return model
+
+
+def make_inputs(batch: int, input_len: int, seed: int = 0, config: Config = CONFIG_TINY) -> tuple:
+    """Prompt tokens for the prefill step."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, config.vocab, (batch, input_len), generator=g),)
+
+
+def make_decode_inputs(batch: int, kv_len: int, seed: int = 0, config: Config = CONFIG_TINY) -> tuple:
+    """One token per sequence and a KV cache of ``kv_len`` tokens (keys, values per layer)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, config.vocab, (batch, 1), generator=g)
+    shape = (batch, config.kv_heads, kv_len, config.head_dim)
+    return (tokens, *(torch.randn(shape, generator=g) / math.sqrt(config.head_dim) for _ in range(2 * config.layers)))
+
+
+def model_file(config: Config, label: str) -> dict:
+    """The model-file names (prefill step, and its DECODE step) for one config."""
+    return {"make_model": partial(make_model, config), "make_inputs": partial(make_inputs, config=config),
+            "AXES": {"batch": [2, 4], "input_len": [16, 32]},
+            "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": label}},
+            # The decode step: a model file of its own inside this one (``models/llama.py:DECODE`` warms it).
+            "DECODE": {"make_inputs": partial(make_decode_inputs, config=config),
+                       "AXES": {"batch": [2, 4], "kv_len": [16, 32]},
+                       "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": f"{label}-decode"}}}}
+
+
+LLAMA2_7B = model_file(CONFIG_7B, "llama-2-7b")
+_TINY = model_file(CONFIG_TINY, "llama")
+AXES, COMPILE, DECODE = _TINY["AXES"], _TINY["COMPILE"], _TINY["DECODE"]
+
+
+if __name__ == "__main__":
+    model = make_model().eval()
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=True)
+    with torch.no_grad():
+        for step, inputs in (("prefill", make_inputs(2, 24)), ("decode", make_decode_inputs(2, 24))):
+            torch.testing.assert_close(compiled(*inputs), model(*inputs))
+            print(f"{step}: matches eager")
