@@ -68,7 +68,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
     spec = load_spec(model_file, axis)
     config = _enabled(config_for(cache_dir), "warm")
     with progress(len(spec.points()), json) as on_point:
-        report = warm_spec(spec, config.config_string(), train=train, check=check, on_point=on_point)
+        report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
     _finish(report, spec, config, json, check)
 
 
@@ -81,7 +81,7 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     spec = load_spec(model_file, axis)
     config = _enabled(config_for(cache_dir), "prebuild")
     with progress(len(spec.points()), json) as on_point:
-        report = prebuild_spec(spec, config.config_string(), jobs=jobs, train=train, on_point=on_point)
+        report = prebuild_spec(spec, config, jobs=jobs, train=train, on_point=on_point)
     _finish(report, spec, config, json, False)
 
 

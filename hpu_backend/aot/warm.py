@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from recipecache import CacheConfig
+
 from .. import metrics
 from ..compiled import Event, listen
 from ..modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
@@ -187,9 +189,9 @@ def warmup(compiled_model: Callable, spec: Any, *, train: bool = False,
     return WarmReport(spec.name, _mode(train), points, time.perf_counter() - start)
 
 
-def compile_spec(spec: ModelSpec, cache_config: str, *, execute: bool = True, cache: bool = True,
+def compile_spec(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: bool = True, cache: bool = True,
                  train: bool = False) -> tuple[torch.nn.Module, Callable]:
-    """(eager model, compiled model) for a spec, against one cache configuration string."""
+    """(eager model, compiled model) for a spec, against one cache configuration (None: the defaults)."""
     model = spec.build_model()
     model.train(train)
     options = dict(spec.options, model=spec.name, cache_config=cache_config, execute=execute, cache=cache)
@@ -197,7 +199,7 @@ def compile_spec(spec: ModelSpec, cache_config: str, *, execute: bool = True, ca
     return model, torch.compile(model, backend="hpu_backend", options=options, **kwargs)
 
 
-def warm(spec: ModelSpec, cache_config: str, *, train: bool = False, check: bool = False, execute: bool = True,
+def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,
          on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
     """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk."""
     start = time.perf_counter()
@@ -208,7 +210,7 @@ def warm(spec: ModelSpec, cache_config: str, *, train: bool = False, check: bool
     return WarmReport(spec.name, _mode(train), points, time.perf_counter() - start)
 
 
-def flush(spec: ModelSpec, cache_config: str) -> None:
+def flush(spec: ModelSpec, cache_config: CacheConfig | None) -> None:
     """Wait until every recipe put into the cache is on disk."""
     from ..settings import Settings
     from ..store import store_for
@@ -222,13 +224,13 @@ def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None) -> 
     """Each point's recipes and keys from a compile-only run that reads and writes no cache (coverage, analyze)."""
     if target is not None:
         spec = ModelSpec(**{**spec.__dict__, "options": dict(spec.options, target=target)})
-    _, compiled = compile_spec(spec, "", execute=False, cache=False, train=train)
+    _, compiled = compile_spec(spec, None, execute=False, cache=False, train=train)
     return run_points(compiled, spec, spec.points(), train=train)
 
 
 # -- prebuild across processes ---------------------------------------------------------------------------
 
-def _prebuild_chunk(selector: str, axes: dict, cache_config: str, train: bool, points: list[dict]) -> list[dict]:
+def _prebuild_chunk(selector: str, axes: dict, cache_config: CacheConfig | None, train: bool, points: list[dict]) -> list[dict]:
     """Worker: a compile-only run over some points, flushed to disk before it returns."""
     spec = load_model_file(selector).with_axes(axes)
     _, compiled = compile_spec(spec, cache_config, execute=False, train=train)
@@ -244,7 +246,7 @@ def chunks(points: list, jobs: int) -> list[list]:
     return [points[i * len(points) // n:(i + 1) * len(points) // n] for i in range(n)]
 
 
-def prebuild(spec: ModelSpec, cache_config: str, *, jobs: int = 1, train: bool = False,
+def prebuild(spec: ModelSpec, cache_config: CacheConfig | None, *, jobs: int = 1, train: bool = False,
              on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
     """Compile every point without executing recipes, across ``jobs`` worker processes."""
     if jobs <= 1:
