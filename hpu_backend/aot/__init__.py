@@ -2,7 +2,8 @@
 return dataclasses (the CLI only parses arguments and renders what they return).
 
 ``warm.py`` (warm, prebuild, plan, and ``warmup`` for serving processes), ``package.py`` (torch.export →
-package), ``analyze.py`` (per-bucket analysis, largest batch), ``manifests.py`` (which entries serve which
+package), ``analyze.py`` (per-bucket analysis, largest batch), ``capacity.py`` (prefill/decode planning
+without weights), ``manifests.py`` (which entries serve which
 shape point; torch-free), ``bundles.py`` (export/import files, optionally signed; torch-free). Names load their
 module on first use, so that reading manifests never imports torch.
 """
