@@ -88,3 +88,10 @@ def test_device_rates_are_published_peaks_times_the_fitted_efficiency():
         assert cluster["hbm_s"] == pytest.approx(cluster["hbm_bytes"] / (spec.hbm_bytes_per_s * eff.hbm))
         assert cluster["mme_s"] == pytest.approx(cluster["flops"] / (spec.mme_peak("bfloat16") * eff.mme))
     assert device("gaudi2").efficiency is device("gaudi3").efficiency  # one set of factors for every target
+
+
+def test_the_targets_settings_accept_are_the_devices_with_specs():
+    from hpu_backend.lowering.devices import DEVICES
+    from hpu_backend.settings import TARGETS
+
+    assert list(TARGETS) == list(DEVICES)
