@@ -92,6 +92,16 @@ def test_grad_mode_runs_the_module_so_gradients_flow():
     assert model[0].weight.grad is not None
 
 
+def test_an_input_that_requires_grad_gets_its_gradient():
+    model = _mlp().requires_grad_(False)
+    graphed = wrap_in_hpu_graph(copy.deepcopy(model))
+    x = torch.randn(2, 16, requires_grad=True)
+    graphed(x.detach())  # captured without grad
+    graphed(x).sum().backward()
+    expected = torch.autograd.grad(model(x).sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+
+
 def test_a_call_export_cannot_capture_runs_eagerly_after_one_warning(caplog):
     class Branchy(torch.nn.Module):
         def forward(self, x):

@@ -65,7 +65,7 @@ class HPUGraphForward:
         graph = self.graphs.get(key, False)
         if graph is False:
             graph = self._capture(key, args, {})
-        return self.forward(*args) if graph is None or graph.needs_autograd() else graph.replay(args)
+        return self.forward(*args) if graph is None or graph.needs_autograd(args) else graph.replay(args)
 
     def _call_general(self, args: tuple, kwargs: dict) -> Any:
         flat, spec = pytree.tree_flatten((args, kwargs))
@@ -74,9 +74,10 @@ class HPUGraphForward:
         graph = self.graphs.get(key, False)
         if graph is False:
             graph = self._capture(key, args, kwargs)
-        if graph is None or graph.needs_autograd():
+        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        if graph is None or graph.needs_autograd(tensors):
             return self.forward(*args, **kwargs)
-        return graph.replay([a for a in flat if isinstance(a, torch.Tensor)])
+        return graph.replay(tensors)
 
     def _capture(self, key: tuple, args: tuple, kwargs: dict) -> CapturedGraph | None:
         """Capture the call; None (the module runs eagerly for this signature) after one warning."""
@@ -105,9 +106,10 @@ class CapturedGraph:
         self.single = out_spec.is_leaf()
         self.trainable = trainable
 
-    def needs_autograd(self) -> bool:
-        """A call that records gradients runs the module itself: a replay has no autograd graph."""
-        return self.trainable and torch.is_grad_enabled()
+    def needs_autograd(self, tensors) -> bool:
+        """A call that records gradients (of the weights or of an input) runs the module itself: a replay has no
+        autograd graph."""
+        return torch.is_grad_enabled() and (self.trainable or any(t.requires_grad for t in tensors))
 
     def replay(self, tensors) -> Any:
         for buffer, value in zip(self.static, tensors):
