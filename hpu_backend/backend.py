@@ -29,9 +29,7 @@ log = logging.getLogger(__name__)
 
 _graph_ids = itertools.count()
 _SUFFIX = {"forward": "fw", "backward": "bw", "inference": "inf"}
-
-
-MODES = (None, "default", "reduce-overhead")
+MODES = (None, "default", "reduce-overhead")  # torch.compile modes this backend implements
 
 
 def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, **kwargs: Any):

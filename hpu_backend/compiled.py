@@ -353,6 +353,8 @@ class Replay:
             return self.unreplayed(*args)  # runs eagerly after one warning (or raises, in strict mode)
         taken, _ = self.graph.taken_for(list(args))
         if taken.recipe is not None:  # a bucket that fell back to eager is not captured
+            if len(self.captured) >= self.graph.store.capacity:  # bounded like the graph's buckets
+                self.captured.pop(next(iter(self.captured)))
             self.captured[signature] = (taken, [(i, torch.empty_strided(args[i].shape, args[i].stride(),
                                                                         dtype=args[i].dtype, device=args[i].device))
                                                 for i in self.copied])

@@ -87,13 +87,13 @@ class Recorder:
             g.program = self.pkey.key
         emit(Event("program", key=self.pkey.key))
 
-
     def replayable(self) -> bool:
         """An inference graph whose runtime contract is only "run it" (what a Replay does)."""
         return "inference" in self.graphs and self.contract is not None and replayable(self.contract)
 
 
 def replayable(c: Contract) -> bool:
+    """A contract a Replay honours by running the graph: no input mutation to mark, autocast left alone."""
     return not c.mutated_inputs and not c.disable_amp
 
 
