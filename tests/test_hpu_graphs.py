@@ -84,6 +84,18 @@ def test_keyword_and_scalar_arguments_are_part_of_the_signature():
     assert len(graphed.forward.graphs) == 2
 
 
+def test_train_and_eval_mode_are_separate_captures():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    graphed = wrap_in_hpu_graph(copy.deepcopy(model).train())
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert (graphed(x) == 0).any()  # dropout in training mode
+        graphed.eval()
+        torch.testing.assert_close(graphed(x), model.eval()(x), rtol=0, atol=0)
+    assert len(graphed.forward.graphs) == 2
+
+
 def test_grad_mode_runs_the_module_so_gradients_flow():
     model = _mlp().train()
     graphed = wrap_in_hpu_graph(model)

@@ -9,8 +9,8 @@ taken once too); a replay copies the call's tensors into the static buffers and 
 no Dynamo, no guards, no AOTAutograd wrapper, no module tree walk.
 
 Caveats, as on Gaudi: what the capture saw is what replays — Python control flow and side effects
-run once, at capture; non-tensor arguments are part of the signature, so each new value captures
-again; a parameter replaced by a new object (rather than updated in place) is not seen; a replay
+run once, at capture; non-tensor arguments (and train/eval mode) are part of the signature, so each
+new value captures again (an unhashable one runs the module eagerly); a parameter replaced by a new object (rather than updated in place) is not seen; a replay
 runs without autograd (HPU graphs serve inference). Unlike Gaudi, outputs are fresh tensors, not
 buffers the next replay overwrites: a script correct on Gaudi is correct here, not the reverse.
 """
@@ -51,6 +51,7 @@ class HPUGraphForward:
     """The forward of a wrapped module: signature of the call → captured graph → replay."""
 
     def __init__(self, module: torch.nn.Module, forward: Callable, max_graphs: int | None):
+        self.module = module
         self.module_name = type(module).__name__
         self.forward = forward  # the module's own forward: captured, and the fallback
         self.unwrapped = _Unwrapped(module, forward)  # what export traces (module.forward is this object)
@@ -61,7 +62,7 @@ class HPUGraphForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or not all(type(a) is torch.Tensor for a in args):
             return self._call_general(args, kwargs)
-        key = tuple((a.shape, a.dtype, a.device) for a in args)
+        key = (self.module.training, *((a.shape, a.dtype, a.device) for a in args))
         graph = self.graphs.get(key, False)
         if graph is False:
             graph = self._capture(key, args, {})
@@ -69,9 +70,12 @@ class HPUGraphForward:
 
     def _call_general(self, args: tuple, kwargs: dict) -> Any:
         flat, spec = pytree.tree_flatten((args, kwargs))
-        key = (spec, *((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
-                       for a in flat))
-        graph = self.graphs.get(key, False)
+        key = (self.module.training, spec, *((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
+                                             else (type(a), a) for a in flat))
+        try:
+            graph = self.graphs.get(key, False)
+        except TypeError:  # an unhashable argument cannot name a graph: the module runs as it is
+            return self.forward(*args, **kwargs)
         if graph is False:
             graph = self._capture(key, args, kwargs)
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
