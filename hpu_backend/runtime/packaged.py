@@ -1,4 +1,5 @@
-"""Serve a recipe package: load it, then per call flatten the arguments, pick the bucket, run its recipe.
+"""Serve a recipe package: load it (weights bound into the executors once), then per call flatten the
+arguments, pick the bucket, run its recipe.
 
 Nothing here imports Dynamo or AOTAutograd: the package's recipes go through the same checked loader
 as the cache's, the call layout is a pytree spec, and bucket selection is a dict lookup on the
@@ -30,11 +31,13 @@ def load_package(path: str | os.PathLike, model: torch.nn.Module | None = None) 
     """
     package = read_package(path)
     check_toolchain(package, path)
-    try:
-        runs = [build_callable(r) for r in package.recipes]
+    fixed = _fixed_inputs(package, model, path)
+    try:  # weights and constants bound into each executor once; a call passes only the user's inputs
+        runs = [build_callable(r, {name: t for name, t in zip(r.input_names, fixed) if t is not None})
+                for r in package.recipes]
     except RecipeLoadError as e:
         raise PackageError(f"{path}: a recipe cannot be loaded ({e})") from None
-    return PackagedModel(package, runs, _fixed_inputs(package, model, path))
+    return PackagedModel(package, runs)
 
 
 def _fixed_inputs(package: Package, model: torch.nn.Module | None, path) -> list[Any]:
@@ -76,15 +79,18 @@ def _load(table: dict[str, Constant], name: str, path) -> torch.Tensor:
 class PackagedModel:
     """Serves a package: flatten the call, check its shapes, run the bucket's recipe, unflatten."""
 
-    def __init__(self, package: Package, runs: list[Callable[[list], list]], fixed: list[Any]):
+    def __init__(self, package: Package, runs: list[Callable[[list], list]]):
         self.package = package
         self.in_spec = pytree.treespec_loads(package.in_spec)
         self.out_spec = pytree.treespec_loads(package.out_spec)
         first = package.recipes[0]
         self.symbols = first.symbols
-        self.read_symbols = symbol_reader(first.symbol_sources)
-        self.fixed = fixed
-        self.user = [(slot, gi.index) for slot, gi in enumerate(package.inputs) if gi.kind == "user"]
+        user_slots = [slot for slot, gi in enumerate(package.inputs) if gi.kind == "user"]
+        self.user = [package.inputs[slot].index for slot in user_slots]  # where each run input is in the call
+        position = {slot: i for i, slot in enumerate(user_slots)}
+        if any(slot not in position for slot, _ in first.symbol_sources):
+            raise PackageError(f"{package.model}: a shape symbol is read from an input that is not the user's")
+        self.read_symbols = symbol_reader([[position[slot], dim] for slot, dim in first.symbol_sources])
         self.names = {slot: gi.target for slot, gi in enumerate(package.inputs)}
         self.buckets = [(r, run) for r, run in zip(package.recipes, runs)]
         self.known: dict[tuple, Callable[[list], list]] = {}
@@ -96,15 +102,13 @@ class PackagedModel:
             if want == got:
                 want, got = (" ".join(str(s).split()) for s in (self.in_spec, spec))
             raise PackageError(f"the package takes {want}, got {got}")
-        full = list(self.fixed)
-        for slot, index in self.user:
-            full[slot] = flat[index]
+        inputs = [flat[i] for i in self.user]
         run = self.buckets[0][1]
         if self.read_symbols is not None:
-            values = self.read_symbols(full)
+            values = self.read_symbols(inputs)
             run = self.known.get(values) or self._select(values)
         with torch.no_grad():
-            return pytree.tree_unflatten(run(full), self.out_spec)
+            return pytree.tree_unflatten(run(inputs), self.out_spec)
 
     def _select(self, values: tuple) -> Callable[[list], list]:
         env = dict(zip(self.symbols, values))
