@@ -355,10 +355,13 @@ class Replay:
         if taken.recipe is not None:  # a bucket that fell back to eager is not captured
             if len(self.captured) >= self.graph.store.capacity:  # bounded like the graph's buckets
                 self.captured.pop(next(iter(self.captured)))
-            self.captured[signature] = (taken, [(i, torch.empty_strided(args[i].shape, args[i].stride(),
-                                                                        dtype=args[i].dtype, device=args[i].device))
-                                                for i in self.copied])
+            self.captured[signature] = (taken, [(i, static_buffer(args[i])) for i in self.copied])
         return outs
+
+
+def static_buffer(like: torch.Tensor) -> torch.Tensor:
+    """An uninitialized tensor with ``like``'s shape, strides, dtype and device: where a replay copies an input."""
+    return torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=like.device)
 
 
 def _static(x: torch.Tensor) -> bool:

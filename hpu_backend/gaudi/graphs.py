@@ -18,6 +18,7 @@ buffers the next replay overwrites: a script correct on Gaudi is correct here, n
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from typing import Any, Callable
 
@@ -25,8 +26,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import fallback
+from ..compiled import static_buffer
 from ..exported import decompose, graph_inputs, lower_exported
-from ..lowering import LoweringContext, LoweringError, lower_bucket
+from ..lowering import LoweringError, lower_bucket
+from ..modelfile import one_line
 from ..package import PackageError
 from ..runtime import RecipeLoadError, build_callable
 from ..settings import Settings
@@ -142,22 +145,17 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Ca
         try:
             ep = torch.export.export(module, args, kwargs, strict=False)
         except Exception as e:  # export reports unsupported Python and data-dependent control flow
-            raise PackageError(f"torch.export cannot capture the call: {_first_line(e)}") from None
+            raise PackageError(f"torch.export cannot capture the call: {one_line(e)}") from None
         ep = decompose(ep)
         template, ctx = lower_exported(ep, Settings.from_options({}), name)
         if template.symbols:
             raise PackageError(f"the captured graph has symbolic sizes {template.symbols}")
-        recipe = lower_bucket(template, _static(ctx))
+        recipe = lower_bucket(template, dataclasses.replace(ctx, bucket={}, gm=None))
         fallbacks = fallback.report(recipe)
         fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
         run = build_callable(recipe, fixed)
     trainable = any(p.requires_grad for p in module.parameters())
     return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks)
-
-
-def _static(ctx: LoweringContext) -> LoweringContext:
-    ctx.bucket, ctx.gm = {}, None
-    return ctx
 
 
 def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: dict
@@ -170,14 +168,9 @@ def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: di
     for name, gi in zip(names, graph_inputs(ep)):
         if gi.kind == "user" and isinstance(user[gi.index], torch.Tensor):
             value = user[gi.index]
-            static.append(torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                              device=value.device).copy_(value))
+            static.append(static_buffer(value).copy_(value))
         elif gi.kind == "user":
             fixed[name] = user[gi.index]  # a non-tensor argument: part of the signature, fixed per graph
         else:
             fixed[name] = state[gi.target].detach()
     return fixed, static
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

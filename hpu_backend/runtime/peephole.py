@@ -96,7 +96,7 @@ def _foldable_transpose(node: Node, by_name: dict[str, Node], specs: dict, reade
     if node.op != "aten::addmm.default" or node.kwargs or len(node.args) != 3:
         return None
     bias, _, mat2 = node.args
-    t = by_name.get(mat2["r"]) if isinstance(mat2, dict) and "r" in mat2 else None
+    t = _ref_node(mat2, by_name)
     if t is None or t.op not in TRANSPOSES or readers[t.name] != 1:
         return None
     if t.op == "aten::permute.default" and t.args[1:] != [[1, 0]]:
