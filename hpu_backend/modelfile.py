@@ -131,7 +131,7 @@ def load_model_file(selector: str | Path) -> ModelSpec:
 
 def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str = "") -> ModelSpec:
     """A ModelSpec from a module, object, class, namespace or dict holding the model-file names."""
-    get = holder.get if isinstance(holder, Mapping) else (lambda n, d=None: getattr(holder, n, d))
+    get = _getter(holder)
     missing = [n for n in REQUIRED if get(n) is None]
     if missing:
         raise ModelFileError(f"{where}: missing " + "; ".join(f"{n} ({REQUIRED[n]})" for n in missing))
@@ -150,12 +150,16 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
                      get("loss"), source_hash, decode)
 
 
+def _getter(holder: Any) -> Callable[..., Any]:
+    """``get(name, default=None)`` over a dict or the attributes of any other holder."""
+    return holder.get if isinstance(holder, Mapping) else (lambda n, d=None: getattr(holder, n, d))
+
+
 def _decode_spec(get: Callable, where: str, name: str, source_hash: str) -> ModelSpec:
     """``DECODE``: the decode step's names over the file's (its own make_inputs and AXES, the rest inherited)."""
-    holder = get("DECODE")
-    own = holder.get if isinstance(holder, Mapping) else (lambda n, d=None: getattr(holder, n, d))
+    own = _getter(get("DECODE"))
     names = [*REQUIRED, "MODEL_INPUTS"]
-    merged = {n: own(n) if own(n) is not None else get(n) for n in names}
+    merged = {n: get(n) if (value := own(n)) is None else value for n in names}
     if own("make_inputs") is None or own("AXES") is None:
         raise ModelFileError(f"{where}: DECODE must define its own make_inputs and AXES (the decode step's inputs)")
     return spec_from(merged, f"{where}:DECODE", f"{name}-decode", source_hash)

@@ -24,7 +24,7 @@ def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
     breaks = _graph_breaks(spec, train)
     points = plan(spec, train=train, target=target)
     rows = [_row(p) for p in points]
-    hbm = _hbm_bytes(target)
+    hbm = hbm_bytes(target)
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "hbm_bytes": hbm, "graph_break_reasons": breaks, "buckets": rows,
             "max_batch": _max_batch(spec, points, hbm, train, target)}
@@ -61,7 +61,7 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
     return sorted({str(getattr(b, "reason", b)).splitlines()[0] for b in out.break_reasons})
 
 
-def _hbm_bytes(target: str) -> int:
+def hbm_bytes(target: str) -> int:
     from ..lowering.devices import device
 
     return int(device(target).hbm_bytes)

@@ -25,7 +25,7 @@ from ..lowering.values import node_refs
 from ..modelfile import ModelFileError, ModelSpec, user_call
 from ..recipe import Recipe
 from ..settings import Settings
-from .analyze import largest_fitting, replanned_peak
+from .analyze import hbm_bytes, largest_fitting, replanned_peak
 
 DTYPES = ("bf16", "fp8")
 FP8 = "float8_e4m3fn"
@@ -220,9 +220,7 @@ def capacity(spec: ModelSpec, target: str, dtype: str, input_len: int, output_le
 
 def plan_capacity(prefill: StepGraph, decode: StepGraph, model: str, target: str, dtype: str, input_len: int,
                   output_len: int, batch: int | None) -> dict[str, Any]:
-    from ..lowering.devices import device
-
-    hbm = int(device(target).hbm_bytes)
+    hbm = hbm_bytes(target)
     last_kv = input_len + output_len - 1
 
     def fits(b: int) -> bool:
@@ -237,28 +235,28 @@ def plan_capacity(prefill: StepGraph, decode: StepGraph, model: str, target: str
                          **({} if largest else {"reason": "even batch 1 does not fit"})},
            "batch": chosen, "steps": [], "tokens_per_s": None}
     if chosen:
-        doc.update(throughput(prefill, decode, chosen, input_len, output_len, hbm))
+        doc.update(throughput(prefill, decode, chosen, input_len, output_len))
     return doc
 
 
-def throughput(prefill: StepGraph, decode: StepGraph, batch: int, input_len: int, output_len: int,
-               hbm: int) -> dict[str, Any]:
+def throughput(prefill: StepGraph, decode: StepGraph, batch: int, input_len: int, output_len: int
+               ) -> dict[str, Any]:
     """The steps at ``batch`` (prefill, first and last decode step) and tokens/s over the whole request."""
-    rows = [_step_row("prefill", prefill.at({"batch": batch, "input_len": input_len}), input_len, hbm)]
-    for kv in sorted({input_len, input_len + output_len - 1}):
-        rows.append(_step_row("decode", decode.at({"batch": batch, "kv_len": kv}), kv, hbm))
-    points = decode_points(input_len, output_len)
-    decode_s = sum(w * decode.time_s({"batch": batch, "kv_len": kv}) for kv, w in points)
+    points = decode_points(input_len, output_len)  # always holds the first and the last KV length
+    steps = {kv: decode.at({"batch": batch, "kv_len": kv}) for kv, _ in points}
+    rows = [_step_row("prefill", prefill.at({"batch": batch, "input_len": input_len}), input_len)]
+    rows += [_step_row("decode", steps[kv], kv) for kv in sorted({input_len, input_len + output_len - 1})]
+    decode_s = sum(w * steps[kv].facts["cost"]["total_s"] for kv, w in points)
     total_s = rows[0]["time_s"] + decode_s
     return {"steps": rows, "prefill_s": rows[0]["time_s"], "decode_s": decode_s, "total_s": total_s,
             "tokens_per_s": batch * output_len / total_s, "fits_hbm": all(r["fits_hbm"] for r in rows),
             "decode_sampled": len(points) < output_len, "decode_steps_evaluated": len(points)}
 
 
-def _step_row(step: str, recipe: Recipe, length: int, hbm: int) -> dict[str, Any]:
+def _step_row(step: str, recipe: Recipe, length: int) -> dict[str, Any]:
     cost, memory = recipe.facts["cost"], recipe.facts["memory"]
     return {"step": step, "length": length, "time_s": cost["total_s"], "peak_hbm_bytes": memory["peak_bytes"],
-            "input_bytes": memory["input_bytes"], "fits_hbm": memory["peak_bytes"] <= hbm,
+            "input_bytes": memory["input_bytes"], "fits_hbm": memory["fits_hbm"],
             "bound": [c["bound"] for c in cost["clusters"]]}
 
 

@@ -4,8 +4,8 @@
 Gaudi (``habana_frameworks.torch``)                          here
 ===========================================================  ==========================================
 ``hpex.optimizers.FusedAdamW(params, lr, betas, eps=1e-6,    ``hpu_backend.gaudi.FusedAdamW``: torch's
-weight_decay)``                                              fused AdamW kernel, Gaudi's default eps
-``hpex.optimizers.FusedSGD(params, lr, momentum, ...)``      ``FusedSGD``: torch's fused SGD kernel
+weight_decay)``                                              foreach AdamW kernels, Gaudi's default eps
+``hpex.optimizers.FusedSGD(params, lr, momentum, ...)``      ``FusedSGD``: torch's foreach SGD kernels
 ``hpex.normalization.FusedClipNorm(params, max_norm)`` and   ``FusedClipNorm``: ``clip_grad_norm_`` with
 ``.clip_norm(params)``                                       torch's foreach kernels
 ``core.mark_step()``                                         ``mark_step()``: see below
@@ -15,6 +15,9 @@ weight_decay)``                                              fused AdamW kernel,
 end: here it is a graph boundary (Dynamo does not trace into it, so a compiled region ends there)
 and counts in ``metric_global("mark_step")``; eagerly it only counts. It synchronizes nothing,
 since the simulated device runs on the host.
+
+The optimizers step with torch's multi-tensor (foreach) kernels rather than its fused CPU kernel:
+Dynamo traces the former into a recipe and skips the latter, so a compiled step would run eagerly.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from .. import metrics
 
 
 class FusedAdamW(torch.optim.AdamW):
-    """AdamW with Gaudi's defaults (``eps=1e-6``), stepping with torch's fused kernel."""
+    """AdamW with Gaudi's defaults (``eps=1e-6``), stepping with torch's foreach kernels."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, amsgrad: bool = False):
@@ -35,7 +38,7 @@ class FusedAdamW(torch.optim.AdamW):
 
 
 class FusedSGD(torch.optim.SGD):
-    """SGD (momentum, dampening, Nesterov, weight decay as torch's), stepping with torch's fused kernel."""
+    """SGD (momentum, dampening, Nesterov, weight decay as torch's), stepping with torch's foreach kernels."""
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):

@@ -29,9 +29,9 @@ def plan_memory(recipe: Recipe, ctx: LoweringContext) -> Recipe:
     sizes = {r: nbytes(nodes[r[0]].out[r[1]], env) for r in roots
              if roots[r] == r and r not in persistent and r[0] in nodes}
     on_chip = internal_values(recipe, roots) & set(sizes)
-    buffers = _lifetimes(recipe, roots, sizes, on_chip) + _workspaces(recipe, env)
-    offsets, arena_bytes = arena.assign_offsets(buffers)
     specs = spec_map(recipe)
+    buffers = _lifetimes(recipe, roots, sizes, on_chip) + _workspaces(recipe, env, specs)
+    offsets, arena_bytes = arena.assign_offsets(buffers)
     saved_probs = sum(saved_probs_bytes(recipe, n, specs, env) for n in recipe.nodes)
     persistent_bytes = _persistent_bytes(recipe, nodes, persistent, env, saved_probs)
     memory = {
@@ -85,8 +85,7 @@ def _read_outputs(node, ref: str, outputs: dict[str, int]) -> range:
     return range(outputs.get(ref, 1))
 
 
-def _workspaces(recipe: Recipe, env) -> list[arena.Buffer]:
-    specs = spec_map(recipe)
+def _workspaces(recipe: Recipe, env, specs) -> list[arena.Buffer]:
     out = []
     for i, node in enumerate(recipe.nodes):
         size = sdpa_workspace_bytes(node, specs, env) if node.fusion < 0 else 0
