@@ -9,7 +9,7 @@ from typing import Callable
 from .accounting import Accounting
 from .disk import FileItem, discard, read_file
 from .entry import Entry, EntryInfo, decode_as, decode_entry, validate_key
-from .errors import CacheError, CorruptEntry, VersionMismatch
+from .errors import CacheError, CorruptEntry
 from .eviction import TRIM_RATIO, select
 from .ledger import Ledger
 from .remote import RemoteTier
@@ -161,7 +161,7 @@ class Admin:
             return None
         try:
             decode_entry(result.data)
-        except (CorruptEntry, VersionMismatch):
+        except CorruptEntry:  # a VersionMismatch too
             return None
         return result.data
 

@@ -143,7 +143,7 @@ class RecipeCache:
             return None
         try:
             entry = decode_as(key, data)
-        except (CorruptEntry, VersionMismatch) as exc:
+        except CorruptEntry as exc:  # a VersionMismatch too
             logger.warning("recipe cache: deleting unusable remote entry %s: %s", key, exc)
             self._stats.add(corrupt=1)
             self._remote.delete(key)

@@ -55,18 +55,18 @@ class Persister:
             self.writer.submit(partial(self.run, partial(job, *args)))
 
     def _write_job(self, entry: Entry, push: bool = False) -> None:
+        data = encode_entry(entry.key, entry.payload, entry.meta, entry.created)  # the same bytes for both tiers
         try:
-            self.run(partial(self._store, entry))
+            self.run(partial(self._store, entry, data))
         finally:
             with self._mutex:
                 self._pending.pop(entry.key, None)
         if push:  # local first, then the fleet
-            self.remote.put(entry.key, encode_entry(entry.key, entry.payload, entry.meta, entry.created))
+            self.remote.put(entry.key, data)
 
-    def _store(self, entry: Entry) -> None:
+    def _store(self, entry: Entry, data: bytes) -> None:
         if self.degraded is not None or self.disk.exists(entry.key):
             return
-        data = encode_entry(entry.key, entry.payload, entry.meta, entry.created)
         limit = self.space.limit
         if limit is not None and len(data) > limit:
             logger.warning("recipe cache: entry %s (%d bytes) is larger than the cache limit (%d bytes); "

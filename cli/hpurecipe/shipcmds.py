@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, write_bundle
-from hpu_backend.aot.manifests import manifest_name, manifest_path, read_manifests, write_manifest
+from hpu_backend.aot.manifests import manifest_name, read_manifests, write_manifest
 
 from . import render
 from .caches import open_cache, require_remote
@@ -28,7 +28,7 @@ def export(bundle: BundlePath, cache_dir: CacheDir = None, model: Model = None, 
     keys = [i.key for i in cache.entries() if model is None or i.meta.get("model") == model]
     if not keys:
         raise CliError(f"no entries{f' for model {model}' if model else ''} to export")
-    manifests = {manifest_path(cache.path, d["model"], d["mode"]).name: d for d in read_manifests(cache.path)
+    manifests = {manifest_name(d["model"], d["mode"]): d for d in read_manifests(cache.path)
                  if model is None or d["model"] == model}
     key = bundle_key()
     info = write_bundle(bundle, cache, keys, manifests, key)
@@ -79,7 +79,7 @@ def push(cache_dir: CacheDir = None, remote: Remote = None, model: Model = None,
     try:
         sent = cache.push(keys)
         for doc in manifests:
-            if not cache.remote.put_doc(manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
+            if not _put_manifest(cache.remote, doc):
                 raise ConnectionError(f"remote cache {cache.remote.url} is unavailable")
     except ConnectionError as e:
         raise CliError(f"{e}; nothing more was pushed") from None
@@ -119,8 +119,7 @@ def push_manifest(config, doc: dict) -> None:
     from hpu_backend.keyparts import toolchain_id
     from recipecache.remote import RemoteTier
 
-    if not RemoteTier(config.remote, config.remote_ttl_s, toolchain_id()).put_doc(
-            manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode()):
+    if not _put_manifest(RemoteTier(config.remote, config.remote_ttl_s, toolchain_id()), doc):
         render.warn(f"could not send the manifest to {config.remote}; hosts will compile to learn the keys")
 
 
@@ -141,3 +140,8 @@ def _keys_from_manifest(cache, spec, train: bool) -> list[str] | None:
     if any(not isinstance(k, list) or not all(isinstance(x, str) and KEY_RE.fullmatch(x) for x in k) for k in lists):
         return None
     return sorted({k for keys in lists for k in keys})
+
+
+def _put_manifest(remote, doc: dict) -> bool:
+    """Send one manifest to the fleet tier under its file name; False if the tier is unavailable."""
+    return remote.put_doc(manifest_name(doc["model"], doc["mode"]), _json.dumps(doc).encode())
