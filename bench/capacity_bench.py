@@ -11,7 +11,7 @@ over to another target.
 
     python bench/capacity_bench.py [--no-gaudi3] [--quick]
 
-Prints estimate / published per row (at the factors in hpu_backend/lowering/devices.py, and at the fitted
+Prints estimate / published per row (at the factors in hpu_backend/targets.py, and at the fitted
 ones), writes bench/results/capacity_bench.json and, with matplotlib, bench/results/capacity_bench.png.
 """
 
@@ -25,8 +25,8 @@ import time
 from common import RESULTS, ROOT, print_table, write_results
 
 from hpu_backend.aot.capacity import decode_points, step_graphs
-from hpu_backend.lowering.devices import EFFICIENCY
-from hpu_backend.modelfile import load_model_file
+from hpu_backend.targets import EFFICIENCY
+from hpu_backend.aot.modelfile import load_model_file
 
 SOURCE_G2 = "Intel, Model Performance Data for Intel Gaudi 2 AI Accelerators (software 1.18.0), LLaMA 2 7B fp8, 1 HPU"
 SOURCE_G3 = "Intel, Model Performance Data for Intel Gaudi 3 AI Accelerators (software 1.18.0), LLaMA 2 7B fp8, 1 HPU"
@@ -139,8 +139,8 @@ def main() -> None:
         rows3, parts3 = evaluate("gaudi3", spec)
         results += table_rows("gaudi3", rows3, parts3, shipped)
     print(f"fitted on gaudi2: mme={mme:.2f} hbm={hbm:.2f} (tpc=mme), worst row x{math.exp(worst):.3f}; "
-          f"shipped in devices.py: mme={EFFICIENCY.mme} tpc={EFFICIENCY.tpc} hbm={EFFICIENCY.hbm}")
-    print_table("LLaMA 2 7B fp8, 1 card: estimate (devices.py factors) / published",
+          f"shipped in targets.py: mme={EFFICIENCY.mme} tpc={EFFICIENCY.tpc} hbm={EFFICIENCY.hbm}")
+    print_table("LLaMA 2 7B fp8, 1 card: estimate (targets.py factors) / published",
                 ["target", "row (in/out/batch)", "published", "estimate", "ratio"],
                 [[r["target"], f"{r['kind']} {r['input']}/{r['output']}/{r['batch']}",
                   f"{r['published']:,} {r['unit']}", f"{r['estimate']:,.2f} {r['unit']}", f"{r['ratio']:.2f}"]

@@ -17,8 +17,8 @@ import time
 import torch
 
 from common import load_model_file, per_call_us, print_table, write_results
-from hpu_backend.compiled import collect_recipes
-from hpu_backend.recipe import Recipe
+from hpu_backend.serve.compiled import collect_recipes
+from hpu_backend.formats.recipe import Recipe
 from hpu_backend.runtime import build_callable
 from recipecache import CacheConfig, RecipeCache
 

@@ -25,7 +25,7 @@ import torch._dynamo
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from hpu_backend.decompositions import hpu_decompositions
+from hpu_backend.capture.decompositions import hpu_decompositions
 from hpu_backend.lowering import BUCKET_PASSES, GRAPH_PASSES, LoweringContext, capture_graph
 from hpu_backend.settings import Settings
 

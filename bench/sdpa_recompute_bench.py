@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch._dynamo
 
-from hpu_backend.compiled import collect_recipes
+from hpu_backend.serve.compiled import collect_recipes
 from hpu_backend.gaudi import FusedSDPA
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sdpa_recompute_bench.json"

@@ -16,8 +16,8 @@ from typing import Any
 from .version import __version__
 
 _EXPORTS = {
-    "analyze": "analysis", "hpu_backend": "backend", "Settings": "settings", "SettingsError": "settings",
-    "load_model_file": "modelfile", "warmup": "aot.warm", "load_package": "runtime.packaged", "PackageError": "package",
+    "analyze": "aot.report", "hpu_backend": "backend", "Settings": "settings", "SettingsError": "settings",
+    "load_model_file": "aot.modelfile", "warmup": "aot.warm", "load_package": "runtime.packaged", "PackageError": "formats.package",
     "autocast": "gaudi.mixed_precision",
 }
 

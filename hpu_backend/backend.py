@@ -18,12 +18,12 @@ from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 from torch._dynamo.symbolic_convert import TensorifyState
 
 from . import metrics
-from .compiled import CompiledGraph, Event, Replay, boxed, emit
-from .keys import ProgramKey, Unkeyable, program_key
+from .serve.compiled import CompiledGraph, Event, Replay, boxed, emit
+from .serve.keys import ProgramKey, Unkeyable, program_key
 from .lowering import LoweringContext, LoweringError
-from .programs import Recorder, restart_program, serve
+from .serve.programs import Recorder, restart_program, serve
 from .settings import Settings
-from .store import store_for
+from .serve.store import store_for
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
 
     from torch._dynamo.backends.common import aot_autograd  # a miss only: a hit never imports AOTAutograd
 
-    from .decompositions import hpu_decompositions
+    from .capture.decompositions import hpu_decompositions
 
     start = time.perf_counter()
     specialized = set(TensorifyState.force_specializations)

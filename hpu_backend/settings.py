@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from recipecache import CacheConfig, ConfigError
 from recipecache.config import ENV_VAR
 
-TARGETS = ("gaudi2", "gaudi3")  # the devices of lowering/devices.py (a test keeps them equal)
+TARGETS = ("gaudi2", "gaudi3")  # the devices of targets.py (a test keeps them equal)
 
 
 class SettingsError(ValueError):

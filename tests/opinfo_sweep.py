@@ -91,7 +91,7 @@ def _run_warm(op, samples, cache_dir) -> str:
     """The second pass: 'pass' (served by a stored program), 'pass, traced' (recipes from the cache,
     AOTAutograd traced: no program for this graph), or why not."""
     from hpu_backend.metrics import metric_global
-    from hpu_backend.store import reset_stores
+    from hpu_backend.serve.store import reset_stores
 
     def counts():
         cache = dict(metric_global("recipe_cache").stats())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpu_backend import Settings, SettingsError
-from hpu_backend.compiled import collect_recipes
+from hpu_backend.serve.compiled import collect_recipes
 from hpu_backend.lowering import LoweringError
 from conftest import run_python
 

@@ -12,8 +12,8 @@ import torch
 from cli_helpers import cli, cli_json
 from conftest import MODELS, load_model_file
 from hpu_backend.aot.capacity import CapacityError, as_fp8, decode_points, plan_capacity, step_graphs
-from hpu_backend.lowering.devices import device
-from hpu_backend.modelfile import ModelFileError, load_model_file as load_spec
+from hpu_backend.targets import device
+from hpu_backend.aot.modelfile import ModelFileError, load_model_file as load_spec
 
 LLAMA = str(MODELS / "llama.py")
 

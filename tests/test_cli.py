@@ -317,7 +317,7 @@ def test_analyze_finds_the_largest_batch_by_searching_the_memory_plan(tiny_file)
     from hpu_backend.aot.analyze import _peak_at, _same_graphs, _scaled_graphs
 
     from hpu_backend.aot.warm import plan
-    from hpu_backend.modelfile import load_model_file
+    from hpu_backend.aot.modelfile import load_model_file
 
     doc = cli_json("analyze", tiny_file)
     best, hbm = doc["max_batch"]["batch"], doc["hbm_bytes"]

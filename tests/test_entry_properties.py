@@ -10,10 +10,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hpu_backend.program import Program, parse_payload
-from hpu_backend.recipe import RecipeFormatError
+from hpu_backend.formats.program import Program, parse_payload
+from hpu_backend.formats.recipe import RecipeFormatError
 from hpu_backend.runtime import RecipeLoadError, build_callable
-from hpu_backend.store import RecipeStore, reset_stores
+from hpu_backend.serve.store import RecipeStore, reset_stores
 from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
 
 from cli_helpers import cli

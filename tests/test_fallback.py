@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpu_backend import fallback
+from hpu_backend.serve import fallback
 from hpu_backend.metrics import metric_localcontext
-from hpu_backend.recipe import Recipe
+from hpu_backend.formats.recipe import Recipe
 from conftest import ROOT
 
 DIGAMMA = """

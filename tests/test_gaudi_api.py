@@ -91,7 +91,7 @@ def test_a_compiled_optimizer_step_is_a_recipe_and_matches_eager(name, point):
     estimate); twenty steps match aot_eager's compiled step and torch's AdamW run eagerly. Against eager the
     tolerance is two learning-rate steps: the traced step rounds differently from the eager kernels (aot_eager
     alike), and Adam turns a rounding difference in a near-zero gradient into a full ±lr update."""
-    from hpu_backend.compiled import collect_recipes
+    from hpu_backend.serve.compiled import collect_recipes
 
     spec = load_model_file(name)
     torch._dynamo.reset()

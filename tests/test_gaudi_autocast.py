@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import hpu_backend
-from hpu_backend.compiled import collect_recipes
+from hpu_backend.serve.compiled import collect_recipes
 from hpu_backend.gaudi import autocast
 from hpu_backend.gaudi.mixed_precision import FP32_OPS, LOWER_PRECISION_OPS, AutocastListError, callables_of, op_lists
 

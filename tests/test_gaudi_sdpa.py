@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpu_backend.compiled import collect_recipes
+from hpu_backend.serve.compiled import collect_recipes
 from hpu_backend.gaudi import FusedSDPA
 from hpu_backend.lowering.buffers import FUSED_SDPA_ANNOTATION
 
@@ -166,7 +166,7 @@ def test_what_cannot_be_honoured_is_a_one_line_error(kwargs, message):
 
 FRESH_PROCESS = """
 import torch
-from hpu_backend.compiled import collect_recipes
+from hpu_backend.serve.compiled import collect_recipes
 from hpu_backend.gaudi import FusedSDPA
 q, k, v = (torch.randn(1, 8, 32, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
 fn = torch.compile(lambda q, k, v: FusedSDPA.apply(q, k, v, None, 0.0, True, None, "None", False),

@@ -130,7 +130,7 @@ def test_nd_linear_fold_is_bit_identical():
     """view → addmm(t(w)) → view over a contiguous 3-d input runs as one linear, with identical results."""
     from torch.export import export
 
-    from hpu_backend.exported import decompose, lower_exported
+    from hpu_backend.capture.exported import decompose, lower_exported
     from hpu_backend.lowering import lower_bucket
     from hpu_backend.settings import Settings
 
@@ -152,7 +152,7 @@ def test_nd_linear_fold_is_bit_identical():
 
 
 def test_cpu_fallbacks_count_at_every_replay():
-    from hpu_backend import fallback
+    from hpu_backend.serve import fallback
 
     class Digamma(torch.nn.Module):
         def forward(self, x):
@@ -169,7 +169,7 @@ def test_cpu_fallbacks_count_at_every_replay():
 
 def _uses(compiled, calls):
     """Run ``compiled`` on each input; the number of calls that went through a graph's bucket dispatch."""
-    from hpu_backend.compiled import listen
+    from hpu_backend.serve.compiled import listen
 
     events = []
     with listen(lambda e: events.append(e.kind)), torch.no_grad():

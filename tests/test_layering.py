@@ -1,8 +1,13 @@
-"""The layers hold: cli (hpurecipe) → hpu_backend.aot → hpu_backend → recipecache, read from every import.
+"""The floors hold: every import goes down (or stays on its floor), read from every import of every module.
+
+Floors, bottom to top (a module's floor is its longest matching prefix):
+recipecache → errors, metrics, version → formats → settings, targets → runtime → lowering → capture →
+serve → backend → gaudi → aot → the hpu_backend package itself → cli (hpurecipe).
 
 Each module's imports are parsed with ``ast`` (imports inside functions, and ``importlib.import_module``
-of a literal name, included); a module may import its own layer or a lower one, never a higher one.
-``recipecache`` imports neither torch nor hpu_backend, and a package ``__init__`` only re-exports.
+of a literal name, included); a module may import its own floor or a lower one, never a higher one.
+``recipecache`` and ``hpu_backend.formats`` import no torch, ``recipecache`` no hpu_backend, and a package
+``__init__`` only re-exports.
 """
 
 from __future__ import annotations
@@ -15,8 +20,29 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Source folder -> the import name of its package.
 PACKAGES = {"cli/hpurecipe": "hpurecipe", "hpu_backend": "hpu_backend", "recipecache": "recipecache"}
-LAYERS = ("recipecache", "hpu_backend", "hpu_backend.aot", "hpurecipe")  # bottom to top
-TORCH_FREE = ("recipecache",)
+# Bottom to top; the modules of one floor may import each other.
+FLOORS = (
+    ("recipecache",),
+    ("hpu_backend.errors", "hpu_backend.metrics", "hpu_backend.version"),
+    ("hpu_backend.formats",),
+    ("hpu_backend.settings", "hpu_backend.targets"),
+    ("hpu_backend.runtime",),
+    ("hpu_backend.lowering",),
+    ("hpu_backend.capture",),
+    ("hpu_backend.serve",),
+    ("hpu_backend.backend",),
+    ("hpu_backend.gaudi",),
+    ("hpu_backend.aot",),
+    ("hpu_backend",),
+    ("hpurecipe",),
+)
+LAYERS = tuple(prefix for floor in FLOORS for prefix in floor)
+FLOOR_OF = {prefix: i for i, floor in enumerate(FLOORS) for prefix in floor}
+TORCH_FREE = ("recipecache", "hpu_backend.formats", "hpu_backend.errors", "hpu_backend.version")
+# Torch-free modules that may import torch inside one function, each with its reason.
+TORCH_EXCEPTIONS = {
+    "hpu_backend.formats.symexpr": "encode() walks sympy trees holding torch's sympy functions; decoding needs no torch",
+}
 # What a package __init__ may hold besides imports and its docstring: the names it exports, and the lazy
 # loader of those names (so that importing the package stays cheap).
 INIT_NAMES = {"__all__", "_EXPORTS", "__getattr__", "__dir__"}
@@ -24,13 +50,16 @@ INIT_NAMES = {"__all__", "_EXPORTS", "__getattr__", "__dir__"}
 INIT_EXCEPTIONS: dict[str, str] = {}
 
 
+def prefix_of(module: str) -> str | None:
+    """The longest floor prefix a module of ours matches (hpu_backend.aot over hpu_backend), None for others."""
+    matches = [p for p in LAYERS if module == p or module.startswith(p + ".")]
+    return max(matches, key=len) if matches else None
+
+
 def layer_of(module: str) -> int | None:
-    """The layer index of a module of ours (0 = recipecache), None for anything else."""
-    best = None
-    for i, prefix in enumerate(LAYERS):
-        if module == prefix or module.startswith(prefix + "."):
-            best = i  # the longest matching prefix wins: hpu_backend.aot over hpu_backend
-    return best
+    """The floor of a module of ours (0 = recipecache), None for anything else."""
+    prefix = prefix_of(module)
+    return None if prefix is None else FLOOR_OF[prefix]
 
 
 def module_name(path: Path, folder: Path, package: str) -> str:
@@ -84,10 +113,11 @@ def layering_violations(root: Path) -> list[str]:
 def _check_import(module: str, target: str) -> str | None:
     here, there = layer_of(module), layer_of(target)
     if there is not None and there > here:
-        return f"{LAYERS[here]} is below {LAYERS[there]}"
+        return f"{prefix_of(module)} is below {prefix_of(target)}"
     top = target.split(".")[0]
-    if module.split(".")[0] in TORCH_FREE and top in ("torch", "hpu_backend", "hpurecipe"):
-        return f"{module.split('.')[0]} must not import {top}"
+    free = prefix_of(module)
+    if free in TORCH_FREE and (top == "torch" and module not in TORCH_EXCEPTIONS or top == "hpurecipe" or (free == "recipecache" and top == "hpu_backend")):
+        return f"{free} must not import {top}"
     return None
 
 
@@ -122,6 +152,20 @@ def test_no_module_imports_a_higher_layer_or_torch_from_recipecache():
     assert layering_violations(ROOT) == []
 
 
+def unplaced_modules(root: Path) -> list[str]:
+    """Modules of hpu_backend that sit on no floor of their own (only the package __init__ may)."""
+    found = []
+    for path in sorted((root / "hpu_backend").rglob("*.py")):
+        module = module_name(path, root / "hpu_backend", "hpu_backend")
+        if module != "hpu_backend" and prefix_of(module) == "hpu_backend":
+            found.append(module)
+    return found
+
+
+def test_every_module_has_a_floor():
+    assert unplaced_modules(ROOT) == []
+
+
 def test_package_inits_only_re_export():
     found = init_violations(ROOT)
     assert {path: found[path] for path in found if path not in INIT_EXCEPTIONS} == {}
@@ -132,7 +176,9 @@ def test_package_inits_only_re_export():
 @pytest.mark.parametrize("folder, source, expected", [
     ("recipecache", "import torch\n", "recipecache must not import torch"),
     ("recipecache", "def f():\n    from hpu_backend import store\n", "recipecache is below hpu_backend"),
-    ("hpu_backend", "from .aot import warm\n", "hpu_backend is below hpu_backend.aot"),
+    ("hpu_backend/lowering", "from ..serve import compiled\n", "hpu_backend.lowering is below hpu_backend.serve"),
+    ("hpu_backend/serve", "def f():\n    from ..gaudi import sdpa\n", "hpu_backend.serve is below hpu_backend.gaudi"),
+    ("hpu_backend/formats", "import torch\n", "hpu_backend.formats must not import torch"),
     ("hpu_backend/aot", "import importlib\nimportlib.import_module('hpurecipe.main')\n",
      "hpu_backend.aot is below hpurecipe"),
 ])
@@ -151,3 +197,4 @@ def test_the_checker_finds_code_in_a_package_init(tmp_path):
     (tmp_path / "recipecache" / "__init__.py").write_text('"""Doc."""\nfrom .cache import X\n__all__ = ["X"]\n'
                                                           'def helper():\n    return 1\n')
     assert init_violations(tmp_path) == {"recipecache/__init__.py": ["line 4: helper"]}
+

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from hpu_backend.lowering import lower_bucket, lower_graph
-from hpu_backend.lowering.devices import DEVICES, device
+from hpu_backend.targets import DEVICES, device
 from test_lowering_helpers import context, lower
 
 
@@ -91,7 +91,7 @@ def test_device_rates_are_published_peaks_times_the_fitted_efficiency():
 
 
 def test_the_targets_settings_accept_are_the_devices_with_specs():
-    from hpu_backend.lowering.devices import DEVICES
+    from hpu_backend.targets import DEVICES
     from hpu_backend.settings import TARGETS
 
     assert list(TARGETS) == list(DEVICES)

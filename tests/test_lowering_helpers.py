@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from hpu_backend.decompositions import hpu_decompositions
+from hpu_backend.capture.decompositions import hpu_decompositions
 from hpu_backend.lowering import BUCKET_PASSES, GRAPH_PASSES, LoweringContext, capture_graph, lower_bucket, lower_graph
 from hpu_backend.settings import Settings
 

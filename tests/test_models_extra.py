@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpu_backend.compiled import collect_recipes
+from hpu_backend.serve.compiled import collect_recipes
 from conftest import load_model_file
 
 

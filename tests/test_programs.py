@@ -20,10 +20,10 @@ import torch
 
 from conftest import ROOT
 from hpu_backend.metrics import metric_global
-from hpu_backend.program import Program, parse_payload
-from hpu_backend.recipe import RecipeFormatError
+from hpu_backend.formats.program import Program, parse_payload
+from hpu_backend.formats.recipe import RecipeFormatError
 from hpu_backend.runtime import RecipeLoadError, build_callable
-from hpu_backend.store import reset_stores
+from hpu_backend.serve.store import reset_stores
 from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
 
 MODELS = ("mnist", "gpt", "bert", "resnet")

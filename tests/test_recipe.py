@@ -11,8 +11,8 @@ import msgpack
 import pytest
 import torch
 
-from hpu_backend.compiled import collect_recipes
-from hpu_backend.recipe import FORMAT_VERSION, Recipe, RecipeFormatError
+from hpu_backend.serve.compiled import collect_recipes
+from hpu_backend.formats.recipe import FORMAT_VERSION, Recipe, RecipeFormatError
 from hpu_backend.runtime import RecipeLoadError, build_callable
 from conftest import ROOT
 
@@ -79,7 +79,7 @@ def test_recipe_runs_identically_in_a_second_process(tmp_path):
                tmp_path / "args.pt")
     code = (
         "import sys, torch\n"
-        "from hpu_backend.recipe import Recipe\n"
+        "from hpu_backend.formats.recipe import Recipe\n"
         "from hpu_backend.runtime import build_callable\n"
         "d = sys.argv[1]\n"
         "run = build_callable(Recipe.from_bytes(open(d + '/recipe.bin', 'rb').read()))\n"

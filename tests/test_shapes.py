@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from hpu_backend.buckets import BucketError, parse_policy, policies_for, upper_points
-from hpu_backend.compiled import GuardViolation, collect_recipes
-from hpu_backend.keyparts import differing as explain
+from hpu_backend.serve.buckets import BucketError, parse_policy, policies_for, upper_points
+from hpu_backend.serve.compiled import GuardViolation, collect_recipes
+from hpu_backend.formats.keyparts import differing as explain
 from hpu_backend.metrics import metric_localcontext
 from conftest import load_model_file, run_python
 
@@ -112,7 +112,7 @@ def test_a_recipe_is_not_reused_where_its_guard_fails():
 
 KEY_SCRIPT = (
     "import torch, sys\n"
-    "from hpu_backend.compiled import collect_recipes\n"
+    "from hpu_backend.serve.compiled import collect_recipes\n"
     "torch.manual_seed(int(sys.argv[1]))\n"
     "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))\n"
     "with collect_recipes() as found, torch.no_grad():\n"
@@ -202,7 +202,7 @@ def test_the_memo_of_symbol_values_is_bounded_too(tmp_path):
 
 
 def test_a_memory_tier_turned_off_still_leaves_a_graph_its_working_set():
-    from hpu_backend.store import RecipeStore
+    from hpu_backend.serve.store import RecipeStore
     from recipecache import CacheConfig
 
     assert RecipeStore(None, 3).capacity == 3

@@ -10,7 +10,7 @@ import torch._dynamo
 
 import hpu_backend
 from hpu_backend.metrics import metric_localcontext
-from hpu_backend.modelfile import ModelFileError, load_model_file, spec_from
+from hpu_backend.aot.modelfile import ModelFileError, load_model_file, spec_from
 
 from cli_helpers import TINY, cli, tiny_model
 from conftest import MODELS

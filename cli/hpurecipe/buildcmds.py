@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hpu_backend.aot.manifests import manifest, write_manifest
-from hpu_backend.modelfile import ModelSpec, load_model_file
+from hpu_backend.aot.modelfile import ModelSpec
 from hpu_backend.settings import TARGETS
 from recipecache.config import ENV_VAR
 
@@ -20,26 +20,10 @@ from . import render
 from .caches import config_for, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Train
+from .specs import load_spec
 
 if TYPE_CHECKING:
     from hpu_backend.aot.warm import PointResult, WarmReport
-
-
-def load_spec(model_file: str, axis: list[str] | None) -> ModelSpec:
-    """The model file's spec, with ``--axis NAME=V1,V2`` overrides applied."""
-    spec = load_model_file(model_file)
-    return spec.with_axes(dict(_parse_axis(a) for a in axis)) if axis else spec
-
-
-def _parse_axis(text: str) -> tuple[str, list[int]]:
-    name, _, values = text.partition("=")
-    try:
-        sizes = [int(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        sizes = []
-    if not name.strip() or not sizes:
-        raise UsageError(f"--axis {text!r}: expected NAME=V1,V2,... with integer sizes, e.g. seq=16,32")
-    return name.strip(), sizes
 
 
 @contextlib.contextmanager

@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from hpu_backend.program import parse_payload
-from hpu_backend.recipe import RecipeFormatError
-from hpu_backend.keyparts import explain as explain_keys
+from hpu_backend.formats.program import parse_payload
+from hpu_backend.formats.recipe import RecipeFormatError
+from hpu_backend.formats.keyparts import explain as explain_keys
 from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, render

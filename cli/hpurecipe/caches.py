@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hpu_backend.keyparts import toolchain_id
+from hpu_backend.formats.keyparts import toolchain_id
 from recipecache import CacheConfig, EntryInfo, RecipeCache
 from recipecache.config import ENV_VAR, recorded
 

@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from hpu_backend.package import Package, check_toolchain, describe, read_package
+from hpu_backend.formats.package import Package, check_toolchain, describe, read_package
 
 from . import render
-from .buildcmds import load_spec
+from .specs import load_spec
 from .errors import CliError
 from .options import Axis, Json, ModelFile
 

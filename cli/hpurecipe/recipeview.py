@@ -6,9 +6,9 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from hpu_backend import symexpr
-from hpu_backend.program import Program
-from hpu_backend.recipe import Recipe, ValueSpec
+from hpu_backend.formats import symexpr
+from hpu_backend.formats.program import Program
+from hpu_backend.formats.recipe import Recipe, ValueSpec
 from recipecache import Entry
 
 from . import render

@@ -93,7 +93,7 @@ def pull(model_file: ModelFile, cache_dir: CacheDir = None, remote: Remote = Non
          train: Train = False, json: Json = False) -> None:
     """Fetch from the fleet tier just the entries this model file's buckets need, as listed by the manifest
     that push sent (without one, the buckets are compiled compile-only to learn their keys)."""
-    from .buildcmds import load_spec
+    from .specs import load_spec
 
     spec = load_spec(model_file, axis)
     cache = open_cache(cache_dir, create=True, remote=remote)
@@ -116,7 +116,7 @@ def pull(model_file: ModelFile, cache_dir: CacheDir = None, remote: Remote = Non
 
 def push_manifest(config, doc: dict) -> None:
     """Send a manifest to the configured fleet tier (a warning if it is unavailable)."""
-    from hpu_backend.keyparts import toolchain_id
+    from hpu_backend.formats.keyparts import toolchain_id
     from recipecache.remote import RemoteTier
 
     if not _put_manifest(RemoteTier(config.remote, config.remote_ttl_s, toolchain_id()), doc):
@@ -125,8 +125,8 @@ def push_manifest(config, doc: dict) -> None:
 
 def _keys_from_manifest(cache, spec, train: bool) -> list[str] | None:
     """The keys the pushed manifest lists for the spec's points, or None if it lacks one of them."""
-    from hpu_backend.keyparts import toolchain
-    from hpu_backend.modelfile import point_label
+    from hpu_backend.formats.keyparts import toolchain
+    from hpu_backend.aot.modelfile import point_label
     from recipecache.entry import KEY_RE
 
     data = cache.remote.get_doc(manifest_name(spec.name, "train" if train else "inference"))

@@ -2,7 +2,7 @@
 recompilations, estimated time and HBM, and the largest batch that fits; a JSON-ready dict.
 
 It compiles each bucket (compile-only, no cache) and reads each recipe through
-``hpu_backend.analysis.GraphReport`` (the same reading as ``hpu_backend.analyze()``); graph breaks
+``hpu_backend.aot.report.GraphReport`` (the same reading as ``hpu_backend.analyze()``); graph breaks
 per bucket are the Dynamo graphs it ran beyond the first, recompilations the graphs a guard
 failure compiled, and the reasons come from ``torch._dynamo.explain`` at the first bucket.
 """
@@ -14,8 +14,8 @@ from dataclasses import asdict
 from typing import Any
 
 
-from ..analysis import GraphReport
-from ..modelfile import ModelSpec
+from .report import GraphReport
+from .modelfile import ModelSpec
 from .warm import PointResult, plan
 
 
@@ -62,7 +62,7 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
 
 
 def hbm_bytes(target: str) -> int:
-    from ..lowering.devices import device
+    from ..targets import device
 
     return int(device(target).hbm_bytes)
 

@@ -28,10 +28,10 @@ from typing import Any
 
 from recipecache import CorruptEntry, Entry, RecipeCache, decode_entry, encode_entry
 
-from ..keyparts import toolchain
-from ..modelfile import one_line
-from ..program import parse_payload
-from ..recipe import RecipeFormatError
+from ..formats.keyparts import toolchain
+from ..errors import one_line
+from ..formats.program import parse_payload
+from ..formats.recipe import RecipeFormatError
 
 BUNDLE_FORMAT = "hpurecipe-bundle"
 BUNDLE_VERSION = 1

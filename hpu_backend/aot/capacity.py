@@ -22,8 +22,8 @@ from ..lowering import LoweringContext, capture_graph, lower_bucket, lower_graph
 from ..lowering.buffers import alias_roots
 from ..lowering.optable import shared_table
 from ..lowering.values import node_refs
-from ..modelfile import ModelFileError, ModelSpec, user_call
-from ..recipe import Recipe
+from .modelfile import ModelFileError, ModelSpec, user_call
+from ..formats.recipe import Recipe
 from ..settings import Settings
 from .analyze import hbm_bytes, largest_fitting, replanned_peak
 
@@ -127,7 +127,7 @@ def _trace(model: torch.nn.Module, inputs: list, dims: dict, where: str):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    from ..decompositions import hpu_decompositions
+    from ..capture.decompositions import hpu_decompositions
 
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..keyparts import toolchain
+from ..formats.keyparts import toolchain
 
 if TYPE_CHECKING:
-    from ..modelfile import ModelSpec
+    from .modelfile import ModelSpec
     from .warm import WarmReport
 
 MANIFEST_DIR = "manifests"

@@ -21,13 +21,13 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
 
-from ..buckets import policies_for
-from ..exported import decompose, graph_inputs, lower_exported
+from ..serve.buckets import policies_for
+from ..capture.exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringContext, LoweringError, constant_of, lower_bucket
-from ..modelfile import ModelSpec, point_label
-from ..package import GraphInput, Package, PackageError, toolchain
+from .modelfile import ModelSpec, point_label
+from ..formats.package import GraphInput, Package, PackageError, toolchain
 from ..runtime.packaged import load_package
-from ..recipe import Recipe
+from ..formats.recipe import Recipe
 from ..settings import Settings
 
 @dataclass

@@ -20,8 +20,8 @@ import torch
 from recipecache import CacheConfig
 
 from .. import metrics
-from ..compiled import Event, listen
-from ..modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
+from ..serve.compiled import Event, listen
+from .modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
 
 
 @dataclass
@@ -213,7 +213,7 @@ def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = Fal
 def flush(spec: ModelSpec, cache_config: CacheConfig | None) -> None:
     """Wait until every recipe put into the cache is on disk."""
     from ..settings import Settings
-    from ..store import store_for
+    from ..serve.store import store_for
 
     store = store_for(Settings.from_options(dict(spec.options, cache_config=cache_config)))
     if store.disk is not None:

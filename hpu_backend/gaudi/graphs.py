@@ -25,12 +25,12 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
-from .. import fallback
-from ..compiled import static_buffer
-from ..exported import decompose, graph_inputs, lower_exported
+from ..serve import fallback
+from ..serve.compiled import static_buffer
+from ..capture.exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringError, lower_bucket
-from ..modelfile import one_line
-from ..package import PackageError
+from ..errors import one_line
+from ..formats.package import PackageError
 from ..runtime import RecipeLoadError, build_callable
 from ..settings import Settings
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..recipe import Node, Recipe, ValueSpec, iter_refs
+from ..formats.recipe import Node, Recipe, ValueSpec, iter_refs
 from .optable import packet_name
 from .values import nbytes, node_refs
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from ..recipe import Node, ValueSpec
-from .. import symexpr
+from ..formats.recipe import Node, ValueSpec
+from ..formats import symexpr
 from .buffers import SDPA_BACKWARD, SDPA_FORWARD
 from .optable import packet_name
 

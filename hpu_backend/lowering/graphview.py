@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..recipe import Node, Recipe, iter_refs
+from ..formats.recipe import Node, Recipe, iter_refs
 from .values import node_refs
 
 

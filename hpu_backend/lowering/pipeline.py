@@ -14,7 +14,7 @@ from typing import Callable
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from ..recipe import Recipe
+from ..formats.recipe import Recipe
 from .context import LoweringContext
 from .errors import LoweringError
 from .passes.capture import capture

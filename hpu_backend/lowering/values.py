@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from .. import symexpr
+from ..formats import symexpr
 import copy
 
-from ..recipe import Node, Recipe, ValueSpec
+from ..formats.recipe import Node, Recipe, ValueSpec
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,

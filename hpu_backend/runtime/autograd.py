@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..program import Contract
+from ..formats.program import Contract
 
 Graph = Callable[[list], list]
 

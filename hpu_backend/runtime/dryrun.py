@@ -11,8 +11,8 @@ from typing import Callable
 
 import torch
 
-from .. import symexpr
-from ..recipe import Recipe, ValueSpec
+from ..formats import symexpr
+from ..formats.recipe import Recipe, ValueSpec
 from .executor import dtype_from_name
 from .symbols import symbol_reader
 

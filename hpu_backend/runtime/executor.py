@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..recipe import Constant, Recipe, iter_refs
+from ..formats.recipe import Constant, Recipe, iter_refs
 from . import ops
 from .peephole import fold_linear
 

@@ -15,9 +15,9 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
-from .. import symexpr
-from ..package import Package, PackageError, check_toolchain, read_package
-from ..recipe import Constant
+from ..formats import symexpr
+from ..formats.package import Package, PackageError, check_toolchain, read_package
+from ..formats.recipe import Constant
 from .executor import RecipeLoadError, build_callable, load_constant
 from .symbols import symbol_reader
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from ..recipe import Node, Recipe, iter_refs
+from ..formats.recipe import Node, Recipe, iter_refs
 
 TRANSPOSES = ("aten::t.default", "aten::permute.default")
 RESHAPES = ("aten::view.default", "aten::_unsafe_view.default", "aten::reshape.default")

@@ -17,8 +17,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from ... import symexpr
-from ...recipe import Constant, Node, Recipe, ValueSpec
+from ...formats import symexpr
+from ...formats.recipe import Constant, Node, Recipe, ValueSpec
 from ...runtime import ops
 from ..buffers import FUSED_SDPA_ANNOTATION
 from ..context import LoweringContext

@@ -7,17 +7,17 @@ without recompute writes its probabilities in the forward and reads them in the 
 recompute the backward does the forward's attention FLOPs again (``flops.mme_flops``). CPU
 fallbacks run at assumed host rates and each host↔device copy pays the link. Device rates are the
 published peaks times the fitted per-engine efficiency (``devices.EFFICIENCY``); figures come from
-``devices.py``; every number this pass writes is an estimate, and is labelled so.
+``hpu_backend/targets.py``; every number this pass writes is an estimate, and is labelled so.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ...recipe import Recipe
+from ...formats.recipe import Recipe
 from ..buffers import alias_roots, internal_values, recompute_choice, saved_probs_bytes, sdpa_workspace_bytes
 from ..context import LoweringContext
-from ..devices import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, device
+from ...targets import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, device
 from ..flops import mme_flops, tpc_flops
 from ..optable import shared_table
 from ..values import nbytes, node_refs, spec_map

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...recipe import Recipe, iter_refs
+from ...formats.recipe import Recipe, iter_refs
 from ..context import LoweringContext
 from ..values import is_tensor_value, node_refs, spec_map
 

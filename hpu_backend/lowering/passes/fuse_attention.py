@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...recipe import Recipe
+from ...formats.recipe import Recipe
 from ..buffers import recompute_choice
 from ..context import LoweringContext
 from ..graphview import GraphView

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...recipe import Recipe
+from ...formats.recipe import Recipe
 from ..context import LoweringContext
 from ..graphview import GraphView
 from ..optable import FUSIBLE_KINDS, shared_table

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...recipe import Recipe
+from ...formats.recipe import Recipe
 from ..context import LoweringContext
 from ..values import node_refs, with_fields
 

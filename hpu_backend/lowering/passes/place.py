@@ -13,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from ...recipe import Node, Recipe
+from ...formats.recipe import Node, Recipe
 from .. import optable
 from ..context import LoweringContext
 from ..errors import LoweringError

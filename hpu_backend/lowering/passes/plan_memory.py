@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...recipe import Recipe, iter_refs
+from ...formats.recipe import Recipe, iter_refs
 from .. import arena
 from ..buffers import alias_roots, internal_values, saved_probs_bytes, sdpa_workspace_bytes
 from ..context import LoweringContext
-from ..devices import device
+from ...targets import device
 from ..values import nbytes, node_refs, spec_map
 
 

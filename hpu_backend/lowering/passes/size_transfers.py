@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...recipe import Recipe
+from ...formats.recipe import Recipe
 from ..context import LoweringContext
 from ..values import nbytes, spec_map
 

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from .recipe import FORMAT_VERSION
-from .version import __version__
+from ..version import __version__
 
 PARTS = ("graph", "inputs", "guards", "bucket", "settings", "toolchain")
 

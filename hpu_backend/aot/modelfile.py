@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .settings import Settings, SettingsError
+from ..errors import one_line
+from ..settings import Settings, SettingsError
 
 REQUIRED = {
     "make_model": "a function returning the nn.Module",
@@ -108,13 +109,6 @@ def user_call(where: str, what: str, fn: Callable, *args, **kwargs) -> Any:
     except Exception as e:  # the user's code: anything may come out of it
         raise ModelFileError(f"{where}: {what} raised {one_line(e)}") from e
 
-
-def one_line(e: BaseException, limit: int = 300) -> str:
-    """``Type: first line of the message`` of an exception (or of the one a backend failure wraps)."""
-    inner = getattr(e, "inner_exception", None) or e  # Dynamo's BackendCompilerFailed wraps the real one
-    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
-    text = f"{type(inner).__name__}: {lines[0]}" if lines else type(inner).__name__
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def load_model_file(selector: str | Path) -> ModelSpec:

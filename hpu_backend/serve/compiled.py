@@ -28,14 +28,16 @@ from typing import Callable
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import fallback, metrics, symexpr
+from . import fallback
+from .. import metrics
+from ..formats import symexpr
 from .buckets import policies_for
 from .keys import GraphKey, graph_key
-from .lowering import LoweringContext, LoweringError, capture_graph, lower_bucket, lower_graph
-from .recipe import Recipe
-from .runtime import RecipeLoadError, build_callable, check_ops
-from .runtime.dryrun import build_dry_run
-from .runtime.symbols import symbol_reader
+from ..lowering import LoweringContext, LoweringError, capture_graph, lower_bucket, lower_graph
+from ..formats.recipe import Recipe
+from ..runtime import RecipeLoadError, build_callable, check_ops
+from ..runtime.dryrun import build_dry_run
+from ..runtime.symbols import symbol_reader
 from .store import RecipeStore, entry_meta, store_for
 
 log = logging.getLogger(__name__)

@@ -14,12 +14,12 @@ from typing import Any, Callable, TypeVar
 
 from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache
 
-from .keyparts import toolchain_id
+from ..formats.keyparts import toolchain_id
 from .keys import ProgramKey
-from .program import Program
-from .recipe import Recipe, RecipeFormatError
-from .runtime import RecipeLoadError, check_ops
-from .settings import Settings, SettingsError
+from ..formats.program import Program
+from ..formats.recipe import Recipe, RecipeFormatError
+from ..runtime import RecipeLoadError, check_ops
+from ..settings import Settings, SettingsError
 
 T = TypeVar("T")
 

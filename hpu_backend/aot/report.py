@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch._dynamo
 
-from .compiled import collect_recipes
-from .recipe import Recipe
+from ..serve.compiled import collect_recipes
+from ..formats.recipe import Recipe
 
 
 @dataclass

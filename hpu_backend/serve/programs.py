@@ -21,14 +21,14 @@ from typing import Any, Callable
 
 import torch
 
-from . import symexpr
+from ..formats import symexpr
 from .compiled import CompiledGraph, Event, emit
 from .keys import GraphKey, ProgramKey
-from .lowering import LoweringContext, LoweringError, encode_guards
-from .program import MEMORY_FORMATS, Contract, Program, ProgramGraph
-from .recipe import RecipeFormatError
-from .runtime.autograd import inference_call, training_call
-from .settings import Settings
+from ..lowering import LoweringContext, LoweringError, encode_guards
+from ..formats.program import MEMORY_FORMATS, Contract, Program, ProgramGraph
+from ..formats.recipe import RecipeFormatError
+from ..runtime.autograd import inference_call, training_call
+from ..settings import Settings
 from .store import RecipeStore
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ With ``LOG_LEVEL_PT_FALLBACK`` (or ``LOG_LEVEL_ALL``) at 1 or lower, each fallba
     Frequency of op and op name that were executed on CPU:
     1       aten::digamma
 
-on the console (stderr) when ``ENABLE_CONSOLE=true``, else through the ``hpu_backend.fallback``
+on the console (stderr) when ``ENABLE_CONSOLE=true``, else through the ``hpu_backend.serve.fallback``
 logger. As on the bridge, the table and the ``cpu_fallback`` metric count executions: each call of a
 recipe counts each of its fallback ops once (``executed``). The line is printed once, when a recipe
 holding the fallback is taken up by this process (compiled, or loaded from the cache), and
@@ -23,9 +23,9 @@ import threading
 from collections import Counter
 from typing import Mapping
 
-from . import metrics
-from .lowering.errors import LoweringError
-from .recipe import Recipe
+from .. import metrics
+from ..lowering.errors import LoweringError
+from ..formats.recipe import Recipe
 
 log = logging.getLogger(__name__)
 

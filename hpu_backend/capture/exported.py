@@ -12,10 +12,10 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from .decompositions import hpu_decompositions
-from .lowering import LoweringContext, LoweringError, capture_graph, lower_graph
-from .package import GraphInput, PackageError
-from .recipe import Recipe
-from .settings import Settings
+from ..lowering import LoweringContext, LoweringError, capture_graph, lower_graph
+from ..formats.package import GraphInput, PackageError
+from ..formats.recipe import Recipe
+from ..settings import Settings
 
 KINDS = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer",
          InputKind.CONSTANT_TENSOR: "constant", InputKind.USER_INPUT: "user"}

@@ -19,10 +19,10 @@ from typing import Any
 import msgpack
 import torch
 
-from .keyparts import PARTS, toolchain
-from .program import PROGRAM_VERSION
-from .recipe import Recipe
-from .settings import Settings
+from ..formats.keyparts import PARTS, toolchain
+from ..formats.program import PROGRAM_VERSION
+from ..formats.recipe import Recipe
+from ..settings import Settings
 
 
 def _digest(obj: Any) -> str:
@@ -100,7 +100,7 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     mode, autocast, deterministic algorithms), settings and toolchain. Unkeyable when something
     has no stable form.
     """
-    from .lowering import LoweringError, recorded_annotations, symbol_table
+    from ..lowering import LoweringError, recorded_annotations, symbol_table
 
     if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
         # AOTAutograd lifts these to graph inputs that Dynamo does not pass (an optimizer's state):
@@ -186,7 +186,7 @@ def _canon(arg: Any, names: dict) -> Any:
 
 
 def _input(fake: Any, real: Any, rename: dict[str, str]) -> list:
-    from . import symexpr
+    from ..formats import symexpr
 
     try:
         if isinstance(fake, torch.Tensor):
@@ -206,7 +206,7 @@ def _input(fake: Any, real: Any, rename: dict[str, str]) -> list:
 def _dynamo_guards(rename: dict[str, str]) -> list:
     """The guards Dynamo's trace put on the graph's shape symbols (one graph per guard set: a
     recompile for ``batch >= 16`` is another program than the graph for ``batch < 16``)."""
-    from .lowering import encode_guards
+    from ..lowering import encode_guards
 
     tracing = torch._guards.TracingContext.try_get()
     shape_env = getattr(getattr(tracing, "fake_mode", None), "shape_env", None)

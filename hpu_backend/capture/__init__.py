@@ -1,0 +1,1 @@
+"""Every way a graph arrives: AOTAutograd's decomposition table for the HPU op set, and torch.export."""
