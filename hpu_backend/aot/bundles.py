@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import io
 import json
-import os
 import re
 import tarfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from recipecache import CorruptEntry, Entry, RecipeCache, decode_entry, encode_entry
+from recipecache.signing import KEY_ENV, signing_key
 
 from ..formats.keyparts import toolchain
 from ..errors import one_line
@@ -39,14 +39,12 @@ _ENTRY = re.compile(r"entries/([0-9A-Za-z_-]{1,128})\.rcp")
 _MANIFEST = re.compile(r"manifests/([0-9A-Za-z_.-]{1,200}\.json)")
 MAX_MEMBER = 64 * 1024**2  # one entry or manifest (a recipe is KBs to a few MB)
 MAX_BUNDLE = 4 * 1024**3  # all members together
-KEY_ENV = "HPURECIPE_BUNDLE_KEY"
 SIGNATURE = "bundle.sig"
 
 
 def bundle_key(environ=None) -> bytes | None:
-    """The signing key from the environment, or None."""
-    value = (os.environ if environ is None else environ).get(KEY_ENV, "")
-    return value.encode() if value else None
+    """The signing key from the environment, or None (``recipecache.signing``: one key for all shipped data)."""
+    return signing_key(environ)
 
 
 class BundleError(ValueError):
