@@ -18,12 +18,12 @@ from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 from torch._dynamo.symbolic_convert import TensorifyState
 
 from . import metrics
+from .lowering import LoweringContext, LoweringError
 from .serve.compiled import CompiledGraph, Event, Replay, boxed, emit
 from .serve.keys import ProgramKey, Unkeyable, program_key
-from .lowering import LoweringContext, LoweringError
-from .serve.programs import Recorder, restart_program, serve
+from .serve.programs import DRIFT, Recorder, drifted, restart_program, serve
+from .serve.store import RecipeStore, cache_config, store_for
 from .settings import Settings
-from .serve.store import store_for
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +42,18 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     graph_id = next(_graph_ids)
     reason = _compile_reason()
     name_of = functools.partial(_graph_name, graph_id)
-    store = store_for(settings)
+    store = store_for(cache_config(settings))
     pkey = _program_key(gm, example_inputs, settings, name_of("program"))
     if pkey is not None:
         served = _serve(pkey, store, gm, example_inputs, settings, name_of, reason)
         if served is not None:
-            return _replayed(served, example_inputs) if replay else served
+            return Replay(served.replayable, example_inputs, served.call) if replay and served.replayable \
+                else served.call
     recorder = None if pkey is None else Recorder(pkey, store, settings, name_of("program"))
     inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
 
     def compiler(kind: str):
-        return functools.partial(_compile_graph, kind=kind, name=name_of(kind), settings=settings,
+        return functools.partial(_compile_graph, kind=kind, name=name_of(kind), settings=settings, store=store,
                                  reason=reason, recorder=recorder, inner=inner)
 
     from torch._dynamo.backends.common import aot_autograd  # a miss only: a hit never imports AOTAutograd
@@ -77,7 +78,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
         if pkey is not None:
             program = restart_program(list(TensorifyState.force_specializations - specialized))
             store.put_program(pkey, program, settings, name_of("program"))
-            emit(Event("program", key=pkey.key))
+            emit(Event("program", program=pkey.key))
         raise
     finally:
         metrics.record_phase("aot_trace", time.perf_counter() - start - inner[0])
@@ -93,12 +94,6 @@ def _mode(mode: str | None) -> bool:
         log.warning("hpu_backend: torch.compile mode=%r is ignored (hpu_backend knows 'default' and "
                     "'reduce-overhead'); compiling with the default mode", mode)
     return mode == "reduce-overhead"
-
-
-def _replayed(served, example_inputs: list):
-    """A served program's inference graph as a Replay, when the program allows it (else ``served``)."""
-    graph = getattr(served, "replayable_graph", None)
-    return served if graph is None else Replay(graph, example_inputs, served)
 
 
 def _program_key(gm, example_inputs, settings: Settings, name: str) -> ProgramKey | None:
@@ -118,10 +113,12 @@ def _serve(pkey: ProgramKey, store, gm, example_inputs, settings: Settings, name
     try:
         program = store.load_program(pkey.key)
         if program is not None:
-            served = serve(program, pkey.key, gm, example_inputs, settings, name_of, reason)  # may replay a restart
+            served = serve(program, pkey.key, gm, example_inputs, settings, store, name_of, reason)  # may restart
     except LoweringError as e:
         log.warning("hpu_backend: stored program for %s cannot be served (%s); compiling instead",
                     name_of("program"), e.reason)
+    except DRIFT as e:  # torch's internals differ from those a program is served with: trace instead
+        drifted(f"serving a stored program: {type(e).__name__}: {e}")
     except TensorifyScalarRestartAnalysis:
         served = True
         raise
@@ -135,12 +132,12 @@ def _graph_name(graph_id: int, kind: str) -> str:
     return f"fx_graph_{graph_id:04d}" + (f"_{_SUFFIX[kind]}" if kind in _SUFFIX else "")
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, name: str,
-                   settings: Settings, reason: str, recorder: Recorder | None, inner: list):
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, name: str, settings: Settings,
+                   store: RecipeStore, reason: str, recorder: Recorder | None, inner: list):
     start = time.perf_counter()
-    ctx = LoweringContext(settings=settings, name=name, kind=kind, guards=_shape_guards())
+    ctx = LoweringContext(settings=settings, name=name, kind=kind, guards=_shape_guards(), gm=gm)
     try:
-        graph = CompiledGraph.build(gm, ctx, reason)
+        graph = CompiledGraph.build(gm, ctx, store, reason)
     except LoweringError as e:
         if settings.strict:
             raise
@@ -159,10 +156,10 @@ def _compile_reason() -> str:
     return "guard failure" if compile_id is not None and compile_id.frame_compile_id else "new graph"
 
 
-def _shape_guards() -> list:
+def _shape_guards() -> tuple:
     """The ShapeEnv's guards so far (sympy booleans); a recipe records those over its symbols."""
     ctx = torch._guards.TracingContext.try_get()
     shape_env = getattr(getattr(ctx, "fake_mode", None), "shape_env", None)
     if shape_env is None:
-        return []
-    return [g.expr for g in shape_env.guards]
+        return ()
+    return tuple(g.expr for g in shape_env.guards)

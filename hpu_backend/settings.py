@@ -15,6 +15,7 @@ from recipecache import CacheConfig, ConfigError
 from recipecache.config import ENV_VAR
 
 TARGETS = ("gaudi2", "gaudi3")  # the devices of targets.py (a test keeps them equal)
+DTYPE_POLICIES = ("native", "fp8")  # lowering/passes/apply_dtype_policy.py
 
 
 class SettingsError(ValueError):
@@ -39,6 +40,10 @@ class Settings:
     fusion: bool = _key(True, "HPU_BACKEND_FUSION", "fuse TPC chains and attention (FusedSDPA)")
     place_on_cpu: frozenset = _key(
         frozenset(), "PT_HPU_PLACE_ON_CPU", "aten op names to run on the CPU (comma list)")
+    dtype_policy: str = _key(
+        "native", "HPU_BACKEND_DTYPE_POLICY",
+        "storage dtypes of the plan and estimate: native (as traced) | fp8 (matmul operands, weights and KV "
+        "cache in fp8; plans only, with execute=false)")
     cache: bool = _key(True, "HPU_BACKEND_CACHE", "use the recipe disk cache", key=False)
     cache_config: Any = _key(  # a CacheConfig, parsed once here from its string form; None: the defaults
         None, ENV_VAR, "disk cache: <path>,<delete_on_start>,<max_size_mb> (or a recipecache.CacheConfig)",
@@ -65,9 +70,17 @@ class Settings:
             if f.name in options:
                 values[f.name] = _parse(f, options[f.name], f"option {f.name!r}")
         settings = cls(**values)
-        if settings.target not in TARGETS:
-            raise SettingsError(f"option 'target' must be one of {TARGETS}, got {settings.target!r}")
+        settings._check()
         return settings
+
+    def _check(self) -> None:
+        if self.target not in TARGETS:
+            raise SettingsError(f"option 'target' must be one of {TARGETS}, got {self.target!r}")
+        if self.dtype_policy not in DTYPE_POLICIES:
+            raise SettingsError(f"option 'dtype_policy' must be one of {DTYPE_POLICIES}, got {self.dtype_policy!r}")
+        if self.dtype_policy != "native" and self.execute:
+            raise SettingsError(f"option dtype_policy={self.dtype_policy!r} plans storage the simulated device "
+                                "cannot execute: use it with execute=false (prebuild, capacity planning)")
 
     @classmethod
     def names(cls) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 
 from cli_helpers import cli, cli_json
 from conftest import MODELS, load_model_file
-from hpu_backend.aot.capacity import CapacityError, as_fp8, decode_points, plan_capacity, step_graphs
+from hpu_backend.aot.capacity import CapacityError, decode_points, plan_capacity, step_graphs
 from hpu_backend.targets import device
 from hpu_backend.aot.modelfile import ModelFileError, load_model_file as load_spec
 
@@ -60,8 +60,22 @@ def test_fp8_halves_weights_and_cache_and_is_estimated_faster():
     a, b = bf16.at(point).facts, fp8.at(point).facts
     assert b["memory"]["input_bytes"] < 0.55 * a["memory"]["input_bytes"]
     assert b["cost"]["total_s"] < a["cost"]["total_s"]
-    mme = [n for n in as_fp8(bf16.template).nodes if n.engine == "mme"]
+    mme = [n for n in fp8.template.nodes if n.engine == "mme"]
     assert mme and all(n.out[0].dtype == "bfloat16" for n in mme)  # outputs of matmuls stay bf16
+    assert any(s.dtype == "float8_e4m3fn" for n in mme for s in fp8.template.node_map()[n.args[0]["r"]].out
+               if isinstance(n.args[0], dict) and n.args[0].get("r") in fp8.template.node_map())
+
+
+def test_the_dtype_policy_is_a_setting_in_every_recipe_key_and_plans_only():
+    from hpu_backend.settings import Settings, SettingsError
+
+    native = Settings.from_options({"execute": False}, env={})
+    fp8 = Settings.from_options({"execute": False, "dtype_policy": "fp8"}, env={})
+    assert native.key_fields()["dtype_policy"] == "native" and fp8.key_fields()["dtype_policy"] == "fp8"
+    with pytest.raises(SettingsError, match="execute=false"):
+        Settings.from_options({"dtype_policy": "fp8"}, env={})
+    with pytest.raises(SettingsError, match="dtype_policy"):
+        Settings.from_options({"dtype_policy": "int4", "execute": False}, env={})
 
 
 def test_largest_batch_is_found_by_search_and_tokens_per_second_is_prefill_plus_decode_steps():

@@ -325,7 +325,8 @@ def test_analyze_finds_the_largest_batch_by_searching_the_memory_plan(tiny_file)
     p0, p1 = _same_graphs(points)
     scaled = _scaled_graphs(p0, p1, p0.point["batch"], p1.point["batch"])
     assert _peak_at(scaled, best) <= hbm < _peak_at(scaled, best + 1)  # the boundary, not an extrapolation
-    (_, recipe, _), = p1.used  # re-planning at the recipe's own sizes gives its stored plan
+    recipe = p1.used[0].recipe  # re-planning at the recipe's own sizes gives its stored plan
+    assert len(p1.used) == 1
     (sym, value), = recipe.facts["plan_at"].items()
     (a, c), = (lines[sym] for r, lines in scaled if r is recipe)
     assert (value - c) % a == 0 and _peak_at(scaled, (value - c) // a) == recipe.facts["memory"]["peak_bytes"]

@@ -138,8 +138,7 @@ def test_nd_linear_fold_is_bit_identical():
     x = torch.randn(2, 5, 16)
     ep = decompose(export(lin, (x,), strict=False))
     template, ctx = lower_exported(ep, Settings.from_options({}), "nd")
-    ctx.bucket, ctx.gm = {}, None
-    recipe = lower_bucket(template, ctx)
+    recipe = lower_bucket(template, ctx.for_bucket({}))
     assert [n.op for n in fold_linear(recipe)] == ["aten::linear.default"]
     from hpu_backend.runtime import executor
 

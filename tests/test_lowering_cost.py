@@ -30,8 +30,7 @@ def _template(fusion: bool):
 
 def _estimate(fusion: bool, values: dict) -> float:
     template, ctx = _template(fusion)
-    ctx.bucket = {s: [v, v] for s, v in values.items()}
-    return lower_bucket(template, ctx).facts["cost"]["total_s"]
+    return lower_bucket(template, ctx.at(values)).facts["cost"]["total_s"]
 
 
 @settings(max_examples=40, deadline=None)

@@ -30,8 +30,7 @@ def lower(fn, *args, symbolic: bool = False, bucket: dict | None = None, **optio
     template = lower_graph(captured, ctx)
     if bucket is None and captured.symbols:
         return template
-    ctx.bucket = {s: [v, v] for s, v in (bucket or {}).items()}
-    return lower_bucket(template, ctx)
+    return lower_bucket(template, ctx.at(bucket or {}))
 
 
 def run_graph_passes_until(name: str, fn, *args, **options):

@@ -92,8 +92,7 @@ def _symbolic_template():
 @given(st.integers(1, 512), st.integers(1, 64), st.integers(1, 256))
 def test_plan_scales_with_the_bucket_and_stays_consistent(a, b, c):
     template, ctx = _symbolic_template()
-    ctx.bucket = {s: [v, v] for s, v in zip(template.symbols, (a, b, c))}
-    mem = lower_bucket(template, ctx).facts["memory"]
+    mem = lower_bucket(template, ctx.at(dict(zip(template.symbols, (a, b, c))))).facts["memory"]
     buffers = [Buffer(x[0], x[2], x[3], x[4]) for x in mem["buffers"]]
     _check_plan(buffers, {x[0]: x[1] for x in mem["buffers"]}, mem["arena_bytes"])
     assert mem["input_bytes"] == 4 * (a * b + b * c) and mem["arena_bytes"] >= mem["peak_live_bytes"]

@@ -128,8 +128,7 @@ def test_partition_works_from_recipe_data_alone_and_keeps_clusters_acyclic():
 
     captured, ctx = context(f, torch.randn(8))
     placed = place(captured, ctx)
-    ctx.gm = None  # a recipe without its FX graph partitions the same way
-    r = partition(placed, ctx)
+    r = partition(placed, ctx.for_bucket({}))  # a recipe without its FX graph partitions the same way
     cluster = {n.name: n.cluster for n in r.nodes}
     assert cluster["relu"] == cluster["mul"] == 0 and cluster["add"] == 1 and cluster["digamma"] == -1
     assert r.facts["clusters"] == {"count": 2, "sizes": [3, 2]}

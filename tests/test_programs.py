@@ -260,3 +260,89 @@ def test_verify_lists_and_import_refuses_an_entry_with_malformed_facts(tmp_path)
     result = cli("import", tmp_path / "bad.tar", "-d", tmp_path / "other", code=1)
     assert "facts.placement" in result.output and len(result.output.strip().splitlines()) == 1
     cli("import", tmp_path / "good.tar", "-d", tmp_path / "other")
+
+
+# -- AOTAutograd internals: a fast path with a safety net -------------------------------------------------
+
+@pytest.fixture
+def fresh_drift_warning(monkeypatch):
+    from hpu_backend.serve import programs
+
+    monkeypatch.setattr(programs, "_drift_warned", [])
+    return programs
+
+
+class _Renamed:
+    """AOTAutograd's metadata as a torch version that renamed one field would hand it over."""
+
+    def __init__(self, meta, missing: str):
+        self._meta, self._missing = meta, missing
+
+    def __getattr__(self, name):
+        if name == self._missing:
+            raise AttributeError(f"'ViewAndMutationMeta' object has no attribute {name!r}")
+        return getattr(self._meta, name)
+
+
+def test_a_renamed_aot_metadata_field_stores_no_program_and_warns_once(tmp_path, monkeypatch, caplog,
+                                                                        fresh_drift_warning):
+    real = torch._guards.TracingContext.try_get
+
+    def try_get():
+        ctx = real()
+        if ctx is not None and ctx.fw_metadata is not None and not isinstance(ctx.fw_metadata, _Renamed):
+            ctx.fw_metadata = _Renamed(ctx.fw_metadata, "num_outputs_aliased")
+        return ctx
+
+    monkeypatch.setattr(torch._guards.TracingContext, "try_get", staticmethod(try_get))
+    cache_dir = tmp_path / "c"
+    for x in (torch.randn(5, 8), torch.randn(7, 8)):
+        got, want = _compile_and_run(cache_dir, x)
+        torch.testing.assert_close(got, want)
+    assert _keys(cache_dir, programs=True) == []  # no program stored: every process traces
+    assert _keys(cache_dir, programs=False)  # recipes are still cached
+    warnings = [r for r in caplog.records if "stored programs are off" in r.getMessage()]
+    assert len(warnings) == 1 and "num_outputs_aliased" in warnings[0].getMessage()
+
+
+def test_a_torch_without_an_internal_the_contract_runs_on_traces_instead_of_serving(tmp_path, monkeypatch,
+                                                                                   caplog, fresh_drift_warning):
+    cache_dir, x = tmp_path / "c", torch.randn(6, 8)
+    _, want = _compile_and_run(cache_dir, x)
+    assert _keys(cache_dir, programs=True)  # stored
+    monkeypatch.delattr(torch.autograd.graph, "increment_version")
+    hits = dict(metric_global("recipe_cache").stats())["ProgramHit"]
+    got, _ = _compile_and_run(cache_dir, x)
+    torch.testing.assert_close(got, want)
+    assert dict(metric_global("recipe_cache").stats())["ProgramHit"] == hits  # traced, not served
+    assert [r.getMessage() for r in caplog.records if "stored programs are off" in r.getMessage()] == [
+        f"hpu_backend: stored programs are off on torch {torch.__version__}: torch lacks "
+        "torch.autograd.graph.increment_version; every graph is traced by AOTAutograd instead (correct, but "
+        "slower to start)"]
+
+
+def test_the_program_key_holds_aot_autograds_configuration_and_the_autocast_state():
+    from torch._functorch import config as aot_config
+
+    from hpu_backend.serve.keys import program_key
+    from hpu_backend.settings import Settings
+
+    keys = []
+
+    def backend(gm, example_inputs):
+        keys.append(program_key(gm, example_inputs, Settings.from_options({}, env={})).parts["state"])
+        return gm.forward
+
+    def compile_once():
+        torch._dynamo.reset()
+        torch.compile(lambda x: (x @ x).relu(), backend=backend)(torch.randn(4, 4))
+
+    compile_once()
+    with aot_config.patch(view_replay_for_aliased_outputs=not aot_config.view_replay_for_aliased_outputs):
+        compile_once()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compile_once()
+    with torch.autocast("cpu", dtype=torch.float16):
+        compile_once()
+    compile_once()
+    assert len(set(keys[:4])) == 4 and keys[4] == keys[0]

@@ -31,10 +31,9 @@ def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
 
 
 def _row(p: PointResult) -> dict[str, Any]:
-    graphs = [GraphReport.from_recipe(r) for _, r, _ in getattr(p, "used", [])]
+    graphs = [GraphReport.from_recipe(u.recipe) for u in p.used]
     frames = {g.name.rsplit("_", 1)[0] for g in graphs}
-    new_frames = {g.ctx.name.rsplit("_", 1)[0] for g, r, _ in getattr(p, "used", [])
-                  if g.first_reason == "guard failure" and _is_first(g, r)}
+    new_frames = {u.graph.rsplit("_", 1)[0] for u in p.used if u.compiled_for == "guard failure"}
     return {"bucket": p.label, "point": p.point, "recipes": len(p.keys),
             "fallbacks": sum(len(g.fallbacks) for g in graphs),
             "fallback_ops": sorted({fb["op"] for g in graphs for fb in g.fallbacks}),
@@ -42,11 +41,6 @@ def _row(p: PointResult) -> dict[str, Any]:
             "recompilations": len(new_frames), "time_s": sum(g.est_time_s for g in graphs),
             "peak_hbm_bytes": max((g.est_peak_bytes for g in graphs), default=0),
             "fits_hbm": all(g.fits_hbm for g in graphs)}
-
-
-def _is_first(graph, recipe) -> bool:
-    """The recipe that made the graph compile (its first)."""
-    return next(iter(graph.recipes.values()), None) is recipe
 
 
 def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
@@ -125,18 +119,18 @@ def _same_graphs(points: list[PointResult]) -> tuple[PointResult, PointResult] |
     if not ranked:
         return None
     top = ranked[0]
-    graphs = {id(g) for g, _, _ in getattr(top, "used", [])}
+    graphs = {u.graph for u in top.used}
     return next(((p, top) for p in ranked[1:] if p.point["batch"] < top.point["batch"]
-                 and {id(g) for g, _, _ in getattr(p, "used", [])} == graphs), None)
+                 and {u.graph for u in p.used} == graphs), None)
 
 
 def _scaled_graphs(p0: PointResult, p1: PointResult, b0: int, b1: int) -> list | None:
     """(recipe, {symbol: (a, c)}) per graph used at both points, each symbol's value being a*batch + c
     (integers; a = 0 for a symbol that does not follow the batch); None if no symbol follows it."""
-    first = {id(g): env for g, _, env in getattr(p0, "used", [])}
+    first = {u.graph: u.env for u in p0.used}
     out, follows = [], False
-    for g, recipe, env1 in getattr(p1, "used", []):
-        env0 = first.get(id(g))
+    for u in p1.used:
+        recipe, env1, env0 = u.recipe, u.env, first.get(u.graph)
         if env0 is None or set(env0) != set(env1):
             continue
         lines = {}

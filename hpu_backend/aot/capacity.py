@@ -12,23 +12,19 @@ tokens/s = batch * output / (prefill + Σ decode steps over KV lengths input .. 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
-from ..lowering import LoweringContext, capture_graph, lower_bucket, lower_graph
-from ..lowering.buffers import alias_roots
-from ..lowering.optable import shared_table
-from ..lowering.values import node_refs
-from .modelfile import ModelFileError, ModelSpec, user_call
+from ..capture.meta import trace_symbolic
 from ..formats.recipe import Recipe
+from ..lowering import LoweringContext, lower, lower_bucket
 from ..settings import Settings
 from .analyze import hbm_bytes, largest_fitting, replanned_peak
+from .modelfile import ModelFileError, ModelSpec, user_call
 
-DTYPES = ("bf16", "fp8")
-FP8 = "float8_e4m3fn"
+DTYPES = {"bf16": "native", "fp8": "fp8"}  # --dtype -> Settings.dtype_policy (weights and activations are bf16)
 PREFILL_AXES, DECODE_AXES = ("batch", "input_len"), ("batch", "kv_len")
 SAMPLE = {"batch": 3, "input_len": 7, "kv_len": 7}  # ≥ 2 (0 and 1 specialize) and distinct from each other
 DECODE_SAMPLES = 17  # decode steps evaluated exactly; the sum over the others is interpolated (see decode_s)
@@ -51,8 +47,7 @@ class StepGraph:
         return {s: c + sum(a * point[axis] for axis, a in coef.items()) for s, (c, coef) in self.lines.items()}
 
     def at(self, point: Mapping[str, int]) -> Recipe:
-        self.ctx.bucket = {s: [v, v] for s, v in self.env(point).items()}
-        return lower_bucket(self.template, self.ctx)
+        return lower_bucket(self.template, self.ctx.at(self.env(point)))
 
     def time_s(self, point: Mapping[str, int]) -> float:
         return self.at(point).facts["cost"]["total_s"]
@@ -86,13 +81,12 @@ def trace_step(spec: ModelSpec, name: str, target: str, dtype: str) -> StepGraph
     point = {a: SAMPLE[a] for a in spec.axes}
     inputs = [_bf16(t) for t in spec.split(spec.inputs(point))]
     dims = _dim_lines(spec, point, inputs)
-    gm = _trace(model, inputs, dims, spec.path)
-    settings = Settings.from_options({**spec.options, "target": target, "cache": False}, env={})
+    gm = user_call(spec.path, "the model traced on fake inputs", trace_symbolic, model, inputs, dims)
+    settings = Settings.from_options({**spec.options, "target": target, "cache": False, "execute": False,
+                                      "dtype_policy": DTYPES[dtype]}, env={})
     ctx = LoweringContext(settings=settings, name=f"{spec.name}_{name}", kind="inference", gm=gm)
-    template = lower_graph(capture_graph(gm, ctx), ctx)
-    ctx.gm = None  # the FX graph is not needed again; dropping it frees the tracer's memory
-    if dtype == "fp8":
-        template = as_fp8(template)
+    template = lower(gm, ctx).template
+    ctx = ctx.for_bucket({})  # the FX graph is not needed again; dropping it frees the tracer's memory
     first = len(template.inputs) - len(inputs)  # the graph's inputs: parameters and buffers, then the step's
     lines = {s: dims[(i - first, d)] for s, (i, d) in zip(template.symbols, template.symbol_sources)}
     return StepGraph(name, template, ctx, lines)
@@ -117,75 +111,6 @@ def _dim_lines(spec: ModelSpec, point: dict, inputs: list) -> dict[tuple[int, in
                 elif rest:
                     raise CapacityError(f"{spec.path}: input {i} dimension {d} does not grow linearly with {axis}")
     return lines
-
-
-def _trace(model: torch.nn.Module, inputs: list, dims: dict, where: str):
-    """The aten graph of ``model(*inputs)`` with parameters and buffers as leading inputs, the dimensions in
-    ``dims`` symbolic and every other one static. The meta weights become fake tensors on the inputs'
-    device (nothing is allocated), so that ops decompose as they would for it (sdpa keeps its fused op)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    from ..capture.decompositions import hpu_decompositions
-
-    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
-    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    convert = mode.fake_tensor_converter
-    fake_state = {k: convert.from_meta_and_device(mode, v, device) for k, v in state.items()}
-
-    def fake(i: int, t: torch.Tensor):
-        dynamic = [DimDynamic.DYNAMIC if (i, d) in dims else DimDynamic.STATIC for d in range(t.dim())]
-        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dynamic))
-
-    fake_inputs = [fake(i, t) for i, t in enumerate(inputs)]
-    names = list(fake_state)
-
-    def step(*args):
-        params = dict(zip(names, args[:len(names)]))
-        out = torch.func.functional_call(model, params, tuple(args[len(names):]))
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-    trace = make_fx(step, decomposition_table=hpu_decompositions(), tracing_mode="symbolic")
-    with torch.no_grad():
-        return user_call(where, "the model traced on fake inputs", trace, *fake_state.values(), *fake_inputs)
-
-
-# -- fp8 ------------------------------------------------------------------------------------------------------
-
-def as_fp8(recipe: Recipe) -> Recipe:
-    """The estimate's fp8: every value a matrix op (MME: matmuls, attention) reads is stored in fp8 (1 byte)
-    — weights, the activations fed to matmuls, and keys/values, traced back through views and copies (cat,
-    clone) to where they are made or come in (so the KV cache is fp8) — and MME ops run at the fp8 peak
-    (the cost model takes an op's dtype from its first input). Everything else stays as traced (bf16)."""
-    out = copy.deepcopy(recipe)
-    specs = {n: s for n, s in zip(out.input_names, out.inputs)}
-    nodes = out.node_map()
-    table, roots = shared_table(), alias_roots(out)
-    seen: set[str] = set()
-    stack = [r for n in out.nodes if n.engine == "mme" for r in node_refs(n)]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = nodes.get(name)
-        for spec in [specs[name]] if name in specs else (node.out if node else []):
-            if spec.kind == "tensor" and spec.dtype in ("bfloat16", "float16", "float32"):
-                spec.dtype = FP8
-        if node is not None and _passes_through(node, table):
-            stack.extend(node_refs(node))
-        root = roots.get((name, 0))
-        if root is not None and root[0] != name:
-            stack.append(root[0])
-    return out
-
-
-def _passes_through(node, table) -> bool:
-    """Views and copies (cat, clone, expand...) keep their input's bytes: fp8 in, fp8 out."""
-    record = table.lookup(node.op)
-    return node.engine == "view" or (record is not None and record.kind == "layout")
 
 
 # -- the plan -------------------------------------------------------------------------------------------------
@@ -260,5 +185,5 @@ def _step_row(step: str, recipe: Recipe, length: int) -> dict[str, Any]:
             "bound": [c["bound"] for c in cost["clusters"]]}
 
 
-__all__ = ["CapacityError", "DTYPES", "StepGraph", "as_fp8", "capacity", "decode_points", "plan_capacity",
+__all__ = ["CapacityError", "DTYPES", "StepGraph", "capacity", "decode_points", "plan_capacity",
            "step_graphs", "throughput", "trace_step"]

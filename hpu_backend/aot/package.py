@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,7 @@ def _bucket_recipes(template: Recipe, ctx: LoweringContext, inputs: list[GraphIn
         if bucket not in found:
             named = {s: list(b) for s, b in zip(template.symbols, bucket)}
             try:
-                recipe = lower_bucket(template, replace(ctx, bucket=named, gm=None))
+                recipe = lower_bucket(template, ctx.for_bucket(named))
             except LoweringError as e:
                 raise PackageError(f"{spec.name}: bucket {named} cannot be lowered: {e.reason}") from None
             found[bucket] = (recipe, [])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -22,6 +22,17 @@ from recipecache import CacheConfig
 from .. import metrics
 from ..serve.compiled import Event, listen
 from .modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
+
+
+@dataclass(frozen=True)
+class UsedRecipe:
+    """A recipe a point ran or took up, as its graph's events reported it."""
+
+    graph: str  # the compiled graph's name (fx_graph_0003_fw): the same graph at two points has one name
+    recipe: Any  # the Recipe
+    key: str | None  # its cache key (None: not cached)
+    env: dict[str, int]  # the call's symbol values ({} when it was only taken up)
+    compiled_for: str  # why it was lowered ("new graph", "guard failure", "new bucket"); "" from the store
 
 
 @dataclass
@@ -36,6 +47,7 @@ class PointResult:
     max_abs_diff: float | None = None  # vs eager, with check=True
     check_error: str = ""
     programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
+    used: list[UsedRecipe] = field(default_factory=list, repr=False)  # live recipes, for analysis; not in JSON
 
     @property
     def label(self) -> str:
@@ -44,6 +56,10 @@ class PointResult:
     @property
     def status(self) -> str:
         return "compiled" if self.compiled else "hit"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (what ``--json`` prints and prebuild's workers send back): without ``used``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "used"}
 
 
 @dataclass
@@ -63,36 +79,33 @@ class WarmReport:
                 "mismatches": sum(bool(p.check_error) for p in self.points)}
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.summary(), "points": [asdict(p) for p in self.points]}
+        return {**self.summary(), "points": [p.to_dict() for p in self.points]}
 
 
-class _GraphTracker:
-    """Which recipes a point uses: every recipe a graph takes up or runs meanwhile (``compiled.listen``).
+def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str]]:
+    """``fn()``, the recipes it used and the keys of the programs it used, from the events graphs emit.
 
-    Dynamo may serve a point with graphs compiled long before (by an earlier warm-up, or by the
-    server itself); their ``use`` events name the recipes they run.
+    Dynamo may serve a point with graphs compiled long before (by an earlier warm-up, or by the server
+    itself); their ``use`` events name the recipes they run.
     """
+    used: dict[int, UsedRecipe] = {}
+    programs: set[str] = set()
 
-    def run(self, fn: Callable[[], Any]) -> tuple[Any, list[tuple[Any, Any, dict[str, int]]], list[str]]:
-        """``fn()``, the (graph, recipe, symbol values) it used and the keys of the programs it used."""
-        used: dict[int, tuple[Any, Any, dict[str, int]]] = {}
-        programs: set[str] = set()
+    def on_event(e: Event):
+        if e.recipe is not None and (id(e.recipe) not in used or e.kind == "use"):
+            before = used.get(id(e.recipe))
+            why = e.compiled_for or (before.compiled_for if before else "")
+            used[id(e.recipe)] = UsedRecipe(e.graph, e.recipe, e.key, dict(e.env or {}), why)
+        if e.program:
+            programs.add(e.program)
 
-        def on_event(e: Event):
-            if e.recipe is not None and (id(e.recipe) not in used or e.kind == "use"):
-                env = dict(zip(e.graph.symbols, e.values)) if e.kind == "use" else {}
-                used[id(e.recipe)] = (e.graph, e.recipe, env)
-            program = e.key if e.kind == "program" else getattr(e.graph, "program", None)
-            if program:
-                programs.add(program)
-
-        with listen(on_event):
-            out = fn()
-        return out, list(used.values()), sorted(programs)
+    with listen(on_event):
+        out = fn()
+    return out, list(used.values()), sorted(programs)
 
 
-def keys_of(used: list[tuple[Any, Any, Any]]) -> list[str]:
-    return sorted({k for g, r, _ in used if (k := g.key_of(r))})
+def keys_of(used: list[UsedRecipe]) -> list[str]:
+    return sorted({u.key for u in used if u.key})
 
 
 def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str, int]], *,
@@ -104,24 +117,23 @@ def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str
     """
     if train:
         spec.require_loss()
-    tracker, results = _GraphTracker(), []
+    results = []
     for point in points:
-        result = _run_point(compiled, spec, dict(point), train, eager, tracker)
+        result = _run_point(compiled, spec, dict(point), train, eager)
         results.append(result)
         if on_point is not None:
             on_point(result)
     return results
 
 
-def _run_point(compiled, spec, point, train, eager, tracker) -> PointResult:
+def _run_point(compiled, spec, point, train, eager) -> PointResult:
     inputs = spec.inputs(point)
     start = time.perf_counter()
     with metrics.metric_localcontext("graph_compilation") as gc:
-        out, used, programs = tracker.run(lambda: _run_model(compiled, spec, inputs, train, point))
+        out, used, programs = _tracked(lambda: _run_model(compiled, spec, inputs, train, point))
     built = dict(gc.stats())["TotalNumber"]
     result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start,
-                         programs=programs)
-    result.used = used  # not a field: live objects for analysis, never serialized
+                         programs=programs, used=used)
     if eager is not None:
         _compare(result, out, _run_model(eager, spec, inputs, train, point))
     return result
@@ -206,16 +218,15 @@ def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = Fal
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
     eager = model if check else None
     points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
-    flush(spec, cache_config)
+    flush(cache_config)
     return WarmReport(spec.name, _mode(train), points, time.perf_counter() - start)
 
 
-def flush(spec: ModelSpec, cache_config: CacheConfig | None) -> None:
-    """Wait until every recipe put into the cache is on disk."""
-    from ..settings import Settings
-    from ..serve.store import store_for
+def flush(cache_config: CacheConfig | None) -> None:
+    """Wait until every recipe put into the cache is on disk (None: the default configuration)."""
+    from ..serve.store import default_config, store_for
 
-    store = store_for(Settings.from_options(dict(spec.options, cache_config=cache_config)))
+    store = store_for(cache_config if cache_config is not None else default_config())
     if store.disk is not None:
         store.disk.flush()
 
@@ -235,8 +246,8 @@ def _prebuild_chunk(selector: str, axes: dict, cache_config: CacheConfig | None,
     spec = load_model_file(selector).with_axes(axes)
     _, compiled = compile_spec(spec, cache_config, execute=False, train=train)
     results = run_points(compiled, spec, points, train=train)
-    flush(spec, cache_config)
-    return [asdict(r) for r in results]
+    flush(cache_config)
+    return [r.to_dict() for r in results]
 
 
 def chunks(points: list, jobs: int) -> list[list]:

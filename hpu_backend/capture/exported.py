@@ -12,7 +12,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from .decompositions import hpu_decompositions
-from ..lowering import LoweringContext, LoweringError, capture_graph, lower_graph
+from ..lowering import LoweringContext, LoweringError, lower
 from ..formats.package import GraphInput, PackageError
 from ..formats.recipe import Recipe
 from ..settings import Settings
@@ -35,11 +35,11 @@ def decompose(ep: ExportedProgram) -> ExportedProgram:
 
 
 def lower_exported(ep: ExportedProgram, settings: Settings, name: str) -> tuple[Recipe, LoweringContext]:
-    """Capture and run the graph passes once: the template every bucket is lowered from."""
-    gm = ep.graph_module
-    ctx = LoweringContext(settings, name=name, kind="inference", gm=gm)
+    """Capture and run the graph passes once: the template every bucket is lowered from, and the context
+    its buckets' lowerings start from (``ctx.for_bucket``)."""
+    ctx = LoweringContext(settings, name=name, kind="inference", gm=ep.graph_module)
     try:
-        return lower_graph(capture_graph(gm, ctx), ctx), ctx
+        return lower(ep.graph_module, ctx).template, ctx
     except LoweringError as e:
         raise PackageError(f"{name}: the exported graph cannot be lowered: {e.reason}") from None
 

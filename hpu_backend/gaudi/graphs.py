@@ -18,7 +18,6 @@ buffers the next replay overwrites: a script correct on Gaudi is correct here, n
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 from typing import Any, Callable
 
@@ -150,7 +149,7 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Ca
         template, ctx = lower_exported(ep, Settings.from_options({}), name)
         if template.symbols:
             raise PackageError(f"the captured graph has symbolic sizes {template.symbols}")
-        recipe = lower_bucket(template, dataclasses.replace(ctx, bucket={}, gm=None))
+        recipe = lower_bucket(template, ctx.for_bucket({}))
         fallbacks = fallback.report(recipe)
         fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
         run = build_callable(recipe, fixed)

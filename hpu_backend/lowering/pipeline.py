@@ -1,22 +1,28 @@
 """The lowering pipeline: aten FX graph → Recipe, as ordered lists of named passes read top to bottom.
 
-``capture_graph`` turns the FX graph into recipe data (this is also what the recipe key hashes);
-``lower_graph`` runs the graph passes once per graph (placement, clusters, fusions) on that
-symbolic recipe; ``lower_bucket`` runs the bucket passes (specialize, memory plan, cost) for one
-shape bucket on the result, without touching the FX graph again.
+``lower`` is the one entry for every way a graph arrives (torch.compile's AOTAutograd graphs, torch.export
+for packages and HPU graphs, the meta-device trace of capacity planning): ``capture_graph`` turns the FX
+graph into recipe data (what the recipe key hashes), then the graph passes run once per graph
+(placement, clusters, fusions, dtype policy) on that symbolic recipe. ``lower_bucket`` runs the bucket
+passes (specialize, memory plan, cost) for one shape bucket on the result, without touching the FX graph
+again.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .. import metrics
 from ..formats.recipe import Recipe
 from .context import LoweringContext
 from .errors import LoweringError
+from .passes.apply_dtype_policy import apply_dtype_policy
 from .passes.capture import capture
 from .passes.estimate_cost import estimate_cost
 from .passes.find_transfers import find_transfers
@@ -38,6 +44,7 @@ GRAPH_PASSES: list[Callable[[Recipe, LoweringContext], Recipe]] = [
     find_transfers,  # values crossing the host link
     fuse_attention,  # FusedSDPA groups (sdpa ops and hand-written attention)
     fuse_tpc,  # TPC elementwise chains and reduction pro/epilogues
+    apply_dtype_policy,  # storage dtypes the plan assumes (Settings.dtype_policy: native | fp8)
 ]
 
 # Passes over the recipe for one bucket; each returns the (new) recipe.
@@ -47,6 +54,25 @@ BUCKET_PASSES: list[Callable[[Recipe, LoweringContext], Recipe]] = [
     plan_memory,  # liveness, buffer offsets, persistent vs arena bytes, peak
     estimate_cost,  # roofline per cluster + CPU fallback + transfers (an estimate)
 ]
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A graph lowered once: what the key hashes, and what every bucket is lowered from."""
+
+    captured: Recipe  # the graph as data, before any pass
+    template: Recipe  # after the graph passes, still symbolic
+
+
+def lower(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Lowered:
+    """Capture ``gm`` and run the graph passes: the one way into lowering (LoweringError if it cannot)."""
+    start = time.perf_counter()
+    captured = capture_graph(gm, ctx)
+    captured_at = time.perf_counter()
+    metrics.record_phase("capture", captured_at - start)
+    template = lower_graph(captured, ctx)
+    metrics.record_phase("lowering", time.perf_counter() - captured_at)
+    return Lowered(captured, template)
 
 
 def capture_graph(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:

@@ -20,6 +20,18 @@ from ..formats.program import Contract
 
 Graph = Callable[[list], list]
 
+# The private torch APIs this contract runs on (those AOTAutograd's own runtime wrappers use). A torch
+# version without one of them serves no stored program (serve/programs.py checks): it traces instead.
+INTERNALS = (("torch._C", "_set_grad_enabled"), ("torch._C", "_DisableAutocast"),
+             ("torch.autograd.graph", "increment_version"), ("torch.Tensor", "_is_view"))
+
+
+def missing_internals() -> list[str]:
+    """The names of INTERNALS this torch lacks (empty: programs can be served)."""
+    roots = {"torch._C": torch._C, "torch.autograd.graph": torch.autograd.graph, "torch.Tensor": torch.Tensor}
+    return [f"{owner}.{name}" for owner, name in INTERNALS if not hasattr(roots[owner], name)]
+
+
 MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
                   "channels_last_3d": torch.channels_last_3d}
 

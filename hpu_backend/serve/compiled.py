@@ -11,13 +11,17 @@ taken one is let go and, if it comes back, taken up again from the store, so a l
 cannot grow a process without bound.
 
 Observers (warm-up, analysis) ``listen()`` to the events graphs emit: ``take`` when a graph takes up
-a recipe (``hit`` says whether the store had it), ``use`` when a call runs one, and ``program``
-when a Dynamo graph is served from its stored program or stores one.
+a recipe (``hit`` says whether the store had it, ``compiled_for`` why it was lowered), ``use`` when a call
+runs one (with the call's symbol values), and ``program`` when a Dynamo graph is served from its stored
+program or stores one. Events carry their data (names, keys, values), so an observer never reads a
+graph's state. A listener is scoped to its ``with`` block by a context variable (a serving process's
+warm-up must observe graphs compiled before it subscribed, so subscription cannot be a compile option).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
 import time
@@ -33,12 +37,12 @@ from .. import metrics
 from ..formats import symexpr
 from .buckets import policies_for
 from .keys import GraphKey, graph_key
-from ..lowering import LoweringContext, LoweringError, capture_graph, lower_bucket, lower_graph
+from ..lowering import LoweringContext, LoweringError, lower, lower_bucket
 from ..formats.recipe import Recipe
 from ..runtime import RecipeLoadError, build_callable, check_ops
 from ..runtime.dryrun import build_dry_run
 from ..runtime.symbols import symbol_reader
-from .store import RecipeStore, entry_meta, store_for
+from .store import RecipeStore, entry_meta
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +55,29 @@ class Event:
     """What a compiled graph reports to listeners."""
 
     kind: str  # "take" | "use" | "program"
-    graph: "CompiledGraph | None" = None
+    graph: str = ""  # the compiled graph's name (fx_graph_0003_fw); "" for "program"
     recipe: Recipe | None = None  # None for "program", and for a graph running eagerly
     hit: bool = False  # taken from the store rather than compiled
-    key: str | None = None  # "program": the program's key
-    values: tuple = ()  # "use": the call's symbol values (in ``graph.symbols`` order)
+    key: str | None = None  # "take"/"use": the recipe's cache key (None: not cached)
+    program: str | None = None  # the key of the stored program the graph belongs to, if any
+    env: dict[str, int] | None = None  # "use": the call's symbol values
+    compiled_for: str = ""  # "take" of a lowered recipe: "new graph" | "guard failure" | "new bucket"
+    source: "CompiledGraph | None" = None  # the emitting graph, for tests and benchmarks that call it
 
 
 Listener = Callable[[Event], None]
-_listeners: list[Listener] = []
+_listeners: contextvars.ContextVar[tuple[Listener, ...]] = contextvars.ContextVar("hpu_backend_listeners",
+                                                                                  default=())
 
 
 @contextlib.contextmanager
 def listen(listener: Listener):
-    """Call ``listener(event)`` for every event in this block."""
-    _listeners.append(listener)
+    """Call ``listener(event)`` for every event in this block (this thread or task only)."""
+    token = _listeners.set((*_listeners.get(), listener))
     try:
         yield
     finally:
-        _listeners.remove(listener)
+        _listeners.reset(token)
 
 
 @contextlib.contextmanager
@@ -79,7 +87,7 @@ def collect_recipes():
 
     def on_event(e: Event):
         if e.kind == "take":
-            found.append((e.graph, e.recipe, e.hit))
+            found.append((e.source, e.recipe, e.hit))
 
     with listen(on_event):
         yield found
@@ -97,13 +105,15 @@ class Taken:
     run: Callable[[list], list]
     key: str | None = None
     fallbacks: tuple[str, ...] = ()  # its CPU-fallback ops, counted at every call
+    compiled_for: str = ""  # why it was lowered ("" when it came from the store)
 
 
 class CompiledGraph:
     """One AOTAutograd graph (forward, backward or inference) of a Dynamo graph, over all its buckets."""
 
     def __init__(self, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None, store: RecipeStore,
-                 first_reason: str = "new graph", eager: Callable[[list], list] | None = None):
+                 first_reason: str = "new graph", eager: Callable[[list], list] | None = None,
+                 program: str | None = None):
         # AOTAutograd passes a list of inputs, which run() clears as it goes. An instance attribute,
         # because torch._dynamo.disable's wrapper copies the instance __dict__, not class attributes.
         self._boxed_call = True
@@ -118,28 +128,26 @@ class CompiledGraph:
         self.known: dict[tuple, Taken] = {}  # symbol values -> taken bucket (a memo, cleared when large)
         self.buckets: OrderedDict[tuple, Taken] = OrderedDict()  # bucket -> taken bucket, least recent first
         self.fixed: Taken | None = None  # a graph without symbols, or one that fell back to eager
-        self.program: str | None = None  # the key of the stored program this graph belongs to
+        self.program = program  # the key of the stored program this graph belongs to (set once stored)
         self._executors: OrderedDict[bytes, Callable[[list], list]] = OrderedDict()  # digest of what runs
 
     @classmethod
-    def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, reason: str = "new graph") -> "CompiledGraph":
-        """Capture, key and run the graph passes on an aten graph; LoweringError if it cannot be lowered."""
-        ctx.gm = gm
-        with _phase("capture"):
-            captured = capture_graph(gm, ctx)
+    def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, store: RecipeStore,
+              reason: str = "new graph") -> "CompiledGraph":
+        """Lower an aten graph (``ctx.gm``) once and key it; LoweringError if it cannot be lowered."""
+        lowered = lower(gm, ctx)
         with _phase("key"):
-            gkey = _safe_graph_key(captured, ctx)
-        with _phase("lowering"):
-            template = lower_graph(captured, ctx)
-        return cls.from_template(ctx, template, gkey, reason, eager=boxed(gm))
+            gkey = _safe_graph_key(lowered.captured, ctx)
+        return cls.from_template(ctx.for_bucket({}), lowered.template, gkey, store, reason, eager=boxed(gm))
 
     @classmethod
-    def from_template(cls, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None,
-                      reason: str = "new graph", eager: Callable | None = None) -> "CompiledGraph":
+    def from_template(cls, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None, store: RecipeStore,
+                      reason: str = "new graph", eager: Callable | None = None,
+                      program: str | None = None) -> "CompiledGraph":
         """A graph from its template (lowered here, or stored in a program); LoweringError if unusable."""
         try:
             check_ops(template)
-            graph = cls(ctx, template, gkey, store_for(ctx.settings), reason, eager)
+            graph = cls(ctx, template, gkey, store, reason, eager, program)
         except (RecipeLoadError, ValueError) as e:
             raise LoweringError(str(e), graph=ctx.name) from e
         if not template.symbols:
@@ -157,8 +165,9 @@ class CompiledGraph:
 
     def __call__(self, args: list) -> list:
         taken, values = self.taken_for(args)
-        if _listeners:
-            emit(Event("use", self, taken.recipe, True, values=values))
+        if _listeners.get():
+            emit(Event("use", self.ctx.name, taken.recipe, True, taken.key, self.program,
+                       dict(zip(self.symbols, values)), source=self))
         if taken.fallbacks:  # the bridge counts fallbacks per execution
             fallback.executed(taken.fallbacks)
         return taken.run(args)
@@ -213,7 +222,8 @@ class CompiledGraph:
         if self.ctx.settings.execute:  # a compile-only run executes no op on the CPU
             taken.fallbacks = fallback_ops
         self.buckets[bucket] = taken
-        emit(Event("take", self, taken.recipe, hit))
+        emit(Event("take", self.ctx.name, taken.recipe, hit, taken.key, self.program,
+                   compiled_for=taken.compiled_for, source=self))
         self._let_go_past_capacity()
         return taken
 
@@ -233,14 +243,15 @@ class CompiledGraph:
         return (None, False) if found is None else (Taken(*found, key), True)
 
     def _compile(self, bucket: dict[str, list[int]]) -> Taken:
-        recipe = self.compile_bucket(bucket, reason=self.first_reason if not self.buckets else "new bucket")
+        reason = self.first_reason if not self.buckets else "new bucket"
+        recipe = self.compile_bucket(bucket, reason)
         key = meta = None
         if self.gkey is not None:
             key, parts, detail = self.gkey.for_bucket(bucket)
             meta = entry_meta(recipe, parts, detail, self.ctx.settings)
         recipe = self.store.put(key, recipe, meta)
         try:
-            return Taken(recipe, self._executor(recipe), key)
+            return Taken(recipe, self._executor(recipe), key, compiled_for=reason)
         except RecipeLoadError as e:
             raise LoweringError(str(e), graph=self.ctx.name) from e
 
@@ -265,8 +276,7 @@ class CompiledGraph:
 
     def compile_bucket(self, bucket: dict[str, list[int]], reason: str) -> Recipe:
         start = time.perf_counter()
-        self.ctx.bucket = bucket
-        recipe = lower_bucket(self.template, self.ctx)
+        recipe = lower_bucket(self.template, self.ctx.for_bucket(bucket))
         seconds = time.perf_counter() - start
         metrics.record_phase("lowering", seconds)
         recipe.facts["compile_time_s"] = seconds
@@ -296,7 +306,7 @@ def _executable(recipe: Recipe) -> bytes:
 
 
 def emit(event: Event) -> None:
-    for listener in list(_listeners):
+    for listener in _listeners.get():
         listener(event)
 
 

@@ -97,8 +97,8 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     Parts: the graph (ops by qualified name, arguments with value names normalized, constants'
     bytes, annotations that change a recipe), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
     device type), Dynamo's guards on the shape symbols, global state AOTAutograd reads (grad
-    mode, autocast, deterministic algorithms), settings and toolchain. Unkeyable when something
-    has no stable form.
+    mode, autocast per device, deterministic algorithms, AOTAutograd's configuration), settings and
+    toolchain. Unkeyable when something has no stable form.
     """
     from ..lowering import LoweringError, recorded_annotations, symbol_table
 
@@ -214,8 +214,19 @@ def _dynamo_guards(rename: dict[str, str]) -> list:
 
 
 def _global_state() -> list:
-    return [torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")),
-            torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype())]
+    """Global state that changes what AOTAutograd makes of a graph, as AOTAutogradCache keys it: grad mode,
+    autocast per device type, deterministic algorithms, the default dtype and AOTAutograd's configuration
+    (every option not marked compile-ignored). Unkeyable on a torch without the private calls used here."""
+    from torch._functorch import config as aot_config
+
+    try:
+        autocast = [[d, str(torch.get_autocast_dtype(d))] for d in torch._C._autocast_supported_devices()
+                    if torch.is_autocast_enabled(d)]
+        config = aot_config.get_hash().hex()
+    except (AttributeError, RuntimeError, TypeError) as e:
+        raise Unkeyable(f"this torch's autocast or AOTAutograd configuration cannot be read: {e}") from None
+    return [torch.is_grad_enabled(), autocast, torch.is_autocast_cache_enabled(),
+            torch.are_deterministic_algorithms_enabled(), str(torch.get_default_dtype()), config]
 
 
 def _spec(s) -> list:

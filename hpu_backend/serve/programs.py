@@ -5,6 +5,11 @@ their templates and key parts, the ShapeEnv's guards over the Dynamo graph's sym
 runtime contract (read from AOTAutograd's ``ViewAndMutationMeta``). When the last graph is in (the
 backward, for training), the program is stored under the Dynamo graph's key.
 
+Both read or rebuild AOTAutograd internals (its metadata, its runtime wrappers). That is a fast path
+with a safety net: a torch whose internals differ from those read here (a renamed field, a moved class)
+gets one warning and no programs, and every graph is traced as without them; it never fails a compile.
+The program key holds AOTAutograd's configuration and the autocast state (serve/keys.py).
+
 Hit: ``serve`` checks the program's guards on this call's sizes and adds them to Dynamo's
 ShapeEnv (so Dynamo guards the frame as if it had traced them), makes each graph a
 ``CompiledGraph`` from its template (bucket recipes come from the store), and wraps them in the
@@ -17,6 +22,7 @@ import dataclasses
 import functools
 import logging
 import operator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -27,7 +33,7 @@ from .keys import GraphKey, ProgramKey
 from ..lowering import LoweringContext, LoweringError, encode_guards
 from ..formats.program import MEMORY_FORMATS, Contract, Program, ProgramGraph
 from ..formats.recipe import RecipeFormatError
-from ..runtime.autograd import inference_call, training_call
+from ..runtime.autograd import inference_call, missing_internals, training_call
 from ..settings import Settings
 from .store import RecipeStore
 
@@ -36,6 +42,19 @@ log = logging.getLogger(__name__)
 
 class Unsupported(Exception):
     """An AOTAutograd contract that a program cannot express (the graph is compiled, not stored)."""
+
+
+# What reading AOTAutograd internals of another shape raises (a renamed field or enum member, a moved class).
+DRIFT = (AttributeError, ImportError, TypeError, KeyError, IndexError)
+_drift_warned: list[str] = []
+
+
+def drifted(what: str) -> None:
+    """Say once per process that programs are off because torch's internals differ from those read here."""
+    if not _drift_warned:
+        log.warning("hpu_backend: stored programs are off on torch %s: %s; every graph is traced by "
+                    "AOTAutograd instead (correct, but slower to start)", torch.__version__, what)
+    _drift_warned.append(what)
 
 
 # -- miss: record ---------------------------------------------------------------------------------
@@ -59,15 +78,23 @@ class Recorder:
         if self.abandoned:
             return
         if kind != "backward":
-            tracing = torch._guards.TracingContext.try_get()
-            self.meta = getattr(tracing, "fw_metadata", None)
-            self.disable_amp = torch._C._is_any_autocast_enabled()
-            shape_env = getattr(getattr(tracing, "fake_mode", None), "shape_env", None)
-            self.guards = [] if shape_env is None else encode_guards([g.expr for g in shape_env.guards],
-                                                                      self.pkey.rename)
+            try:
+                self._read_tracing_state()
+            except DRIFT as e:
+                drifted(f"reading the trace's state: {type(e).__name__}: {e}")
+                self.abandoned = True
+                return
         self.graphs[kind] = graph
         if kind in ("inference", "backward"):
             self._finish("inference" if kind == "inference" else "training")
+
+    def _read_tracing_state(self) -> None:
+        tracing = torch._guards.TracingContext.try_get()
+        self.meta = getattr(tracing, "fw_metadata", None)
+        self.disable_amp = torch._C._is_any_autocast_enabled()
+        shape_env = getattr(getattr(tracing, "fake_mode", None), "shape_env", None)
+        self.guards = [] if shape_env is None else encode_guards([g.expr for g in shape_env.guards],
+                                                                  self.pkey.rename)
 
     def _finish(self, mode: str) -> None:
         graphs = [self.graphs[k] for k in ("inference",)] if mode == "inference" else [
@@ -81,11 +108,14 @@ class Recorder:
         except (Unsupported, RecipeFormatError) as e:
             log.info("hpu_backend: %s: compiled, but not stored as a program: %s", self.name, e)
             return
+        except DRIFT as e:
+            drifted(f"AOTAutograd's metadata: {type(e).__name__}: {e}")
+            return
         self.contract = contract
         self.store.put_program(self.pkey, program, self.settings, self.name)
         for g in graphs:
             g.program = self.pkey.key
-        emit(Event("program", key=self.pkey.key))
+        emit(Event("program", program=self.pkey.key))
 
     def replayable(self) -> bool:
         """An inference graph whose runtime contract is only "run it" (what a Replay does)."""
@@ -159,11 +189,23 @@ def _require(ok: bool, what: str) -> None:
 
 # -- hit: serve -----------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Served:
+    """A Dynamo graph served from its stored program."""
+
+    call: Callable[..., list]
+    replayable: CompiledGraph | None = None  # the inference graph mode="reduce-overhead" replays, if any
+
+
 def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: list, settings: Settings,
-          name_of: Callable[[str], str], reason: str) -> Callable[..., list] | None:
-    """A callable for the Dynamo graph from its program, or None when the program does not apply."""
+          store: RecipeStore, name_of: Callable[[str], str], reason: str) -> Served | None:
+    """The Dynamo graph served from its program, or None when the program does not apply."""
+    missing = missing_internals()
+    if missing:
+        drifted(f"torch lacks {', '.join(missing)}")
+        return None
     if program.mode == "restart":
-        emit(Event("program", key=key, hit=True))
+        emit(Event("program", program=key, hit=True))
         replay_restart(program.specialize)
     env = _hints(program, example_inputs)
     if env is None or not all(symexpr.evaluate(g, env) for g in program.guards):
@@ -175,15 +217,14 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
         kind = g.template.kind
         ctx = LoweringContext(settings=settings, name=name_of(kind), kind=kind)
         template = dataclasses.replace(g.template, name=ctx.name)
-        graphs.append(CompiledGraph.from_template(ctx, template, GraphKey(g.key_parts, g.key_detail), reason))
-        graphs[-1].program = key
-    emit(Event("program", key=key, hit=True))
+        graphs.append(CompiledGraph.from_template(ctx, template, GraphKey(g.key_parts, g.key_detail), store,
+                                                  reason, program=key))
+    emit(Event("program", program=key, hit=True))
     call = inference_call(graphs[0], program.contract) if program.mode == "inference" else training_call(
         *graphs, program.contract)
     call = _eager_after_failure(call, gm, settings, name_of("program"))
-    if program.mode == "inference" and replayable(program.contract):
-        call.replayable_graph = graphs[0]  # what mode="reduce-overhead" replays
-    return call
+    replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) else None
+    return Served(call, replayable_graph)
 
 
 def replay_restart(names: list[str]) -> None:

@@ -89,20 +89,25 @@ _stores: dict[Any, RecipeStore] = {}
 _stores_lock = threading.Lock()
 
 
-def cache_config(settings: Settings) -> CacheConfig:
-    """The disk cache configuration: the ``cache_config`` option or its environment variable (parsed once,
-    by Settings), else the defaults."""
-    if settings.cache_config is not None:
-        return settings.cache_config
+def cache_config(settings: Settings) -> CacheConfig | None:
+    """The disk cache configuration these settings ask for: None with ``cache=False``, else the ``cache_config``
+    option or its environment variable (parsed once, by Settings), else the defaults."""
+    if not settings.cache:
+        return None
+    return settings.cache_config if settings.cache_config is not None else default_config()
+
+
+def default_config() -> CacheConfig:
+    """The configuration of ``PT_HPU_RECIPE_CACHE_CONFIG``, else the defaults (SettingsError if malformed)."""
     try:
-        return CacheConfig.from_env()  # a Settings built without from_options
+        return CacheConfig.from_env()
     except ConfigError as e:
         raise SettingsError(str(e)) from None
 
 
-def store_for(settings: Settings) -> RecipeStore:
-    """The process-wide store for these settings' cache configuration (opened once)."""
-    config = cache_config(settings) if settings.cache else None
+def store_for(config: CacheConfig | None) -> RecipeStore:
+    """The process-wide store for one cache configuration, opened once (None: a store that caches nothing).
+    The backend opens it once per compile and hands it to every graph it makes."""
     ident = None if config is None else (str(config.resolved_path()), config.max_size_mb, config.policy,
                                          config.remote, config.memory_entries)
     with _stores_lock:
