@@ -20,6 +20,7 @@ from torch._dynamo.symbolic_convert import TensorifyState
 from . import metrics
 from .lowering import LoweringContext, LoweringError
 from .serve.compiled import CompiledGraph, Event, Replay, boxed, emit
+from .serve import recompiles
 from .serve.keys import ProgramKey, Unkeyable, program_key
 from .serve.programs import DRIFT, Recorder, drifted, restart_program, serve
 from .serve.store import RecipeStore, cache_config, store_for
@@ -40,7 +41,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     settings = Settings.from_options(options)
     replay = _mode(kwargs.get("mode"))
     graph_id = next(_graph_ids)
-    reason = _compile_reason()
+    reason = _compile_reason(settings)
     name_of = functools.partial(_graph_name, graph_id)
     store = store_for(cache_config(settings))
     pkey = _program_key(gm, example_inputs, settings, name_of("program"))
@@ -150,10 +151,14 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str,
     return graph if graph is not None else boxed(gm)
 
 
-def _compile_reason() -> str:
-    """"guard failure" when Dynamo recompiles a frame whose earlier graphs' guards failed."""
+def _compile_reason(settings: Settings) -> str:
+    """"guard failure" when Dynamo recompiles a frame whose earlier graphs' guards failed (explained in
+    ``serve/recompiles.py``), else "new graph"."""
     compile_id = torch._guards.CompileContext.current_compile_id()
-    return "guard failure" if compile_id is not None and compile_id.frame_compile_id else "new graph"
+    if compile_id is None or not compile_id.frame_compile_id:
+        return "new graph"
+    recompiles.note(recompiles.explain(), settings.recompile_warn)
+    return "guard failure"
 
 
 def _shape_guards() -> tuple:

@@ -2,7 +2,8 @@
 
 ``metric_global(name).stats()`` gives ``[(tag, value), ...]`` since process start;
 ``with metric_localcontext(name) as m: ...`` gives the same for a region. Names and tags:
-``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons),
+``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons, RecompileCauses: the
+class of each recompile's failed guard; ``recompiles()`` lists them in full, with guard, value and source line),
 ``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss; ProgramHit, ProgramMiss count Dynamo
 graphs served from a stored program, skipping AOTAutograd, or traced), ``cpu_fallback`` (TotalNumber,
 FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
@@ -18,14 +19,14 @@ import json
 import logging
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 _lock = threading.Lock()
 
 # name -> tag -> value (a number, or a Counter for per-item tables)
 _COUNTERS: dict[str, dict[str, Any]] = {
-    "graph_compilation": {"TotalNumber": 0, "TotalTime": 0, "Reasons": Counter()},
+    "graph_compilation": {"TotalNumber": 0, "TotalTime": 0, "Reasons": Counter(), "RecompileCauses": Counter()},
     "recipe_cache": {"TotalHit": 0, "TotalMiss": 0, "RecipeHit": Counter(), "RecipeMiss": Counter(),
                      "ProgramHit": 0, "ProgramMiss": 0},
     "cpu_fallback": {"TotalNumber": 0, "FallbackOps": Counter()},
@@ -57,6 +58,22 @@ def record_compilation(seconds: float, reason: str) -> None:
         m["TotalNumber"] += 1
         m["TotalTime"] += int(seconds * 1e6)
         m["Reasons"][reason] += 1
+
+
+_RECOMPILES: deque = deque(maxlen=1000)  # the latest recompiles explained (serve/recompiles.py), as dicts
+
+
+def record_recompile(recompile: dict) -> None:
+    with _lock:
+        _COUNTERS["graph_compilation"]["RecompileCauses"][recompile["cause"]] += 1
+        _RECOMPILES.append(recompile)
+
+
+def recompiles() -> list[dict]:
+    """The recompiles explained since process start (the latest 1000): function, guard, cause, variable,
+    change and source line of each."""
+    with _lock:
+        return [dict(r) for r in _RECOMPILES]
 
 
 def record_cache(recipe: str, hit: bool) -> None:

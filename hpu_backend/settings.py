@@ -48,6 +48,9 @@ class Settings:
     cache_config: Any = _key(  # a CacheConfig, parsed once here from its string form; None: the defaults
         None, ENV_VAR, "disk cache: <path>,<delete_on_start>,<max_size_mb> (or a recipecache.CacheConfig)",
         key=False)
+    recompile_warn: int = _key(
+        4, "HPU_BACKEND_RECOMPILE_WARN",
+        "recompiles of one function after which one warning names their causes", key=False)
     model: str = _key("", "HPU_BACKEND_MODEL", "label stored with cache entries", key=False)
     execute: bool = _key(
         True, "HPU_BACKEND_EXECUTE",
@@ -113,6 +116,14 @@ def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
             return frozenset(str(x).strip() for x in items if str(x).strip())
         except TypeError:
             raise SettingsError(f"{where} must be a comma list or a list of op names, got {value!r}") from None
+    if kind is int:
+        try:
+            number = int(str(value).strip()) if not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None or number < 0:
+            raise SettingsError(f"{where} must be a whole number >= 0, got {value!r}")
+        return number
     if f.name == "cache_config":
         return _cache_config(value, where)
     if f.name == "buckets":

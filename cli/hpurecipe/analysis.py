@@ -20,6 +20,9 @@ def print_analysis(doc: dict[str, Any]) -> None:
         render.note("CPU fallback ops: {}", ", ".join(ops))
     for reason in doc["graph_break_reasons"]:
         render.note("graph break: {}", reason)
+    for r in doc.get("recompiles", []):
+        render.note("recompile: {}", f"{r['function']}: {r['cause']} ({r['variable']} {r['change']}".rstrip()
+                    + f") at {r['source']}; guard {r['guard']}")
     mb = doc["max_batch"]
     if mb:
         at = " ".join(f"{k}={v}" for k, v in mb["at"].items())

@@ -4,7 +4,8 @@ recompilations, estimated time and HBM, and the largest batch that fits; a JSON-
 It compiles each bucket (compile-only, no cache) and reads each recipe through
 ``hpu_backend.aot.report.GraphReport`` (the same reading as ``hpu_backend.analyze()``); graph breaks
 per bucket are the Dynamo graphs it ran beyond the first, recompilations the graphs a guard
-failure compiled, and the reasons come from ``torch._dynamo.explain`` at the first bucket.
+failure compiled (``recompiles`` explains each: guard, cause, value, source line), and the graph-break
+reasons come from ``torch._dynamo.explain`` at the first bucket.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict
 from typing import Any
 
 
+from .. import metrics
 from .report import GraphReport
 from .modelfile import ModelSpec
 from .warm import PointResult, plan
@@ -22,11 +24,14 @@ from .warm import PointResult, plan
 
 def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
     breaks = _graph_breaks(spec, train)
+    seen = len(metrics.recompiles())
     points = plan(spec, train=train, target=target)
+    recompiles = metrics.recompiles()[seen:]
     rows = [_row(p) for p in points]
     hbm = hbm_bytes(target)
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "hbm_bytes": hbm, "graph_break_reasons": breaks, "buckets": rows,
+            "recompiles": recompiles,
             "max_batch": _max_batch(spec, points, hbm, train, target)}
 
 

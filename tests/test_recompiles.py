@@ -1,0 +1,113 @@
+"""Recompiles explained: the failed guard, its class, the value that broke it and the user's line
+(hpu_backend/serve/recompiles.py), counted in the metrics, with the excessive-recompile and loop-constant
+warnings once each."""
+
+import logging
+
+import pytest
+import torch
+
+from hpu_backend import metrics
+from hpu_backend.serve import recompiles
+from hpu_backend.serve.recompiles import classify
+
+OPTIONS = {"cache": False}
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    recompiles.TRACKER = recompiles.Tracker()
+    yield
+    torch._dynamo.reset()
+
+
+def _new(seen):
+    return metrics.recompiles()[seen:]
+
+
+STEPS = [0.1 * i for i in range(10)]
+
+
+def sampler(x, i):
+    return x * STEPS[i]  # the loop-constant pattern: a Python index into a list
+
+
+def test_loop_constant_names_the_line_the_values_and_the_fix(caplog):
+    f = torch.compile(sampler, backend="hpu_backend", options=OPTIONS)
+    x = torch.randn(4)
+    seen = len(metrics.recompiles())
+    with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        for i in range(4):
+            torch.testing.assert_close(f(x, i), sampler(x, i))
+    recs = _new(seen)
+    assert [r["cause"] for r in recs] == ["constant"] * 3
+    assert [r["change"] for r in recs] == ["0 -> 1", "1 -> 2", "2 -> 3"]
+    line = sampler.__code__.co_firstlineno + 1
+    assert {r["source"] for r in recs} == {f"test_recompiles.py:{line}"}
+    loop = [m for m in caplog.messages if "loop constant pattern" in m]
+    assert len(loop) == 1 and "torch.tensor(steps)" in loop[0] and f"test_recompiles.py:{line}" in loop[0]
+
+
+def test_shape_dtype_and_grad_recompiles_are_classified():
+    f = torch.compile(lambda x: x * 2, backend="hpu_backend", options={**OPTIONS})
+    seen = len(metrics.recompiles())
+    f(torch.randn(4))
+    f(torch.randn(8))
+    f(torch.randn(8, dtype=torch.float64))
+    g = torch.compile(lambda x: x * 3, backend="hpu_backend", options={**OPTIONS})
+    g(torch.randn(8))
+    g(torch.randn(8, requires_grad=True))
+    recs = _new(seen)
+    assert [r["cause"] for r in recs] == ["input shape", "dtype", "requires_grad"]
+    assert recs[0]["variable"] == "x" and recs[0]["change"] == "dim 0: 4 -> 8"
+    assert recs[1]["change"] == "Float -> Double"
+    causes = dict(metrics.metric_global("graph_compilation").stats())["RecompileCauses"]
+    assert causes["input shape"] >= 1 and causes["dtype"] >= 1
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 2
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_module_attribute_and_excessive_recompile_warning_once(caplog):
+    m = Scaled()
+    cm = torch.compile(m, backend="hpu_backend", options={**OPTIONS, "recompile_warn": 2})
+    x = torch.randn(3)
+    seen = len(metrics.recompiles())
+    with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        for k in range(2, 7):
+            m.k = k
+            torch.testing.assert_close(cm(x), x * k)
+    recs = _new(seen)
+    assert recs and all(r["cause"] == "module attribute" for r in recs)
+    assert recs[0]["variable"].endswith(".k") and recs[0]["change"] == "2 -> 3"
+    excessive = [m for m in caplog.messages if "recompiled" in m and "times" in m]
+    assert len(excessive) == 1 and "module attribute: 3" in excessive[0]
+
+
+def test_unreadable_reason_is_no_reason_not_an_error(monkeypatch):
+    def drifted():  # a torch whose compile metrics lost the field
+        raise AttributeError("'MetricsContext' object has no attribute '_metrics'")
+
+    monkeypatch.setattr(recompiles, "_dynamo_state", drifted)
+    assert recompiles.explain() is None
+    f = torch.compile(lambda x: x + 1, backend="hpu_backend", options=OPTIONS)
+    f(torch.randn(2))
+    seen = len(metrics.recompiles())
+    x = torch.randn(2, dtype=torch.float64)
+    torch.testing.assert_close(f(x), x + 1)
+    assert _new(seen) == []
+
+
+def test_classify_reads_no_code_from_the_guard():
+    code = sampler.__code__
+    rec = classify("0/0: __import__('os').system('true') == 1", code, {"i": 3})
+    assert rec.cause == "other" and rec.change == ""
+    rec = classify("0/1: i == 1  # return x * STEPS[i]", code, {"i": 2})
+    assert (rec.cause, rec.variable, rec.change) == ("constant", "i", "1 -> 2")
