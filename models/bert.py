@@ -1,7 +1,8 @@
 """A small BERT-style encoder with a padding mask and attention written out by hand.
 
 A model file for `hpurecipe warm`: make_model, make_inputs, AXES, COMPILE, loss. The attention
-is ``softmax(q @ kᵀ / √d + mask) @ v`` in plain ops, the pattern the lowering fuses into FusedSDPA.
+is ``softmax(q @ kᵀ / √d + mask) @ v`` in plain ops: the lowering costs it as written and says what a
+FusedSDPA call would save.
 Run as a script for a compiled forward pass at a few lengths, compared with eager.
 """
 

@@ -17,6 +17,7 @@ from functools import partial
 
 import torch
 import torch.nn as nn
+import torch.fx.traceback as fx_traceback
 import torch.nn.functional as F
 
 
@@ -85,12 +86,15 @@ class Attention(nn.Module):
     def _decode(self, q, k, v, past_k, past_v):
         """One new token's attention over the cache and itself, without copying the cache (a server writes
         the new key and value into a preallocated cache in place; a concatenation would read and write it
-        all once more per step). The query heads sharing a key/value head form that head's query rows."""
+        all once more per step). The query heads sharing a key/value head form that head's query rows.
+        A Gaudi server runs this as one fused attention kernel (FusedSDPA over the cache): the annotation
+        tells the lowering so, as ``FusedSDPA.apply`` does, so that its scores are planned on chip."""
         b, kvh, hd = q.shape[0], self.kv_heads, self.head_dim
-        qg = q.reshape(b, kvh, self.heads // kvh, hd) / math.sqrt(hd)
-        scores = torch.cat((qg @ past_k.transpose(2, 3), (qg * k).sum(-1, keepdim=True)), dim=-1)
-        p = scores.float().softmax(-1).to(q.dtype)
-        y = p[..., :-1] @ past_v + p[..., -1:] * v
+        with fx_traceback.annotate({"hpu_fused_sdpa": {"recompute": False}}):
+            qg = q.reshape(b, kvh, self.heads // kvh, hd) / math.sqrt(hd)
+            scores = torch.cat((qg @ past_k.transpose(2, 3), (qg * k).sum(-1, keepdim=True)), dim=-1)
+            p = scores.float().softmax(-1).to(q.dtype)
+            y = p[..., :-1] @ past_v + p[..., -1:] * v
         return y.reshape(b, self.heads, 1, hd)
 
     def _repeat(self, t):

@@ -186,3 +186,17 @@ def test_a_fresh_process_reads_the_recompute_choice_back_from_disk(tmp_path):
     out = run_python(FRESH_PROCESS.replace("CONFIG", repr(config)))
     probs = 1 * 8 * 32 * 32 * 2
     assert out.split("\n")[:2] == [f"backward True {probs} [False]", f"forward True {probs} [False]"]
+
+
+def test_recompute_mode_none_takes_gaudis_default_which_is_recompute():
+    """The bridge starts with recompute enabled; sdp_kernel / enable_recompute_sdp change the default."""
+    from hpu_backend import gaudi
+
+    assert gaudi.recompute_sdp_enabled() is True
+    (default,) = _train_recipes(None, s=64, d=32)["forward"][0].facts["fusions"]
+    assert default["recompute"] is True
+    torch._dynamo.reset()
+    with gaudi.sdp_kernel(enable_recompute=False):
+        assert gaudi.recompute_sdp_enabled() is False
+        (off,) = _train_recipes(None, s=64, d=32)["forward"][0].facts["fusions"]
+    assert off["recompute"] is False and gaudi.recompute_sdp_enabled() is True

@@ -5,7 +5,8 @@ The README's table "Gaudi API → hpu_backend" maps each ``habana_frameworks.tor
 
 from .graphs import wrap_in_hpu_graph
 from .mixed_precision import autocast
-from .sdpa import FusedSDPA
+from .sdpa import FusedSDPA, enable_recompute_sdp, recompute_sdp_enabled, sdp_kernel
 from .training import FusedAdamW, FusedClipNorm, FusedSGD, mark_step
 
-__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSDPA", "FusedSGD", "autocast", "mark_step", "wrap_in_hpu_graph"]
+__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSDPA", "FusedSGD", "autocast", "enable_recompute_sdp", "mark_step",
+           "recompute_sdp_enabled", "sdp_kernel", "wrap_in_hpu_graph"]

@@ -9,9 +9,17 @@ backward graphs AOTAutograd makes, capture records it in ``facts["annotations"]`
 the recipe key), and the memory plan and cost estimate read it (``lowering/buffers.py``):
 without recompute the B×H×S×L probabilities are saved for the backward, with it the backward
 recomputes them (the forward's attention FLOPs again).
+
+``recompute_mode=None`` takes the process-wide choice, as on Gaudi: the bridge's
+``habana_frameworks.torch.hpu`` starts with recompute enabled (``sdp_kernel_flag.py``:
+``is_recompute_FSDPA_enabled = True``, read by ``FusedSDPA`` through ``recompute_sdp_enabled()`` when
+``recompute_mode`` is None; Intel Gaudi PyTorch bridge, github.com/HabanaAI/gaudi-pytorch-bridge), and
+``enable_recompute_sdp(flag)`` / ``with sdp_kernel(enable_recompute=...)`` change it.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -20,6 +28,29 @@ import torch.nn.functional as F
 from ..lowering.buffers import FUSED_SDPA_ANNOTATION
 
 SOFTMAX_MODES = ("None", "fast")
+
+_recompute = True  # Gaudi's default for recompute_mode=None (see the module docstring)
+
+
+def enable_recompute_sdp(enabled: bool) -> None:
+    """Whether ``FusedSDPA.apply(..., recompute_mode=None)`` recomputes (Gaudi's ``torch.hpu`` API)."""
+    global _recompute
+    _recompute = bool(enabled)
+
+
+def recompute_sdp_enabled() -> bool:
+    return _recompute
+
+
+@contextlib.contextmanager
+def sdp_kernel(enable_recompute: bool = True):
+    """``with sdp_kernel(enable_recompute=False): ...`` sets the default for the block, as on Gaudi."""
+    before = recompute_sdp_enabled()
+    enable_recompute_sdp(enable_recompute)
+    try:
+        yield
+    finally:
+        enable_recompute_sdp(before)
 PADDING_SIDES = ("left", "right")
 
 
@@ -37,8 +68,8 @@ class FusedSDPA:
         if valid_sequence_lengths is not None:
             attn_mask, keep = _padding_mask(query, key, valid_sequence_lengths, is_causal, padding_side)
             is_causal = False
-        # recompute_mode=None takes Gaudi's default, which is not to recompute.
-        with fx_traceback.annotate({FUSED_SDPA_ANNOTATION: {"recompute": bool(recompute_mode)}}):
+        recompute = recompute_sdp_enabled() if recompute_mode is None else recompute_mode
+        with fx_traceback.annotate({FUSED_SDPA_ANNOTATION: {"recompute": recompute}}):
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                  is_causal=is_causal, scale=scale)
         return out if keep is None else out * keep

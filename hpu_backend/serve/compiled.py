@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import fallback
+from . import fallback, hbm
 from .. import metrics
 from ..formats import symexpr
 from .buckets import policies_for
@@ -219,8 +219,9 @@ class CompiledGraph:
         if taken is None:
             taken = self._compile(named)
         fallback_ops = fallback.report(taken.recipe, strict=self.ctx.settings.strict)  # strict check, log lines
-        if self.ctx.settings.execute:  # a compile-only run executes no op on the CPU
+        if self.ctx.settings.execute:  # a compile-only run executes no op on the CPU, and plans past HBM freely
             taken.fallbacks = fallback_ops
+            hbm.check(taken.recipe, strict=self.ctx.settings.strict)
         self.buckets[bucket] = taken
         emit(Event("take", self.ctx.name, taken.recipe, hit, taken.key, self.program,
                    compiled_for=taken.compiled_for, source=self))

@@ -2,7 +2,9 @@
 
 A cluster's MME work, TPC work and HBM traffic overlap on the device (the engines run as a
 pipeline), so its time is the largest of the three plus one launch. Values that stay inside a
-fused kernel add no HBM traffic; an unfused sdpa op writes and reads its score matrices. FusedSDPA
+fused kernel add no HBM traffic; an unfused sdpa op writes and reads its score matrices, and so does
+attention written out by hand (``fuse_attention``), whose estimate says what a FusedSDPA call would save
+(``cost["handwritten_attention"]``). FusedSDPA
 without recompute writes its probabilities in the forward and reads them in the backward; with
 recompute the backward does the forward's attention FLOPs again (``flops.mme_flops``). CPU
 fallbacks run at assumed host rates and each host↔device copy pays the link. Device rates are the
@@ -20,13 +22,20 @@ from ..context import LoweringContext
 from ...targets import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, device
 from ..flops import mme_flops, tpc_flops
 from ..optable import shared_table
-from ..values import nbytes, node_refs, spec_map
+from ..values import nbytes, node_refs, spec_map, with_fields
 
 
 def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
     dev = device(recipe.target)
-    env = recipe.facts["plan_at"]
-    work = _Work(recipe, env)
+    cost = _cost(recipe, dev)
+    if recipe.facts.get("handwritten_attention"):
+        cost["handwritten_attention"] = [_fused_saving(recipe, dev, cost, a)
+                                         for a in recipe.facts["handwritten_attention"]]
+    return dataclasses.replace(recipe, facts=dict(recipe.facts, cost=cost))
+
+
+def _cost(recipe: Recipe, dev: DeviceSpec) -> dict:
+    work = _Work(recipe, recipe.facts["plan_at"])
     clusters: dict[int, dict[str, float]] = {}
     cpu_s = 0.0
     for node in recipe.nodes:
@@ -40,7 +49,18 @@ def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
         c["mme_s" if node.engine == "mme" else "tpc_s"] += flops / _peak(dev, node.engine, dtype)
         c["hbm_bytes"] += moved
         c["flops"] += flops
-    return dataclasses.replace(recipe, facts=dict(recipe.facts, cost=_summary(recipe, dev, clusters, cpu_s)))
+    return _summary(recipe, dev, clusters, cpu_s)
+
+
+def _fused_saving(recipe: Recipe, dev: DeviceSpec, cost: dict, attention: dict) -> dict:
+    """What one FusedSDPA call would save over the hand-written attention: the same estimate with the
+    attention's nodes as one fused kernel (its scores and probabilities kept on chip)."""
+    members, fid = set(attention["nodes"]), max((n.fusion for n in recipe.nodes), default=-1) + 1
+    fused = dataclasses.replace(recipe, nodes=[with_fields(n, fusion=fid) if n.name in members else n
+                                               for n in recipe.nodes])
+    saving = cost["device_s"] - _cost(fused, dev)["device_s"]
+    return {"kind": attention["kind"], "source": attention["source"], "nodes": len(members),
+            "fused_saving_s": max(saving, 0.0)}
 
 
 def _peak(dev: DeviceSpec, engine: str, dtype: str) -> float:

@@ -1,15 +1,20 @@
-"""Fuse attention: each attention becomes one FusedSDPA kernel, as the Gaudi graph compiler builds it.
+"""Fuse attention: each call of a fused attention kernel becomes one FusedSDPA group, as on Gaudi.
 
-Two shapes are recognized. The sdpa ops (``_scaled_dot_product_flash_attention_for_cpu`` and its
-backward) become a FusedSDPA group with their tuple elements. Attention written out by hand,
-``softmax(q @ kᵀ · scale [+ mask]) @ v`` (after decomposition: bmm, view/expand/clone, mul/div,
-add, ``_softmax`` or amax-sub-exp-sum-div, bmm; and the mirror image in backward around
-``_softmax_backward_data``) becomes one group holding every node on the paths from the score
-matmul to the output matmul(s), plus the layout ops that only prepare q, k and v for it. Values
-that stay inside a group (the S×S scores and probabilities, unless saved for backward) never
-reach HBM in the memory plan. The executor still runs the individual ops: fusion changes the
-plan and the estimate, never the numerics. A group called through ``gaudi.FusedSDPA`` records its
-``recompute`` choice, which the memory plan and the estimate read from the attention op.
+The sdpa ops (``_scaled_dot_product_flash_attention_for_cpu`` and its backward), which
+``F.scaled_dot_product_attention`` and ``gaudi.FusedSDPA`` reach, become a FusedSDPA group with their
+tuple elements. Values that stay inside a group never reach HBM in the memory plan. The executor still
+runs the individual ops: fusion changes the plan and the estimate, never the numerics. A group called
+through ``gaudi.FusedSDPA`` records its ``recompute`` choice, which the memory plan and the estimate read.
+
+Attention written out by hand, ``softmax(q @ kᵀ · scale [+ mask]) @ v`` (after decomposition: bmm,
+view/expand/clone, mul/div, add, ``_softmax`` or amax-sub-exp-sum-div, bmm; and the mirror image in
+backward around ``_softmax_backward_data``), is what the user's code runs: separate matmuls and a
+softmax whose S×S scores go through HBM. It is not fused (the Gaudi graph compiler does not turn it
+into FusedSDPA); it is recorded in ``facts["handwritten_attention"]`` (every node on the paths from the
+score matmul to the output matmul(s), plus the layout ops that only prepare q, k and v), so that the
+estimate can say what the fused call would save and the advisor can suggest it. A hand-written chain
+annotated as a FusedSDPA call (``torch.fx.traceback.annotate({"hpu_fused_sdpa": {...}})``: a model that
+stands for a fused kernel, such as a server's decode attention) is fused like the sdpa ops.
 """
 
 from __future__ import annotations
@@ -42,13 +47,16 @@ def fuse_attention(recipe: Recipe, ctx: LoweringContext) -> Recipe:
         return dataclasses.replace(recipe, facts=dict(recipe.facts, fusions=[]))
     view = GraphView(recipe)
     groups: list[tuple[str, list[str]]] = []
+    handwritten: list[tuple[str, list[str]]] = []
     taken: set[str] = set()
     for node in recipe.nodes:
-        found = _sdpa_group(view, node.name) or _explicit_group(view, node.name)
+        found = _sdpa_group(view, node.name)
+        by_hand = found is None and (found := _explicit_group(view, node.name)) is not None \
+            and not _annotated(recipe, found[1])
         if found and not (set(found[1]) & taken) and _one_cluster(view, found[1]):
-            groups.append(found)
+            (handwritten if by_hand else groups).append(found)
             taken.update(found[1])
-    return _record(recipe, view, groups)
+    return _record(recipe, view, groups, handwritten)
 
 
 def _packet(view: GraphView, name: str) -> str:
@@ -129,17 +137,28 @@ def _prep(view: GraphView, members: set[str]) -> set[str]:
     return added
 
 
+def _annotated(recipe: Recipe, names: list[str]) -> bool:
+    """Whether a hand-written chain stands for a FusedSDPA call (an annotation on one of its nodes)."""
+    return any(recompute_choice(recipe, node) is not None for node in recipe.nodes if node.name in names)
+
+
 def _one_cluster(view: GraphView, names: list[str]) -> bool:
     nodes = [view.nodes[n] for n in names]
     return all(n.placement == "hpu" for n in nodes) and len({n.cluster for n in nodes}) == 1
 
 
-def _record(recipe: Recipe, view: GraphView, groups) -> Recipe:
+def _record(recipe: Recipe, view: GraphView, groups, handwritten) -> Recipe:
     fusion_of = {m: i for i, (_, members) in enumerate(groups) for m in members}
     nodes = [with_fields(n, fusion=fusion_of[n.name]) if n.name in fusion_of else n for n in recipe.nodes]
     fusions = [{"id": i, "kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster,
                 **_recompute(recipe, view, members)} for i, (kind, members) in enumerate(groups)]
-    return dataclasses.replace(recipe, nodes=nodes, facts=dict(recipe.facts, fusions=fusions))
+    by_hand = [{"kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster,
+                "source": next((view.nodes[m].source for m in members if view.nodes[m].source), "")}
+               for kind, members in handwritten]
+    facts = dict(recipe.facts, fusions=fusions)
+    if by_hand:
+        facts["handwritten_attention"] = by_hand
+    return dataclasses.replace(recipe, nodes=nodes, facts=facts)
 
 
 def _recompute(recipe: Recipe, view: GraphView, members: list[str]) -> dict:
