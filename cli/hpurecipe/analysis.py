@@ -34,6 +34,20 @@ def print_analysis(doc: dict[str, Any]) -> None:
             render.note("Largest batch that fits {}: cannot tell: {}.", where, mb["reason"])
 
 
+def print_advice(doc: dict[str, Any]) -> None:
+    at = " ".join(f"{k}={v}" for k, v in doc["planned_at"].items())
+    found = doc["findings"]
+    render.table(["#", "check", "where", "est. gain", "finding"],
+                 ([i + 1, f["check"], f["where"], _time(f["gain_s"]), f["what"]] for i, f in enumerate(found)),
+                 title=f"{doc['model']} ({doc['mode']}) on {doc['target']}, planned at {at or 'its shapes'}: "
+                       f"{len(found)} findings, most valuable first",
+                 right=("#", "est. gain"))
+    for i, f in enumerate(found):
+        render.note("{}. {}: {}" + (" Fix: {}." if f["fix"] else ""), i + 1, f["check"], f["why"],
+                    *([f["fix"]] if f["fix"] else []))
+    render.note("Gains are estimates of device time per step from the cost model; '-' where it has none.")
+
+
 def _time(seconds: float | None) -> str:
     if seconds is None:
         return "-"

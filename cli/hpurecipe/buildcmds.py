@@ -1,4 +1,4 @@
-"""Commands that run a model file over its shape buckets: warm, prebuild, coverage, analyze.
+"""Commands that run a model file over its shape buckets: warm, prebuild, coverage, analyze, advise.
 
 They import torch when they run, not when the CLI starts (the cache-only commands never do).
 """
@@ -170,6 +170,23 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
         render.emit_json(doc) if json else print_analysis(doc)
         return
     _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, json)
+
+
+def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
+           target: Annotated[str, typer.Option(help=f"Device to plan for: {' or '.join(TARGETS)}.")] = TARGETS[0],
+           json: Json = False) -> None:
+    """The Gaudi optimization checklist over the model file: CPU fallbacks, host syncs and graph breaks,
+    recompiles and their causes, hand-written attention, autocast, unfused optimizers and clipping, batch size,
+    HPU Graphs; each finding with its source line, why it matters and the estimated gain, most valuable first.
+    Reads and writes no cache."""
+    if target not in TARGETS:
+        raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
+    from hpu_backend.aot.advise import advise as run_advise
+
+    from .analysis import print_advice
+
+    doc = run_advise(load_spec(model_file, axis), train, target)
+    render.emit_json(doc) if json else print_advice(doc)
 
 
 def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | None, output_len: int | None,

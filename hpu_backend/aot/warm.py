@@ -231,12 +231,13 @@ def flush(cache_config: CacheConfig | None) -> None:
         store.disk.flush()
 
 
-def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None) -> list[PointResult]:
-    """Each point's recipes and keys from a compile-only run that reads and writes no cache (coverage, analyze)."""
+def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None, repeat: int = 1) -> list[PointResult]:
+    """Each point's recipes and keys from a compile-only run that reads and writes no cache (coverage, analyze);
+    ``repeat`` runs each point that many times in a row (a steady loop compiles nothing after its first step)."""
     if target is not None:
         spec = ModelSpec(**{**spec.__dict__, "options": dict(spec.options, target=target)})
     _, compiled = compile_spec(spec, None, execute=False, cache=False, train=train)
-    return run_points(compiled, spec, spec.points(), train=train)
+    return run_points(compiled, spec, [p for p in spec.points() for _ in range(repeat)], train=train)
 
 
 # -- prebuild across processes ---------------------------------------------------------------------------

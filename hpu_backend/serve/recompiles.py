@@ -160,7 +160,7 @@ class Tracker:
             causes = self._causes[rec.function]
             causes[rec.cause] += 1
             warn_excessive = sum(causes.values()) > limit and self._once(("excessive", rec.function))
-            loop = rec.cause == "constant" and rec.change
+            loop = rec.cause in ("constant", "module attribute") and rec.change
             if loop:
                 seen = self._values[rec.function, rec.variable]
                 seen.update(rec.change.split(" -> "))

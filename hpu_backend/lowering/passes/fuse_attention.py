@@ -54,7 +54,7 @@ def fuse_attention(recipe: Recipe, ctx: LoweringContext) -> Recipe:
         by_hand = found is None and (found := _explicit_group(view, node.name)) is not None \
             and not _annotated(recipe, found[1])
         if found and not (set(found[1]) & taken) and _one_cluster(view, found[1]):
-            (handwritten if by_hand else groups).append(found)
+            (handwritten if by_hand else groups).append((*found, node.name))
             taken.update(found[1])
     return _record(recipe, view, groups, handwritten)
 
@@ -148,13 +148,12 @@ def _one_cluster(view: GraphView, names: list[str]) -> bool:
 
 
 def _record(recipe: Recipe, view: GraphView, groups, handwritten) -> Recipe:
-    fusion_of = {m: i for i, (_, members) in enumerate(groups) for m in members}
+    fusion_of = {m: i for i, (_, members, _) in enumerate(groups) for m in members}
     nodes = [with_fields(n, fusion=fusion_of[n.name]) if n.name in fusion_of else n for n in recipe.nodes]
     fusions = [{"id": i, "kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster,
-                **_recompute(recipe, view, members)} for i, (kind, members) in enumerate(groups)]
+                **_recompute(recipe, view, members)} for i, (kind, members, _) in enumerate(groups)]
     by_hand = [{"kind": kind, "nodes": members, "cluster": view.nodes[members[0]].cluster,
-                "source": next((view.nodes[m].source for m in members if view.nodes[m].source), "")}
-               for kind, members in handwritten]
+                "source": view.nodes[softmax].source} for kind, members, softmax in handwritten]
     facts = dict(recipe.facts, fusions=fusions)
     if by_hand:
         facts["handwritten_attention"] = by_hand

@@ -1,0 +1,276 @@
+"""The Gaudi optimization checklist run over a model file (what ``hpurecipe advise`` prints).
+
+The checklist of the Intel Gaudi docs has three phases: port (CPU fallbacks, ``mark_step``), optimize
+(batch size, HPU Graphs, autocast, static shapes, fused optimizers, FusedSDPA) and profile (excessive
+recompilations). ``advise`` answers it from what the product already knows, without a Gaudi: the recipes of a
+compile-only run at every point of the model file (placement, fusion, memory plan, cost estimate), the
+recompiles explained while they were compiled (``serve/recompiles.py``), Dynamo's graph breaks with their
+source lines, the largest batch that fits, and a reading of the model file's source (never run) for the
+optimizer, gradient clipping and autocast it uses. Each ``Finding`` says what, where (a source line, else
+a graph), why per the docs, and the time the change would save per step where the cost model can tell
+(an estimate, like every device time here). Most valuable first: findings with an estimated gain, largest
+first, then the others (no estimate, or none at the planned shapes) in checklist order.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import metrics
+from ..serve import hbm
+from ..serve.recompiles import LOOP_CONSTANT_FIX
+from .analyze import _max_batch, hbm_bytes
+from .modelfile import ModelSpec
+from .warm import PointResult, plan
+
+# The checks in checklist order (port, optimize, profile): the order of findings without a gain estimate.
+CHECKS = ("hbm", "cpu fallback", "host sync", "graph break", "recompile", "buckets", "hand-written attention",
+          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs")
+
+DOCS = {
+    "hbm": "a graph whose plan exceeds HBM fails on the device; the docs split it with mark_step, recompute "
+           "attention with FusedSDPA, or lower the batch",
+    "cpu fallback": "ops that fall back to the CPU split the device graph and copy tensors to and from the "
+                    "host; the docs' first porting step is to remove them (Placement of Ops on HPU)",
+    "host sync": "reading a tensor's value on the host (.item(), printing, Python control flow on a tensor) "
+                 "ends the graph and waits for the device; the docs advise keeping such reads out of the step",
+    "graph break": "each graph break ends a device graph and starts another, with a host round trip between",
+    "recompile": "every recompile lowers and compiles new recipes (seconds to minutes each on Gaudi); the "
+                 "docs' profile phase looks for excessive recompilations",
+    "buckets": "a dynamic dimension without buckets compiles one recipe per size; bucketing (padding to a "
+               "few sizes) bounds the recipes, as the bridge's dynamic-shape support does",
+    "hand-written attention": "softmax(QKᵀ)V written out runs as separate matmuls and a softmax whose "
+                              "S×S scores go through HBM; FusedSDPA keeps them on chip",
+    "autocast": "matmuls in fp32 run at a fraction of the MME's bf16 rate; the docs recommend bf16 mixed "
+                "precision (autocast) for training and inference",
+    "unfused optimizer": "a torch.optim optimizer launches several small kernels per parameter; the fused "
+                         "Gaudi optimizers (FusedAdamW, FusedSGD) update all parameters in one",
+    "gradient clipping": "torch.nn.utils.clip_grad_norm_ computes the norm with many small kernels; the docs "
+                         "recommend FusedClipNorm",
+    "batch size": "a larger batch is, in general, better for throughput until HBM is full (docs: Batch Size)",
+    "hpu graphs": "a host-bound inference model spends more time launching than computing; HPU Graphs record "
+                  "the launches once and replay them (docs: HPU Graphs for inference)",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str  # one of CHECKS
+    what: str
+    where: str  # "model.py:12", or a graph name when no source line is known
+    why: str
+    gain_s: float | None = None  # estimated device time saved per step (an estimate), None when not estimated
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2") -> dict[str, Any]:
+    """The checklist's findings for ``spec`` on ``target``, most valuable first (a JSON-ready dict)."""
+    with _quiet("torch._dynamo", "hpu_backend.serve.recompiles"):  # the findings carry what these log
+        breaks = graph_breaks(spec, train)
+        seen = len(metrics.recompiles())
+        points = plan(spec, train=train, target=target, repeat=2)  # a steady loop's second step compiles nothing
+        recompiled = metrics.recompiles()[seen:]
+    largest = points[-1] if points else None
+    recipes = [u.recipe for u in largest.used] if largest else []
+    findings = [*_hbm(recipes), *_fallbacks(recipes), *_breaks(breaks), *_recompiles(recompiled),
+                *_buckets(spec), *_attention(recipes), *_autocast(recipes, target), *_source(spec),
+                *_batch(spec, points, train, target), *_hpu_graphs(spec, recipes, train)]
+    findings.sort(key=lambda f: (not f.gain_s, -(f.gain_s or 0.0), CHECKS.index(f.check)))
+    return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
+            "planned_at": largest.point if largest else {}, "estimate": True,
+            "findings": [f.to_dict() for f in findings]}
+
+
+@contextlib.contextmanager
+def _quiet(*names: str):
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def graph_breaks(spec: ModelSpec, train: bool) -> list[tuple[str, str]]:
+    """Dynamo's graph breaks at the first point: (reason's first line, the user's source line)."""
+    import torch
+    import torch._dynamo
+
+    model = spec.build_model().train(train)
+    inputs = spec.split(spec.inputs(spec.points()[0]))
+    with torch.no_grad():
+        out = torch._dynamo.explain(model)(*inputs)
+    torch._dynamo.reset()
+    found = []
+    for b in out.break_reasons:
+        stack = getattr(b, "user_stack", None) or []
+        where = f"{Path(stack[-1].filename).name}:{stack[-1].lineno}" if stack else ""
+        found.append((str(getattr(b, "reason", b)).splitlines()[0], where))
+    return sorted(set(found))
+
+
+def _short(source: str) -> str:
+    return Path(source.rsplit(":", 1)[0]).name + ":" + source.rsplit(":", 1)[1] if ":" in source else source
+
+
+def _hbm(recipes) -> list[Finding]:
+    return [Finding("hbm", hbm.overflow(r).split("; ", 1)[0], r.name, DOCS["hbm"], fix=hbm.REMEDIES)
+            for r in recipes if not r.facts.get("memory", {}).get("fits_hbm", True)]
+
+
+def _fallbacks(recipes) -> list[Finding]:
+    where: dict[str, str] = {}
+    cost: dict[str, float] = defaultdict(float)
+    for r in recipes:
+        ops = [n for n in r.nodes if n.placement == "cpu" and n.engine not in ("view", "host")]
+        names = {n.op for n in ops}
+        c = r.facts.get("cost", {})
+        for n in ops:
+            where.setdefault(n.op, _short(n.source) if n.source else r.name)
+        for op in names:  # the graph's CPU and transfer time, shared among its fallback ops
+            cost[op] += (c.get("cpu_s", 0.0) + c.get("transfer_s", 0.0)) / len(names)
+    return [Finding("cpu fallback", f"{op} runs on the CPU", where[op], DOCS["cpu fallback"], cost[op],
+                    "use an op the HPU supports (see `hpurecipe show` for the op and dtype), or another dtype")
+            for op in sorted(where)]
+
+
+SYNC_WORDS = ("item()", ".item", "tolist", "data-dependent", "data dependent", "generic_jump", "print")
+
+
+def _breaks(breaks) -> list[Finding]:
+    out = []
+    for reason, where in breaks:
+        sync = any(w in reason.lower() for w in SYNC_WORDS)
+        out.append(Finding("host sync" if sync else "graph break", reason, where or "-",
+                           DOCS["host sync" if sync else "graph break"],
+                           fix="keep the value on the device (torch.where, masks) or read it once after the step"
+                           if sync else "see the reason; torch._dynamo.explain lists every break"))
+    return out
+
+
+def _recompiles(recompiled: list[dict]) -> list[Finding]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in recompiled:
+        groups[r["function"], r["cause"], r["variable"], r["source"]].append(r)
+    out = []
+    for (function, cause, variable, source), rs in groups.items():
+        values = sorted({v for r in rs for v in r["change"].split(" -> ") if r["change"]})
+        loop = cause in ("constant", "module attribute") and len(values) >= 3
+        what = (f"{function} compiles a new graph for every value of {variable} ({', '.join(values)}): the loop "
+                f"constant pattern" if loop else
+                f"{function} recompiled {len(rs)}× on {cause}" + (f" ({variable} {rs[-1]['change']})"
+                                                                   if variable else ""))
+        fix = LOOP_CONSTANT_FIX if loop else {
+            "input shape": "mark the dimension dynamic (torch._dynamo.mark_dynamic) and give it buckets",
+            "dtype": "feed one dtype", "requires_grad": "keep requires_grad the same across calls",
+            "grad mode": "compile inference and training separately"}.get(cause, "")
+        out.append(Finding("recompile", what, source, DOCS["recompile"], fix=fix))
+    return out
+
+
+def _buckets(spec: ModelSpec) -> list[Finding]:
+    setting = spec.options.get("buckets", "exp")
+    varying = [a for a, v in spec.axes.items() if len(set(v)) >= 3]
+    if not spec.dynamic or setting != "exact" or not varying:
+        return []
+    return [Finding("buckets", f"dynamic axes {', '.join(varying)} compile one recipe per size (buckets='exact')",
+                    spec.path, DOCS["buckets"], fix="use buckets='exp' (powers of two) or a list of sizes")]
+
+
+def _attention(recipes) -> list[Finding]:
+    saving: dict[str, float] = defaultdict(float)
+    for r in recipes:
+        for a in r.facts.get("cost", {}).get("handwritten_attention", []):
+            saving[_short(a["source"]) if a["source"] else r.name] += a["fused_saving_s"]
+    return [Finding("hand-written attention", "attention written out as softmax(QKᵀ)V", where,
+                    DOCS["hand-written attention"], s,
+                    "call torch.nn.functional.scaled_dot_product_attention or hpu_backend.gaudi.FusedSDPA.apply")
+            for where, s in sorted(saving.items())]
+
+
+def _autocast(recipes, target: str) -> list[Finding]:
+    from ..targets import device
+
+    dev = device(target)
+    ratio = dev.mme_peak("float32") / dev.mme_peak("bfloat16")
+    fp32 = [r for r in recipes if any(n.engine == "mme" and n.out and n.out[0].dtype == "float32" for n in r.nodes)]
+    if not fp32:
+        return []
+    gain = 0.0
+    for r in fp32:
+        for c in r.facts.get("cost", {}).get("clusters", []):
+            faster = max(c["mme_s"] * ratio, c["tpc_s"], c["hbm_s"])
+            gain += max(c["mme_s"], c["tpc_s"], c["hbm_s"]) - faster
+    return [Finding("autocast", "matmuls run in float32", fp32[0].name, DOCS["autocast"], gain,
+                    "wrap the step in hpu_backend.gaudi.autocast() (Gaudi's bf16 lists); the gain counts the "
+                    "MME rate only, not the halved HBM traffic")]
+
+
+# Calls a model file's source can make that the checklist replaces: (what to look for, check, fix)
+_CALLS = {
+    "AdamW": ("unfused optimizer", "hpu_backend.gaudi.FusedAdamW (habana_frameworks.torch.hpex.optimizers)"),
+    "Adam": ("unfused optimizer", "hpu_backend.gaudi.FusedAdamW"),
+    "SGD": ("unfused optimizer", "hpu_backend.gaudi.FusedSGD"),
+    "clip_grad_norm_": ("gradient clipping", "hpu_backend.gaudi.FusedClipNorm"),
+}
+
+
+def _source(spec: ModelSpec) -> list[Finding]:
+    """The optimizer, clipping and autocast calls in the model file's source (read, never run)."""
+    path = Path(spec.path.split(":", 1)[0])
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        dotted = ast.unparse(node.func)
+        where = f"{path.name}:{node.lineno}"
+        if name in _CALLS and (name == "clip_grad_norm_" or "optim" in dotted or name == dotted):
+            check, fix = _CALLS[name]
+            out.append(Finding(check, f"{dotted}(...)", where, DOCS[check], fix=f"use {fix}"))
+        elif name == "autocast" and "hpu" in ast.unparse(node) and "gaudi" not in dotted:
+            out.append(Finding("autocast", f"{ast.unparse(node)} casts nothing on the simulated device", where,
+                               "torch's HPU autocast kernels do not run on host tensors",
+                               fix="use hpu_backend.gaudi.autocast(), which applies Gaudi's bf16 lists"))
+    return out
+
+
+def _batch(spec: ModelSpec, points: list[PointResult], train: bool, target: str) -> list[Finding]:
+    if "batch" not in spec.axes:
+        return []
+    found = _max_batch(spec, points, hbm_bytes(target), train, target) or {}
+    largest, fits = max(spec.axes["batch"]), found.get("batch")
+    if not fits or fits < 4 * largest:
+        return []
+    return [Finding("batch size", f"the largest batch point is {largest}; {fits:,} fit {target}'s HBM (planned)",
+                    spec.path, DOCS["batch size"], fix=f"try batches up to {fits:,} (`hpurecipe analyze`)")]
+
+
+HOST_BOUND_S = 1e-3  # below this estimated device time per call, launches dominate
+
+
+def _hpu_graphs(spec: ModelSpec, recipes, train: bool) -> list[Finding]:
+    if train or not recipes:
+        return []
+    device_s = sum(r.facts.get("cost", {}).get("device_s", 0.0) for r in recipes)
+    if device_s >= HOST_BOUND_S:
+        return []
+    return [Finding("hpu graphs", f"{device_s * 1e6:.0f} µs of estimated device time per call", spec.path,
+                    DOCS["hpu graphs"], fix="wrap the model with hpu_backend.gaudi.wrap_in_hpu_graph, or "
+                                            "torch.compile(mode='reduce-overhead')")]
