@@ -39,6 +39,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     ``mode="reduce-overhead"`` replays inference graphs as HPU Graphs do (``compiled.Replay``).
     """
     settings = Settings.from_options(options)
+    _warn_hpu_autocast()
     replay = _mode(kwargs.get("mode"))
     graph_id = next(_graph_ids)
     reason = _compile_reason(settings)
@@ -95,6 +96,18 @@ def _mode(mode: str | None) -> bool:
         log.warning("hpu_backend: torch.compile mode=%r is ignored (hpu_backend knows 'default' and "
                     "'reduce-overhead'); compiling with the default mode", mode)
     return mode == "reduce-overhead"
+
+
+_warned_autocast = [False]
+
+
+def _warn_hpu_autocast() -> None:
+    """``torch.autocast(device_type="hpu")`` casts nothing on host tensors: say so once, with the fix."""
+    if _warned_autocast[0] or not torch.is_autocast_enabled("hpu"):
+        return
+    _warned_autocast[0] = True
+    log.warning("hpu_backend: torch.autocast(device_type=\"hpu\") casts nothing on the simulated device (its "
+                "tensors are host tensors); use hpu_backend.gaudi.autocast(), which applies Gaudi's bf16 lists")
 
 
 def _program_key(gm, example_inputs, settings: Settings, name: str) -> ProgramKey | None:

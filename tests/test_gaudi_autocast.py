@@ -45,6 +45,23 @@ def test_torch_autocast_for_hpu_is_accepted_and_casts_nothing_on_this_build():
     assert hpu_backend.autocast is autocast
 
 
+def test_compiling_under_torch_autocast_for_hpu_warns_once(caplog, monkeypatch):
+    import logging
+
+    from hpu_backend import backend
+
+    monkeypatch.setattr(backend, "_warned_autocast", [False])
+    f = _compiled(lambda x: x @ x)
+    x = torch.randn(4, 4)
+    with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        f(x)  # outside the context: nothing to say
+        assert not [m for m in caplog.messages if "casts nothing" in m]
+        with torch.autocast(device_type="hpu", dtype=torch.bfloat16):
+            torch.testing.assert_close(f(x), x @ x)
+            f(torch.randn(5, 4).t() @ torch.randn(5, 4))
+    assert len([m for m in caplog.messages if "casts nothing" in m and "gaudi.autocast()" in m]) == 1
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_matches_cpu_autocast_where_the_lists_agree(tmp_path, compiled):
     # Ops both Gaudi's and CPU autocast's lists put in bf16 (linear, matmuls) or float32 (mse_loss).
