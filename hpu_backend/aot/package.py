@@ -25,8 +25,10 @@ from ..serve.buckets import policies_for
 from ..capture.exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringContext, LoweringError, constant_of, lower_bucket
 from .modelfile import ModelSpec, point_label
-from ..formats.package import GraphInput, Package, PackageError, toolchain
-from ..runtime.packaged import load_package
+from recipecache.signing import signing_key
+
+from ..formats.package import GraphInput, Package, PackageError, check_destination, toolchain
+from ..runtime.packaged import layout_of, load_package
 from ..formats.recipe import Recipe
 from ..settings import Settings
 
@@ -50,8 +52,10 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     """Export ``spec``'s model over its axes, lower one recipe per bucket and write the package to ``out``.
 
     With ``check``, the written package is loaded back and compared with eager at every point.
-    PackageError (one line) if the model cannot be exported or lowered.
+    PackageError (one line) if the model cannot be exported or lowered, or ``out`` exists and is not a
+    regular file. With ``HPURECIPE_BUNDLE_KEY`` set, the package is signed with it.
     """
+    check_destination(out)
     start = time.perf_counter()
     settings = Settings.from_options({**spec.options, "model": spec.name})
     model = spec.build_model().eval()
@@ -63,14 +67,14 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     recipes, points = _bucket_recipes(template, ctx, inputs, examples, spec)
     package = Package(
         model=spec.name, toolchain=toolchain(), inputs=inputs,
-        in_spec=pytree.treespec_dumps(ep.call_spec.in_spec),
-        out_spec=pytree.treespec_dumps(ep.call_spec.out_spec),
+        in_spec=layout_of(ep.call_spec.in_spec, "arguments"),
+        out_spec=layout_of(ep.call_spec.out_spec, "result"),
         ranges=_ranges(ep, template), recipes=recipes,
         constants={name: constant_of(t) for name, t in ep.constants.items() if isinstance(t, torch.Tensor)},
         weights={name: constant_of(t) for name, t in ep.state_dict.items()} if with_weights else {},
         axes=spec.axes)
     package.check()
-    path = _write(Path(out), package.to_bytes())
+    path = _write(Path(out), package.to_bytes(signing_key()))
     report = PackageReport(
         path=str(path), model=spec.name, size_bytes=path.stat().st_size,
         symbols={s: f"{inputs[slot].target} dim {dim}" for s, (slot, dim) in
@@ -169,7 +173,8 @@ def _check(path: Path, weights_from: torch.nn.Module | None, model: torch.nn.Mod
 
 
 def _write(path: Path, data: bytes) -> Path:
-    """Write atomically (a temporary file in the same directory, then rename)."""
+    """Write atomically (a temporary file in the same directory, then rename); never over a device or FIFO."""
+    check_destination(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
