@@ -15,6 +15,8 @@ own memory plan's peak (``hpurecipe verify`` also runs each bucket there on meta
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 from typing import Any, Callable
 
@@ -65,9 +67,10 @@ def check_package(package: Package, path: str | os.PathLike, run_on_meta: bool =
     for recipe in package.recipes:
         where = f"{path}: bucket {_label(recipe.bucket)}"
         _check_writes(recipe, where)
+        sized, declared = _sized_args(recipe, where), _declared(recipe)
         for env in _corners(recipe, package.ranges, where):
             _check_guards(recipe, env, where)
-            _check_plan(recipe, env, where)
+            _check_plan(recipe, sized, declared, env, where)
             if run_on_meta:
                 _check_sizes(recipe, env, where)
 
@@ -76,21 +79,34 @@ def _label(bucket: dict[str, list[int]]) -> str:
     return " ".join(f"{s}={lo}-{hi}" for s, (lo, hi) in bucket.items()) or "(static)"
 
 
+@functools.cache
+def _op_facts(name: str) -> tuple[bool, bool, tuple[str, ...] | None]:
+    """Whether an allowlisted op writes an argument, whether it returns a view, and its argument names
+    (None for symbolic arithmetic); OpNotAllowed for any other name."""
+    schema = getattr(ops.resolve(name), "_schema", None)
+    if schema is None:
+        return False, False, None
+    return (schema.is_mutable, any(r.alias_info is not None for r in schema.returns),
+            tuple(a.name for a in schema.arguments))
+
+
 def _check_writes(recipe: Recipe, where: str) -> None:
-    """No op of the recipe writes into an argument (``copy_`` into a bound weight, an ``out=``)."""
+    """No op of the recipe writes into an argument (``copy_`` into a bound weight, an ``out=``), also
+    through ``with_effects`` (the one op that calls an op it is given)."""
     for node in recipe.nodes:
-        for name in [node.op, *_op_args(node.args), *_op_args(list(node.kwargs.values()))]:
+        called = [node.op, *(_op_args(node.args) if node.op == "higher_order::with_effects" else ())]
+        for name in called:
             try:
-                schema = getattr(ops.resolve(name), "_schema", None)
+                writes = _op_facts(name)[0]
             except ops.OpNotAllowed as e:
                 raise PackageError(f"{where}: node {node.name!r:.40}: {e}") from None
-            if (schema is not None and schema.is_mutable) or "out" in node.kwargs:
+            if writes or "out" in node.kwargs:
                 raise PackageError(f"{where}: node {node.name!r:.40} ({name}) writes into one of its inputs; "
                                    "a package never changes the caller's tensors")
 
 
 def _op_args(args: Any):
-    """The op names passed as arguments (``{"op": name}``, as with_effects takes them)."""
+    """The op names passed as arguments (``{"op": name}``)."""
     if isinstance(args, dict):
         if set(args) == {"op"}:
             yield args["op"]
@@ -117,41 +133,43 @@ SIZE_ARGS = frozenset({"size", "sizes", "shape", "repeats", "pad", "output_size"
 RANGE_ARGS = frozenset({"start", "end"})
 
 
-def _check_plan(recipe: Recipe, env: dict[str, int], where: str) -> None:
+def _sized_args(recipe: Recipe, where: str) -> list[tuple[str, str, Any]]:
+    """(node name, argument name, value) of every argument that says how many elements an op makes;
+    PackageError for a node passing more arguments than its op takes."""
+    sized = []
+    for node in recipe.nodes:
+        names = _op_facts(node.op)[2]
+        if names is None:
+            continue
+        if len(node.args) > len(names) or set(node.kwargs) - set(names):
+            raise PackageError(f"{where}: node {node.name!r:.40} passes arguments {node.op} does not take")
+        for name, value in [*zip(names, node.args), *node.kwargs.items()]:
+            if value is not None and (name in SIZE_ARGS or (name in RANGE_ARGS and "arange" in node.op)):
+                sized.append((node.name, name, value))
+    return sized
+
+
+def _declared(recipe: Recipe) -> list[tuple[str, list, int]]:
+    """(node name, shape, element size) of every tensor a node that is not a view declares it makes."""
+    return [(node.name, spec.shape, dtype_from_name(spec.dtype).itemsize) for node in recipe.nodes
+            if not _op_facts(node.op)[1] for spec in node.out if spec.kind == "tensor"]
+
+
+def _check_plan(recipe: Recipe, sized: list, declared: list, env: dict[str, int], where: str) -> None:
     """Declared values and the sizes ops are given, at ``env``, within the recipe's memory plan."""
     peak = recipe.facts.get("memory", {}).get("peak_bytes")
     if not isinstance(peak, (int, float)):
         raise PackageError(f"{where}: the recipe has no memory plan to bound its allocations")
+    for node, shape, itemsize in declared:
+        if math.prod(abs(int(_evaluate(d, env, where))) for d in shape) * itemsize > peak:
+            raise PackageError(f"{where}: node {node!r:.40} declares a value larger than the recipe's "
+                               f"memory plan ({peak} bytes peak) at {env}")
     ints = _int_values(recipe, env, where)
-    for node in recipe.nodes:
-        for spec in node.out if not _is_view(node.op) else []:
-            if spec.kind == "tensor" and _elements(spec, env) * dtype_from_name(spec.dtype).itemsize > peak:
-                raise PackageError(f"{where}: node {node.name!r:.40} declares a value larger than the recipe's "
-                                   f"memory plan ({peak} bytes peak) at {env}")
-        for name, value in _named_args(node, where):
-            if value is not None and (name in SIZE_ARGS or (name in RANGE_ARGS and "arange" in node.op)):
-                count = _count(value, ints)
-                if count is None or count > peak:
-                    raise PackageError(f"{where}: node {node.name!r:.40} is given {name}={value!r:.60} at "
-                                       f"{env}: not a size within the recipe's memory plan ({peak} bytes peak)")
-
-
-def _elements(spec: ValueSpec, env: dict[str, int]) -> int:
-    n = 1
-    for d in spec.shape:
-        n *= abs(int(symexpr.evaluate(d, env)))
-    return n
-
-
-def _named_args(node, where: str) -> list[tuple[str, Any]]:
-    """The node's arguments by schema name; PackageError if there are more than the op takes."""
-    schema = getattr(ops.resolve(node.op), "_schema", None)
-    if schema is None:
-        return []
-    names = [a.name for a in schema.arguments]
-    if len(node.args) > len(names) or set(node.kwargs) - set(names):
-        raise PackageError(f"{where}: node {node.name!r:.40} passes arguments {node.op} does not take")
-    return [*zip(names, node.args), *node.kwargs.items()]
+    for node, name, value in sized:
+        count = _count(value, ints)
+        if count is None or count > peak:
+            raise PackageError(f"{where}: node {node!r:.40} is given {name}={value!r:.60} at {env}: "
+                               f"not a size within the recipe's memory plan ({peak} bytes peak)")
 
 
 def _count(value: Any, ints: dict[str, int]) -> int | None:
@@ -241,8 +259,7 @@ def _check_sizes(recipe: Recipe, env: dict[str, int], where: str) -> None:
 
 
 def _is_view(name: str) -> bool:
-    schema = getattr(ops.resolve(name), "_schema", None)
-    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+    return _op_facts(name)[1]
 
 
 def _meta_run(recipe: Recipe, env: dict[str, int]) -> list:
