@@ -294,6 +294,16 @@ def test_devices_fifos_and_a_huge_file_are_refused_in_one_line_and_bounded_memor
         assert grew_kb < 64 * 1024, (path, grew_kb)  # ru_maxrss is in KiB on Linux
 
 
+def test_show_ls_and_verify_of_a_fifo_or_a_device_are_one_line(tmp_path):
+    fifo = tmp_path / "fifo.hpkg"
+    os.mkfifo(fifo)
+    for command in ("show", "ls", "verify"):
+        for path in (fifo, "/dev/zero"):
+            result = cli(command, path, code=1)
+            lines = [line for line in result.output.splitlines() if line.strip()]
+            assert len(lines) == 1 and "not a regular file" in lines[0], result.output
+
+
 # -- 11. the destination of ``package -o`` ----------------------------------------------------------------------
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -408,3 +418,21 @@ def test_analyze_reports_an_error_in_forward_as_the_models(tmp_path):
         extra = ["-d", tmp_path / "c"] if command == "coverage" else []
         line = one_line(cli(command, tiny_model(tmp_path, "fwd", text), *extra, code=1))
         assert "the model at batch=2 raised KeyError" in line and "unexpected" not in line, line
+
+
+def test_a_huge_power_in_a_stored_program_guard_fails_fast(tmp_path):
+    """The same bounded evaluator serves the cache's program guards: a pow guard ends at once (it is a
+    miss once stored entries that fail are quarantined; until then one error naming the bound)."""
+    from test_programs import _compile_and_run, _keys, _rewrite
+
+    cache_dir, x = tmp_path / "c", torch.randn(5, 8)
+    _compile_and_run(cache_dir, x)
+    (key,) = _keys(cache_dir, programs=True)
+    _rewrite(cache_dir, key, lambda raw: raw["guards"].append(["eq", ["pow", 2, ["pow", 10, 18]], 0]))
+    start = time.perf_counter()
+    try:
+        got, want = _compile_and_run(cache_dir, x)
+        torch.testing.assert_close(got, want)
+    except Exception as e:  # Dynamo wraps what the backend raised
+        assert "more than 4096 bits" in str(e), e
+    assert time.perf_counter() - start < 30

@@ -56,7 +56,8 @@ def is_package(arg: str) -> bool:
 
 
 def open_package(path: Path) -> Package:
-    if not path.is_file():
+    """The package file, checked (read_package refuses a FIFO or a device without blocking)."""
+    if not path.exists():
         raise CliError(f"{path}: no such package file")
     return read_package(path)
 
