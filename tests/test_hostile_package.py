@@ -198,12 +198,14 @@ def _relu_to_neg(raw) -> None:
 def test_a_signed_package_loads_with_the_key_and_an_edited_one_is_refused(built, tmp_path, monkeypatch):
     path, raw, spec = built
     signed = tmp_path / "signed.hpkg"
-    signed.write_bytes(read_package(path, key=None).to_bytes(KEY.encode()))
+    monkeypatch.setenv(KEY_ENV, KEY)
+    assert ", signed)" in cli("package", spec.path, "-o", signed, "--with-weights", "--no-check").output
+    monkeypatch.delenv(KEY_ENV)
     x = spec.inputs({"batch": 8})[0]
     edited = copy.deepcopy(raw)
     _relu_to_neg(edited)
     payload = msgpack.packb(edited, use_bin_type=True)
-    tag = signed.read_bytes()[len(MAGIC) + 32:HEADER_BYTES]  # the signature of the original, kept
+    tag = read_package(path, key=None).to_bytes(KEY.encode())[len(MAGIC) + 32:HEADER_BYTES]  # the original's
     forged = tmp_path / "forged.hpkg"
     forged.write_bytes(MAGIC + hashlib.sha256(payload).digest() + tag + payload)
     unsigned = crafted(built, tmp_path, _relu_to_neg, "unsigned.hpkg")
@@ -436,3 +438,21 @@ def test_a_huge_power_in_a_stored_program_guard_fails_fast(tmp_path):
     except Exception as e:  # Dynamo wraps what the backend raised
         assert "more than 4096 bits" in str(e), e
     assert time.perf_counter() - start < 30
+
+
+def test_a_pow_node_run_by_the_executor_fails_fast(built):
+    """What a cached recipe runs: the executor's operator::pow is bounded too (no ``**`` in generated code)."""
+    from hpu_backend.formats.recipe import Recipe
+    from hpu_backend.runtime import build_callable
+
+    raw = copy.deepcopy(recipe(built[1]))
+    raw["nodes"].insert(0, node("big", "operator::pow", [2, 10 ** 18], [], kind="sym", expr=0))
+    raw["outputs"].append({"r": "big"})
+    bad = Recipe.from_plain(raw)
+    run = build_callable(bad)
+    assert "**" not in run.source
+    args = [torch.zeros([d if isinstance(d, int) else 2 for d in spec.shape]) for spec in bad.inputs]
+    start = time.perf_counter()
+    with pytest.raises(OverflowError, match="more than 4096 bits"):
+        run(args)
+    assert time.perf_counter() - start < 5

@@ -45,8 +45,9 @@ def package(model_file: ModelFile,
     if json:
         return render.emit_json(report.__dict__)
     render.table(["bucket", "points"], ([render.bucket(b["bucket"]), ", ".join(b["points"])] for b in report.buckets))
-    render.note("Wrote {} ({}, {} recipes{}) in {}; {}.", report.path, render.size(report.size_bytes),
-                len(report.buckets), ", with weights" if with_weights else "", render.duration(report.seconds),
+    render.note("Wrote {} ({}, {} recipes{}{}) in {}; {}.", report.path, render.size(report.size_bytes),
+                len(report.buckets), ", with weights" if with_weights else "", ", signed" if report.signed else "",
+                render.duration(report.seconds),
                 f"matches eager at {len(report.checked)} points" if check else "not checked against eager")
 
 

@@ -45,6 +45,7 @@ class PackageReport:
     with_weights: bool
     checked: list[str] = field(default_factory=list)  # points compared with eager
     seconds: float = 0.0
+    signed: bool = False  # signed with HPURECIPE_BUNDLE_KEY
 
 
 def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool = False,
@@ -74,12 +75,13 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
         weights={name: constant_of(t) for name, t in ep.state_dict.items()} if with_weights else {},
         axes=spec.axes)
     package.check()
-    path = _write(Path(out), package.to_bytes(signing_key()))
+    key = signing_key()
+    path = _write(Path(out), package.to_bytes(key))
     report = PackageReport(
         path=str(path), model=spec.name, size_bytes=path.stat().st_size,
         symbols={s: f"{inputs[slot].target} dim {dim}" for s, (slot, dim) in
                  zip(template.symbols, template.symbol_sources)},
-        ranges=package.ranges, with_weights=with_weights,
+        ranges=package.ranges, with_weights=with_weights, signed=key is not None,
         buckets=[{"bucket": r.bucket, "points": ps} for r, ps in zip(recipes, points)])
     if check:
         report.checked = _check(path, None if with_weights else model, model, examples, spec)
