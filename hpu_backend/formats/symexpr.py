@@ -137,10 +137,10 @@ def evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
     """
     try:
         return _evaluate(tree, env)
-    except (ArithmeticError, TypeError, RecursionError) as e:
+    except SymExprError:
+        raise
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as e:  # ValueError: max() of nothing
         raise SymExprError(f"cannot evaluate {to_str(tree)[:80]}: {type(e).__name__}: {e}") from None
-    except ValueError as e:  # min() or max() of nothing, and our own SymExprError
-        raise e if isinstance(e, SymExprError) else SymExprError(f"cannot evaluate {to_str(tree)[:80]}: {e}") from None
 
 
 def _evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
