@@ -21,7 +21,7 @@ from conftest import MODELS as MODEL_DIR
 from conftest import load_model_file, run_python
 from hpu_backend import PackageError, load_package
 from hpu_backend.aot.modelfile import load_model_file as load_model
-from hpu_backend.formats.package import MAGIC
+from hpu_backend.formats.package import HEADER_BYTES, MAGIC, UNSIGNED
 
 MODELS = ("mnist", "gpt", "bert", "resnet")
 
@@ -120,10 +120,10 @@ def test_a_package_without_weights_asks_for_the_model(packages):
 def _rewrite(src, dst, change) -> None:
     """A copy of a package with its payload changed and the checksum made valid again."""
     data = src.read_bytes()
-    raw = msgpack.unpackb(data[len(MAGIC) + 32:], raw=False)
+    raw = msgpack.unpackb(data[HEADER_BYTES:], raw=False)
     change(raw)
     payload = msgpack.packb(raw, use_bin_type=True)
-    dst.write_bytes(MAGIC + hashlib.sha256(payload).digest() + payload)
+    dst.write_bytes(MAGIC + hashlib.sha256(payload).digest() + UNSIGNED + payload)
 
 
 def _first_node(raw):

@@ -12,14 +12,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hpu_backend.aot.manifests import manifest, write_manifest
-from hpu_backend.aot.modelfile import ModelSpec
+from hpu_backend.aot.modelfile import ModelSpec, time_limit
 from hpu_backend.settings import TARGETS
 from recipecache.config import ENV_VAR
 
 from . import render
 from .caches import config_for, open_cache
 from .errors import UsageError, fail
-from .options import Axis, CacheDir, Json, ModelFile, Train
+from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train
 from .specs import load_spec
 
 if TYPE_CHECKING:
@@ -45,14 +45,15 @@ def progress(total: int, quiet: bool) -> Iterator:
 
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch.")] = False,
-         json: Json = False) -> None:
+         timeout: Timeout = None, json: Json = False) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
-    spec = load_spec(model_file, axis)
-    config = _enabled(config_for(cache_dir), "warm")
-    with progress(len(spec.points()), json) as on_point:
-        report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
+    with time_limit(timeout, model_file):
+        spec = load_spec(model_file, axis)
+        config = _enabled(config_for(cache_dir), "warm")
+        with progress(len(spec.points()), json) as on_point:
+            report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
     _finish(report, spec, config, json, check)
 
 
@@ -112,13 +113,14 @@ def _print_report(report: WarmReport, check: bool) -> None:
 
 
 def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
-             json: Json = False) -> None:
+             timeout: Timeout = None, json: Json = False) -> None:
     """Which buckets have all their recipes in the cache; exit 1 if any is missing (a deployment gate)."""
     from hpu_backend.aot.warm import plan
 
-    spec = load_spec(model_file, axis)
-    cache = open_cache(cache_dir, quiet=True)
-    points = plan(spec, train=train)
+    with time_limit(timeout, model_file):
+        spec = load_spec(model_file, axis)
+        cache = open_cache(cache_dir, quiet=True)
+        points = plan(spec, train=train)
     rows = [{"bucket": p.label, "recipes": len(p.keys),
              "missing": [k for k in p.keys + p.programs if cache is None or not cache.contains(k)]}
             for p in points]
@@ -153,7 +155,7 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             batch: Annotated[Optional[int], typer.Option(
                 help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
                 show_default=False)] = None,
-            json: Json = False) -> None:
+            timeout: Timeout = None, json: Json = False) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
     prefill and decode steps without weights, the largest batch and tokens/s. Reads and writes no cache."""
@@ -166,10 +168,12 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
         from .analysis import print_analysis
 
-        doc = analyze_spec(load_spec(model_file, axis), target, train)
+        with time_limit(timeout, model_file):
+            doc = analyze_spec(load_spec(model_file, axis), target, train)
         render.emit_json(doc) if json else print_analysis(doc)
         return
-    _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, json)
+    with time_limit(timeout, model_file):
+        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, json)
 
 
 def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,

@@ -25,3 +25,6 @@ Remote = Annotated[Optional[str], typer.Option(
     "--remote", help="Fleet tier URL, redis://host:port/db (default: HPU_RECIPE_CACHE_REMOTE).", show_default=False)]
 Key = Annotated[str, typer.Argument(help="A recipe key, or a unique prefix of one (or a package file).",
                                     show_default=False)]
+Timeout = Annotated[Optional[float], typer.Option(
+    "--timeout", min=0, help="Stop with an error when the model file's code runs longer than SECONDS in all.",
+    show_default=False)]

@@ -13,7 +13,7 @@ from hpu_backend.formats.package import Package, check_toolchain, describe, read
 from . import render
 from .specs import load_spec
 from .errors import CliError
-from .options import Axis, Json, ModelFile
+from .options import Axis, Json, ModelFile, Timeout
 
 PACKAGE_SUFFIX = ".hpkg"
 PackageFile = Annotated[Optional[Path], typer.Argument(
@@ -30,21 +30,24 @@ def package(model_file: ModelFile,
             check: Annotated[bool, typer.Option(
                 "--check/--no-check", help="Load the written package and compare it with eager at every point.")]
             = True,
-            json: Json = False) -> None:
+            timeout: Timeout = None, json: Json = False) -> None:
     """Export a model file over its axes and write one package that serves every bucket with no trace:
     hpu_backend.load_package(path, model)."""
     from hpu_backend.aot import build_package
+    from hpu_backend.aot.modelfile import time_limit
 
-    spec = load_spec(model_file, axis)
-    path = output or Path(f"{spec.name}{PACKAGE_SUFFIX}")
-    status = render.err_console.status(f"packaging {spec.name} over {len(spec.points())} points...")
-    with contextlib.nullcontext() if json else status:
-        report = build_package(spec, path, with_weights=with_weights, check=check)
+    with time_limit(timeout, model_file):
+        spec = load_spec(model_file, axis)
+        path = output or Path(f"{spec.name}{PACKAGE_SUFFIX}")
+        status = render.err_console.status(f"packaging {spec.name} over {len(spec.points())} points...")
+        with contextlib.nullcontext() if json else status:
+            report = build_package(spec, path, with_weights=with_weights, check=check)
     if json:
         return render.emit_json(report.__dict__)
     render.table(["bucket", "points"], ([render.bucket(b["bucket"]), ", ".join(b["points"])] for b in report.buckets))
-    render.note("Wrote {} ({}, {} recipes{}) in {}; {}.", report.path, render.size(report.size_bytes),
-                len(report.buckets), ", with weights" if with_weights else "", render.duration(report.seconds),
+    render.note("Wrote {} ({}, {} recipes{}{}) in {}; {}.", report.path, render.size(report.size_bytes),
+                len(report.buckets), ", with weights" if with_weights else "", ", signed" if report.signed else "",
+                render.duration(report.seconds),
                 f"matches eager at {len(report.checked)} points" if check else "not checked against eager")
 
 
@@ -54,7 +57,8 @@ def is_package(arg: str) -> bool:
 
 
 def open_package(path: Path) -> Package:
-    if not path.is_file():
+    """The package file, checked (read_package refuses a FIFO or a device without blocking)."""
+    if not path.exists():
         raise CliError(f"{path}: no such package file")
     return read_package(path)
 
@@ -85,12 +89,15 @@ def ls_rows(doc: dict) -> None:
 
 
 def verify(path: Path, json: bool) -> None:
-    """Checksum and format, toolchain, and every recipe through the runtime's checked loader (imports torch)."""
+    """Checksum, signature and format, toolchain, what the package does (no writes into its inputs, its
+    declared shapes and memory plan), and every recipe through the runtime's checked loader (imports torch)."""
     from hpu_backend.runtime import RecipeLoadError, build_callable
+    from hpu_backend.runtime.packaged import check_package
 
     problems = []
     package = open_package(path)
     check_toolchain(package, path)
+    check_package(package, path, run_on_meta=True)
     for recipe in package.recipes:
         try:
             build_callable(recipe)

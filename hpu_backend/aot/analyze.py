@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import metrics
 from .report import GraphReport
-from .modelfile import ModelSpec
+from .modelfile import ModelSpec, point_label, user_call
 from .warm import PointResult, plan
 
 
@@ -53,9 +53,10 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
     import torch._dynamo
 
     model = spec.build_model().train(train)
-    inputs = spec.split(spec.inputs(spec.points()[0]))
+    point = spec.points()[0]
+    inputs = spec.split(spec.inputs(point))
     with torch.no_grad():
-        out = torch._dynamo.explain(model)(*inputs)
+        out = user_call(spec.path, f"the model at {point_label(point)}", torch._dynamo.explain(model), *inputs)
     torch._dynamo.reset()
     return sorted({str(getattr(b, "reason", b)).splitlines()[0] for b in out.break_reasons})
 

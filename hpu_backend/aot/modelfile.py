@@ -11,16 +11,21 @@ generative model's decode step: a holder of the same names, missing ones taken f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
 import itertools
+import re
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import one_line
+from ..serve.buckets import BucketError, parse_policy
 from ..settings import Settings, SettingsError
 
 REQUIRED = {
@@ -34,6 +39,11 @@ COMPILE_KEYS = ("dynamic", "options")
 
 class ModelFileError(ValueError):
     """A model file that cannot be loaded or lacks part of the spec (one line naming what is wrong)."""
+
+
+class _Expired(BaseException):
+    """``time_limit`` ran out (a BaseException, so that no ``except Exception`` in the model or in torch
+    swallows it on its way out)."""
 
 
 @dataclass(frozen=True)
@@ -101,13 +111,45 @@ def point_label(point: Mapping[str, int]) -> str:
 
 
 def user_call(where: str, what: str, fn: Callable, *args, **kwargs) -> Any:
-    """``fn(*args, **kwargs)`` from a model file; any exception becomes "WHERE: WHAT raised TYPE: MESSAGE"."""
+    """``fn(*args, **kwargs)`` from a model file; any exception becomes "WHERE: WHAT raised TYPE: MESSAGE"
+    (``sys.exit()`` and exceptions outside the Exception hierarchy too; Ctrl-C still interrupts)."""
     try:
         return fn(*args, **kwargs)
-    except ModelFileError:
+    except (ModelFileError, KeyboardInterrupt, _Expired):
         raise
-    except Exception as e:  # the user's code: anything may come out of it
-        raise ModelFileError(f"{where}: {what} raised {one_line(e)}") from e
+    except BaseException as e:  # the user's code: anything may come out of it
+        raise ModelFileError(f"{where}: {what} {_raised(e)}") from None
+
+
+def _raised(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r}); model code must return, not exit"
+    return f"raised {one_line(e)}"
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None, where: str):
+    """Bound the model code run inside: ModelFileError once ``seconds`` have passed (None or 0: no bound).
+
+    An interval timer (SIGALRM) interrupts Python code between bytecodes; one long native call (a huge
+    matmul) ends before the error is raised. Only the main thread can take signals: elsewhere, unbounded.
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _Expired:
+        raise ModelFileError(f"{where}: the model code ran longer than --timeout {seconds:g} s") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 
@@ -168,9 +210,12 @@ def _import(path: Path):
     sys.modules[name] = module  # dataclasses and pickling look modules up here
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # the user's code: any error means "this file does not load"
+    except (KeyboardInterrupt, _Expired):
         sys.modules.pop(name, None)
-        raise ModelFileError(f"{path}: failed to import: {one_line(e)}") from e
+        raise
+    except BaseException as e:  # the user's code: any error (or exit) means "this file does not load"
+        sys.modules.pop(name, None)
+        raise ModelFileError(f"{path}: failed to import: it {_raised(e)}") from None
     return module
 
 
@@ -190,10 +235,22 @@ def _check_compile(compile_args: Any, where: str) -> tuple[Any, dict]:
                              f"got {compile_args!r}")
     options = dict(compile_args.get("options") or {})
     try:
-        Settings.from_options(options, env={})
-    except SettingsError as e:
+        _check_buckets(Settings.from_options(options, env={}).buckets)
+    except (SettingsError, BucketError) as e:
         raise ModelFileError(f"{where}: COMPILE options: {e}") from None
     return compile_args.get("dynamic"), options
+
+
+_SYMBOL = re.compile(r"s[0-9]+|\*")
+
+
+def _check_buckets(setting: Any) -> None:
+    """BucketError unless every policy of the ``buckets`` option parses and names a shape symbol (s0, s1, ... or *)."""
+    pairs = [("*", setting)] if isinstance(setting, str) else setting
+    for symbol, policy in pairs:
+        if not _SYMBOL.fullmatch(symbol):
+            raise BucketError(f"buckets: {symbol!r} is not a shape symbol; name s0, s1, ... or '*' for the rest")
+        parse_policy(policy)
 
 
 def _check_signature(make_inputs: Callable, axes: dict, where: str) -> None:

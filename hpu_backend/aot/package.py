@@ -25,8 +25,10 @@ from ..serve.buckets import policies_for
 from ..capture.exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringContext, LoweringError, constant_of, lower_bucket
 from .modelfile import ModelSpec, point_label
-from ..formats.package import GraphInput, Package, PackageError, toolchain
-from ..runtime.packaged import load_package
+from recipecache.signing import signing_key
+
+from ..formats.package import GraphInput, Package, PackageError, check_destination, toolchain
+from ..runtime.packaged import layout_of, load_package
 from ..formats.recipe import Recipe
 from ..settings import Settings
 
@@ -43,6 +45,7 @@ class PackageReport:
     with_weights: bool
     checked: list[str] = field(default_factory=list)  # points compared with eager
     seconds: float = 0.0
+    signed: bool = False  # signed with HPURECIPE_BUNDLE_KEY
 
 
 def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool = False,
@@ -50,8 +53,10 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     """Export ``spec``'s model over its axes, lower one recipe per bucket and write the package to ``out``.
 
     With ``check``, the written package is loaded back and compared with eager at every point.
-    PackageError (one line) if the model cannot be exported or lowered.
+    PackageError (one line) if the model cannot be exported or lowered, or ``out`` exists and is not a
+    regular file. With ``HPURECIPE_BUNDLE_KEY`` set, the package is signed with it.
     """
+    check_destination(out)
     start = time.perf_counter()
     settings = Settings.from_options({**spec.options, "model": spec.name})
     model = spec.build_model().eval()
@@ -63,19 +68,20 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     recipes, points = _bucket_recipes(template, ctx, inputs, examples, spec)
     package = Package(
         model=spec.name, toolchain=toolchain(), inputs=inputs,
-        in_spec=pytree.treespec_dumps(ep.call_spec.in_spec),
-        out_spec=pytree.treespec_dumps(ep.call_spec.out_spec),
+        in_spec=layout_of(ep.call_spec.in_spec, "arguments"),
+        out_spec=layout_of(ep.call_spec.out_spec, "result"),
         ranges=_ranges(ep, template), recipes=recipes,
         constants={name: constant_of(t) for name, t in ep.constants.items() if isinstance(t, torch.Tensor)},
         weights={name: constant_of(t) for name, t in ep.state_dict.items()} if with_weights else {},
         axes=spec.axes)
     package.check()
-    path = _write(Path(out), package.to_bytes())
+    key = signing_key()
+    path = _write(Path(out), package.to_bytes(key))
     report = PackageReport(
         path=str(path), model=spec.name, size_bytes=path.stat().st_size,
         symbols={s: f"{inputs[slot].target} dim {dim}" for s, (slot, dim) in
                  zip(template.symbols, template.symbol_sources)},
-        ranges=package.ranges, with_weights=with_weights,
+        ranges=package.ranges, with_weights=with_weights, signed=key is not None,
         buckets=[{"bucket": r.bucket, "points": ps} for r, ps in zip(recipes, points)])
     if check:
         report.checked = _check(path, None if with_weights else model, model, examples, spec)
@@ -169,7 +175,8 @@ def _check(path: Path, weights_from: torch.nn.Module | None, model: torch.nn.Mod
 
 
 def _write(path: Path, data: bytes) -> Path:
-    """Write atomically (a temporary file in the same directory, then rename)."""
+    """Write atomically (a temporary file in the same directory, then rename); never over a device or FIFO."""
+    check_destination(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

@@ -6,26 +6,43 @@ model's parameters, buffers and constants, and the pytree layout of the call's a
 results), the ranges its shape symbols may take, and the toolchain it was built with;
 optionally the weights. It is msgpack data, checked like a recipe. This module does not import
 torch (``hpurecipe show``/``ls`` read packages without it); runtime/packaged.py serves them.
+
+The call layouts are our own plain trees (``None`` a leaf, ``["tuple", [...]]``, ``["list", [...]]``,
+``["dict", [keys], [...]]``), never a type name for a deserializer to import. The file is the magic
+number, the payload's SHA-256, an HMAC-SHA256 tag of that digest under ``HPURECIPE_BUNDLE_KEY`` (zeros
+when built without a key) and the payload; it is read from regular files only, hashed in chunks before
+the payload is held in memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
+from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
+
 from . import keyparts
 from .recipe import Constant, Recipe, RecipeFormatError, unpack, versioned
 
-PACKAGE_VERSION = 1
-MAGIC = b"HPUPKG\x00\x01"  # then the payload's sha256, then the msgpack payload
+PACKAGE_VERSION = 2
+MAGIC = b"HPUPKG\x00\x02"  # then the payload's sha256, the signature tag (zeros: unsigned), the msgpack payload
+FAMILY = MAGIC[:-1]  # the magic of every package format version
+HEADER_BYTES = len(MAGIC) + 32 + TAG_BYTES
+UNSIGNED = bytes(TAG_BYTES)
 INPUT_KINDS = ("parameter", "buffer", "constant", "user")
 MAX_PACKAGE_BYTES = 16 << 30
+CHUNK = 1 << 20
+LAYOUT_KINDS = ("tuple", "list", "dict")
+MAX_LAYOUT_NODES = 10_000
+MAX_LAYOUT_DEPTH = 32
 
 
 class PackageError(ValueError):
@@ -46,8 +63,8 @@ class Package:
     model: str
     toolchain: dict[str, Any]
     inputs: list[GraphInput]
-    in_spec: str  # pytree TreeSpec of (args, kwargs), as JSON
-    out_spec: str  # pytree TreeSpec of the result, as JSON
+    in_spec: Any  # call layout of (args, kwargs): a plain tree (see ``check_layout``)
+    out_spec: Any  # call layout of the result
     ranges: dict[str, list[int]]  # symbol -> [lo, hi] the exported graph is valid for
     recipes: list[Recipe]  # one per bucket
     constants: dict[str, Constant] = field(default_factory=dict)  # lifted tensor constants
@@ -55,16 +72,18 @@ class Package:
     axes: dict[str, list[int]] = field(default_factory=dict)  # the model file's axes it was built over
     package: int = PACKAGE_VERSION
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, key: bytes | None = None) -> bytes:
+        """The package file's bytes, signed with ``key`` if given."""
         payload = msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
-        return MAGIC + hashlib.sha256(payload).digest() + payload
+        digest = hashlib.sha256(payload).digest()
+        return MAGIC + digest + (_tag(key, digest) if key else UNSIGNED) + payload
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Package":
-        """The package in ``data``, checked; RecipeFormatError if it is damaged or not one."""
-        head, digest, payload = data[:len(MAGIC)], data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
-        if head != MAGIC:
-            raise RecipeFormatError("not a recipe package (bad magic)")
+    def from_bytes(cls, data: bytes, key: bytes | None = None) -> "Package":
+        """The package in ``data``, checked; RecipeFormatError if it is damaged or not one, PackageError if
+        ``key`` is given and it is not signed with it."""
+        digest, tag = check_header(data[:HEADER_BYTES], key)
+        payload = memoryview(data)[HEADER_BYTES:]
         if hashlib.sha256(payload).digest() != digest:
             raise RecipeFormatError("damaged: checksum mismatch")
         return versioned(cls, unpack(payload), "package", PACKAGE_VERSION, "package", "package")
@@ -75,16 +94,89 @@ class Package:
         first = self.recipes[0]
         for i, recipe in enumerate(self.recipes):
             recipe.check(f"{where}.recipes[{i}]")
-            if (recipe.input_names, recipe.symbols) != (first.input_names, first.symbols):
+            if (recipe.input_names, recipe.symbols, recipe.symbol_sources, len(recipe.outputs)) != (
+                    first.input_names, first.symbols, first.symbol_sources, len(first.outputs)):
                 raise RecipeFormatError(f"{where}.recipes[{i}]: not a bucket of the same graph")
         if len(self.inputs) != len(first.inputs):
             raise RecipeFormatError(f"{where}: {len(self.inputs)} inputs described, the graph takes {len(first.inputs)}")
         for gi in self.inputs:
             if gi.kind not in INPUT_KINDS:
                 raise RecipeFormatError(f"{where}: input kind {gi.kind!r:.20}")
+        if any(self.inputs[slot].kind != "user" for slot, _ in first.symbol_sources):
+            raise RecipeFormatError(f"{where}: a shape symbol is read from an input that is not the user's")
+        self.check_tensors(where)
         if set(self.ranges) != set(first.symbols) or not all(
-                len(r) == 2 and all(type(v) is int for v in r) for r in self.ranges.values()):
+                len(r) == 2 and all(type(v) is int for v in r) and 0 <= r[0] <= r[1] for r in self.ranges.values()):
             raise RecipeFormatError(f"{where}: ranges do not match the graph's symbols")
+        self.check_layouts(where)
+
+    def check_tensors(self, where: str) -> None:
+        """Every constant input is stored, and so is every parameter and buffer if any weights are."""
+        for gi in self.inputs:
+            table = self.constants if gi.kind == "constant" else self.weights if self.weights else None
+            if gi.kind != "user" and table is not None and gi.target not in table:
+                raise RecipeFormatError(f"{where}: {gi.kind} {gi.target!r:.60} is not stored")
+
+    def check_layouts(self, where: str) -> None:
+        """The call layouts are plain trees whose leaves match the graph: every user input is a leaf of the
+        call, and the result has one leaf per graph output."""
+        leaves = check_layout(self.in_spec, f"{where}.in_spec")
+        outputs = check_layout(self.out_spec, f"{where}.out_spec")
+        if not (isinstance(self.in_spec, list) and self.in_spec[0] == "tuple" and len(self.in_spec[1]) == 2):
+            raise RecipeFormatError(f"{where}.in_spec: not an (args, kwargs) layout")
+        users = [gi.index for gi in self.inputs if gi.kind == "user"]
+        if sorted(users) != list(range(len(users))) or len(users) > leaves:
+            raise RecipeFormatError(f"{where}: user inputs {users!r:.60} are not leaves of the call ({leaves})")
+        if outputs != len(self.recipes[0].outputs):
+            raise RecipeFormatError(f"{where}.out_spec: {outputs} results, the graph returns "
+                                    f"{len(self.recipes[0].outputs)}")
+
+
+def check_layout(tree: Any, where: str) -> int:
+    """The number of leaves of a call layout; RecipeFormatError unless it is a plain tree of bounded size:
+    ``None`` (a leaf), ``[kind, children]`` for a tuple or list, ``["dict", keys, children]`` with str keys."""
+    count = [0, 0]  # nodes, leaves
+
+    def walk(node: Any, depth: int) -> None:
+        count[0] += 1
+        if count[0] > MAX_LAYOUT_NODES or depth > MAX_LAYOUT_DEPTH:
+            raise RecipeFormatError(f"{where}: more than {MAX_LAYOUT_NODES} nodes or {MAX_LAYOUT_DEPTH} levels")
+        if node is None:
+            count[1] += 1
+            return
+        if not (isinstance(node, list) and node and node[0] in LAYOUT_KINDS
+                and len(node) == (3 if node[0] == "dict" else 2) and isinstance(node[-1], list)):
+            raise RecipeFormatError(f"{where}: {node!r:.60} is not a leaf, tuple, list or dict layout")
+        if node[0] == "dict" and not (isinstance(node[1], list) and len(node[1]) == len(node[2])
+                                      and all(isinstance(k, str) for k in node[1]) and len(set(node[1])) == len(node[1])):
+            raise RecipeFormatError(f"{where}: dict keys {node[1]!r:.60} are not distinct names, one per child")
+        for child in node[-1]:
+            walk(child, depth + 1)
+
+    walk(tree, 0)
+    return count[1]
+
+
+def _tag(key: bytes, digest: bytes) -> bytes:
+    return sign(key, [MAGIC, digest])
+
+
+def check_header(head: bytes, key: bytes | None) -> tuple[bytes, bytes]:
+    """The payload's digest and the tag from a package header; RecipeFormatError if it is not a package of
+    this format, PackageError if ``key`` is given and the package is not signed with it."""
+    if len(head) < HEADER_BYTES or not head.startswith(FAMILY):
+        raise RecipeFormatError("not a recipe package (bad magic)")
+    if head[:len(MAGIC)] != MAGIC:
+        raise RecipeFormatError(f"package format {head[len(MAGIC) - 1]}, this reads {PACKAGE_VERSION}: "
+                                "rebuild the package")
+    digest, tag = head[len(MAGIC):len(MAGIC) + 32], head[len(MAGIC) + 32:HEADER_BYTES]
+    if key is not None and tag == UNSIGNED:
+        raise PackageError(f"the package is not signed, and {KEY_ENV} is set: only signed packages are accepted; "
+                           "rebuild it with the key set")
+    if key is not None and not verify(key, [MAGIC, digest], tag):
+        raise PackageError(f"the signature does not match: the package was changed after signing, or signed "
+                           f"with another key than {KEY_ENV}")
+    return digest, tag
 
 
 def toolchain() -> dict[str, Any]:
@@ -104,21 +196,67 @@ def fingerprint(tc: dict[str, Any]) -> str:
     return " ".join(f"{k}={tc.get(k)}" for k in ("torch", "hpu_backend", "recipe_format", "package_format"))
 
 
-def read_package(path: str | os.PathLike) -> Package:
-    """The package in a file, fully checked; PackageError (one line) if it is not a usable one."""
+def read_package(path: str | os.PathLike, key: bytes | None | bool = True) -> Package:
+    """The package in a file, fully checked; PackageError (one line) if it is not a usable one.
+
+    ``key``: the signing key packages must be signed with; by default ``HPURECIPE_BUNDLE_KEY`` (none set:
+    signatures are not checked). The file must be a regular one (a FIFO or a device is refused without
+    blocking); its header, size, checksum and signature are checked in chunks before the payload is read.
+    """
     path = Path(path)
+    key = signing_key() if key is True else key
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_PACKAGE_BYTES:
                 raise PackageError(f"{path}: {size} bytes is more than a package may hold")
-            data = f.read()
+            _check_stream(f, key)
+            f.seek(0)
+            data = f.read(size + 1)
+        return Package.from_bytes(data, key)
     except OSError as e:
         raise PackageError(f"{path}: cannot read the package: {e.strerror or e}") from None
-    try:
-        return Package.from_bytes(data)
+    except PackageError as e:
+        raise PackageError(f"{path}: {e}") from None
     except RecipeFormatError as e:
         raise PackageError(f"{path}: not a usable recipe package ({e})") from None
+
+
+def open_regular(path: Path):
+    """``path`` opened for reading without blocking (a FIFO would), if it is a regular file; else PackageError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PackageError("not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_stream(f, key: bytes | None) -> None:
+    """Header, signature and checksum of the open package file, read in chunks (bounded memory)."""
+    digest, _ = check_header(f.read(HEADER_BYTES), key)
+    h = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+    if h.digest() != digest:
+        raise RecipeFormatError("damaged: checksum mismatch")
+
+
+def check_destination(path: str | os.PathLike) -> None:
+    """PackageError if ``path`` exists and is not a regular file (a device or a FIFO is never replaced)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno == errno.ENOTDIR:
+            raise PackageError(f"{path}: a parent is not a directory") from None
+        raise PackageError(f"{path}: cannot write the package: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise PackageError(f"{path}: exists and is not a regular file; choose another destination")
 
 
 def describe(package: Package) -> dict[str, Any]:

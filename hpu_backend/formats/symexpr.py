@@ -16,6 +16,7 @@ from typing import Any, Mapping, Union
 Tree = Union[int, float, bool, str, list]
 
 _SYMBOL = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+MAX_BITS = 4096  # no size, stride or guard needs integers this large; stored trees cannot ask for more work
 
 
 class SymExprError(ValueError):
@@ -46,11 +47,19 @@ def _prod(*xs):
     return math.prod(xs)
 
 
+def bounded_pow(a, b):
+    """``a ** b``, refusing (OverflowError) an integer power of more than MAX_BITS bits before computing it."""
+    if (type(a) is int and type(b) is int and b > 0 and abs(a) > 1
+            and (abs(a).bit_length() - 1) * b > MAX_BITS):
+        raise OverflowError(f"integer power {a}**{b} has more than {MAX_BITS} bits")
+    return operator.pow(a, b)
+
+
 # op name -> (python function, infix symbol for display or None)
 OPS: dict[str, tuple[Any, str | None]] = {
     "add": (_sum, "+"),
     "mul": (_prod, "*"),
-    "pow": (operator.pow, "**"),
+    "pow": (bounded_pow, "**"),
     "floordiv": (_floordiv, "//"),
     "ceildiv": (_ceildiv, None),
     "truediv": (operator.truediv, "/"),
@@ -121,7 +130,20 @@ def symbols(tree: Tree) -> set[str]:
 
 
 def evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
-    """Evaluate a tree on plain integers; a malformed tree is a SymExprError, never code."""
+    """Evaluate a tree on plain integers; a malformed tree is a SymExprError, never code.
+
+    The work is bounded: an integer of more than MAX_BITS bits, a division by zero or an operation on
+    the wrong operands is a SymExprError too, raised before any large power is computed.
+    """
+    try:
+        return _evaluate(tree, env)
+    except SymExprError:
+        raise
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as e:  # ValueError: max() of nothing
+        raise SymExprError(f"cannot evaluate {to_str(tree)[:80]}: {type(e).__name__}: {e}") from None
+
+
+def _evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
     if isinstance(tree, (bool, int, float)):
         return tree
     if isinstance(tree, str):
@@ -130,9 +152,11 @@ def evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
         except KeyError:
             raise SymExprError(f"unbound symbol {tree!r}") from None
     if isinstance(tree, list) and tree and isinstance(tree[0], str) and tree[0] in OPS:
-        fn = OPS[tree[0]][0]
-        return fn(*(evaluate(a, env) for a in tree[1:]))
-    raise SymExprError(f"malformed expression tree {tree!r}")
+        value = OPS[tree[0]][0](*(_evaluate(a, env) for a in tree[1:]))
+        if type(value) is int and value.bit_length() > MAX_BITS:
+            raise OverflowError(f"an integer of more than {MAX_BITS} bits")
+        return value
+    raise SymExprError(f"malformed expression tree {tree!r:.80}")
 
 
 def validate(tree: Any) -> None:

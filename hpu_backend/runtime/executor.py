@@ -22,9 +22,9 @@ from .peephole import fold_linear
 
 _KWARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: "$" would allow a trailing newline
 
-INFIX = {
+INFIX = {  # "operator::pow" is a call: ops.resolve bounds integer powers
     "operator::add": "+", "operator::sub": "-", "operator::mul": "*", "operator::floordiv": "//",
-    "operator::truediv": "/", "operator::mod": "%", "operator::pow": "**", "operator::eq": "==",
+    "operator::truediv": "/", "operator::mod": "%", "operator::eq": "==",
     "operator::ne": "!=", "operator::lt": "<", "operator::le": "<=", "operator::gt": ">",
     "operator::ge": ">=",
 }

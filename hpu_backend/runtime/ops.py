@@ -4,8 +4,9 @@ A name resolves when it is a registered ATen or prims schema (asked of the dispa
 attribute lookup), the op is functional (it mutates nothing, except the input writes in
 ``MUTATING_ALLOWED``), it returns a value (an op run only for its effect, such as ``aten::save``,
 ``aten::_print`` or ``aten::manual_seed``, is refused unless it is a check in ``EFFECT_ALLOWED``),
-it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state);
-symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table. Anything else is an
+it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state, or write
+an argument their schema does not mark as written); symbolic-int arithmetic resolves from the fixed
+``SYM_OPS`` table (integer powers bounded). Anything else is an
 ``OpNotAllowed`` error at recipe load time.
 """
 
@@ -16,6 +17,8 @@ import math
 import operator
 
 import torch
+
+from ..formats.symexpr import bounded_pow
 
 
 class OpNotAllowed(KeyError):
@@ -29,7 +32,7 @@ class OpNotAllowed(KeyError):
 MUTATING_ALLOWED = frozenset({"copy_"})
 
 # Ops that read or write files or process state: never allowed, whatever their tags say.
-DENY_ATEN = frozenset({"from_file", "_debug_has_internal_overlap", "set_", "_set_grad_enabled",
+DENY_ATEN = frozenset({"from_file", "_copy_from", "_copy_from_and_resize", "_debug_has_internal_overlap", "set_", "_set_grad_enabled",
                        "set_grad_enabled", "manual_seed", "seed", "_print", "save", "warn", "backward",
                        "_backward", "dist_backward"})
 
@@ -61,6 +64,9 @@ SYM_OPS = {
 
 SYM_FUNCTIONS = {fn: name for name, fn in SYM_OPS.items() if fn is not _with_effects}
 SYM_FUNCTIONS[torch.ops.higher_order.with_effects] = "higher_order::with_effects"
+# What runs for a name when it differs from the FX target it names: integer powers are bounded (a stored
+# recipe must not be able to ask for an unbounded amount of work).
+SYM_RUNTIME = {**SYM_OPS, "operator::pow": bounded_pow}
 
 
 def _registered(namespace_packet: str, overload: str) -> bool:
@@ -113,8 +119,8 @@ def fast_callable(name: str):
 @functools.cache
 def resolve(name: str):
     """The callable for an allowlisted op name; OpNotAllowed otherwise."""
-    if name in SYM_OPS:
-        return SYM_OPS[name]
+    if name in SYM_RUNTIME:
+        return SYM_RUNTIME[name]
     namespace, _, rest = name.partition("::")
     packet_name, _, overload = rest.rpartition(".")
     if (namespace not in ("aten", "prims") or packet_name in DENY_ATEN or not packet_name

@@ -2,23 +2,33 @@
 arguments, pick the bucket, run its recipe.
 
 Nothing here imports Dynamo or AOTAutograd: the package's recipes go through the same checked loader
-as the cache's, the call layout is a pytree spec, and bucket selection is a dict lookup on the
-symbol values read from the inputs (a new tuple of values is checked against the package's ranges,
-buckets and guards once).
+as the cache's, the call layout is a plain tree turned into a pytree spec of tuples, lists and dicts
+(never a type named by the file), and bucket selection is a dict lookup on the symbol values read
+from the inputs (a new tuple of values is checked against the package's ranges, buckets and guards once).
+
+Before anything is bound, ``check_package`` checks what the file cannot be trusted to say: no op writes
+into an input (parameters are bound by reference, so a write would change the caller's model), and at
+each bucket's smallest and largest sizes nothing it declares or asks its ops to make is larger than its
+own memory plan's peak (``hpurecipe verify`` also runs each bucket there on meta tensors).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 import os
 from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
 
+from ..errors import one_line
 from ..formats import symexpr
 from ..formats.package import Package, PackageError, check_toolchain, read_package
-from ..formats.recipe import Constant
-from .executor import RecipeLoadError, build_callable, load_constant
+from ..formats.recipe import Constant, Recipe, ValueSpec
+from . import ops
+from .executor import RecipeLoadError, _Codegen, build_callable, dtype_from_name, load_constant
 from .symbols import symbol_reader
 
 
@@ -26,11 +36,13 @@ def load_package(path: str | os.PathLike, model: torch.nn.Module | None = None) 
     """A callable that serves the package's buckets with ``model``'s current weights.
 
     Without ``model``, the weights stored in the package (``--with-weights``) are used. A package
-    built by another toolchain is refused, naming both; a call outside the packaged buckets raises
-    PackageError naming the input and the covered range.
+    built by another toolchain is refused, naming both; so is one that is not signed with
+    ``HPURECIPE_BUNDLE_KEY`` when that is set. A call outside the packaged buckets raises PackageError
+    naming the input and the covered range.
     """
     package = read_package(path)
     check_toolchain(package, path)
+    check_package(package, path)
     fixed = _fixed_inputs(package, model, path)
     try:  # weights and constants bound into each executor once; a call passes only the user's inputs
         runs = [build_callable(r, {name: t for name, t in zip(r.input_names, fixed) if t is not None})
@@ -38,6 +50,281 @@ def load_package(path: str | os.PathLike, model: torch.nn.Module | None = None) 
     except RecipeLoadError as e:
         raise PackageError(f"{path}: a recipe cannot be loaded ({e})") from None
     return PackagedModel(package, runs)
+
+
+# -- what a package may do: checked before anything is bound ----------------------------------------------
+
+def check_package(package: Package, path: str | os.PathLike, run_on_meta: bool = False) -> None:
+    """PackageError (one line) unless every bucket writes into no input and, at its smallest and largest sizes,
+    evaluates its guards and stays within its memory plan: no value it declares, and no size, repeat count,
+    padding or range its ops are given (literals and the symbolic arithmetic that computes them), exceeds
+    the plan's peak.
+
+    With ``run_on_meta`` (``hpurecipe verify``), each bucket also runs on meta tensors at those sizes, so
+    that what the ops compute is checked too, not only what the file declares; it imports Dynamo (torch's
+    meta kernels do), which is why a serving process's ``load_package`` does not do it.
+    """
+    for recipe in package.recipes:
+        where = f"{path}: bucket {_label(recipe.bucket)}"
+        _check_writes(recipe, where)
+        sized, declared = _sized_args(recipe, where), _declared(recipe)
+        for env in _corners(recipe, package.ranges, where):
+            _check_guards(recipe, env, where)
+            _check_plan(recipe, sized, declared, env, where)
+            if run_on_meta:
+                _check_sizes(recipe, env, where)
+
+
+def _label(bucket: dict[str, list[int]]) -> str:
+    return " ".join(f"{s}={lo}-{hi}" for s, (lo, hi) in bucket.items()) or "(static)"
+
+
+@functools.cache
+def _op_facts(name: str) -> tuple[bool, bool, tuple[str, ...] | None]:
+    """Whether an allowlisted op writes an argument, whether it returns a view, and its argument names
+    (None for symbolic arithmetic); OpNotAllowed for any other name."""
+    schema = getattr(ops.resolve(name), "_schema", None)
+    if schema is None:
+        return False, False, None
+    return (schema.is_mutable, any(r.alias_info is not None for r in schema.returns),
+            tuple(a.name for a in schema.arguments))
+
+
+def _check_writes(recipe: Recipe, where: str) -> None:
+    """No op of the recipe writes into an argument (``copy_`` into a bound weight, an ``out=``), also
+    through ``with_effects`` (the one op that calls an op it is given)."""
+    for node in recipe.nodes:
+        called = [node.op, *(_op_args(node.args) if node.op == "higher_order::with_effects" else ())]
+        for name in called:
+            try:
+                writes = _op_facts(name)[0]
+            except ops.OpNotAllowed as e:
+                raise PackageError(f"{where}: node {node.name!r:.40}: {e}") from None
+            if writes or "out" in node.kwargs:
+                raise PackageError(f"{where}: node {node.name!r:.40} ({name}) writes into one of its inputs; "
+                                   "a package never changes the caller's tensors")
+
+
+def _op_args(args: Any):
+    """The op names passed as arguments (``{"op": name}``)."""
+    if isinstance(args, dict):
+        if set(args) == {"op"}:
+            yield args["op"]
+        else:
+            for v in args.values():
+                yield from _op_args(v)
+    elif isinstance(args, list):
+        for v in args:
+            yield from _op_args(v)
+
+
+def _corners(recipe: Recipe, ranges: dict[str, list[int]], where: str) -> list[dict[str, int]]:
+    """The bucket's smallest and largest symbol values within the package's ranges."""
+    bounds = {s: (max(recipe.bucket.get(s, ranges[s])[0], ranges[s][0]),
+                  min(recipe.bucket.get(s, ranges[s])[1], ranges[s][1])) for s in recipe.symbols}
+    if any(lo > hi for lo, hi in bounds.values()):
+        raise PackageError(f"{where}: lies outside the package's ranges {ranges}")
+    return [{s: b[end] for s, b in bounds.items()} for end in (0, 1)]
+
+
+# Arguments that say how many elements an op makes (compared with the plan's peak, in bytes: an element
+# takes at least one); arange's ends only for ops named arange (slice's "end" is often INT64_MAX).
+SIZE_ARGS = frozenset({"size", "sizes", "shape", "repeats", "pad", "output_size", "steps", "n", "m"})
+RANGE_ARGS = frozenset({"start", "end"})
+
+
+def _sized_args(recipe: Recipe, where: str) -> list[tuple[str, str, Any]]:
+    """(node name, argument name, value) of every argument that says how many elements an op makes;
+    PackageError for a node passing more arguments than its op takes."""
+    sized = []
+    for node in recipe.nodes:
+        names = _op_facts(node.op)[2]
+        if names is None:
+            continue
+        if len(node.args) > len(names) or set(node.kwargs) - set(names):
+            raise PackageError(f"{where}: node {node.name!r:.40} passes arguments {node.op} does not take")
+        for name, value in [*zip(names, node.args), *node.kwargs.items()]:
+            if value is not None and (name in SIZE_ARGS or (name in RANGE_ARGS and "arange" in node.op)):
+                sized.append((node.name, name, value))
+    return sized
+
+
+def _declared(recipe: Recipe) -> list[tuple[str, list, int]]:
+    """(node name, shape, element size) of every tensor a node that is not a view declares it makes."""
+    return [(node.name, spec.shape, dtype_from_name(spec.dtype).itemsize) for node in recipe.nodes
+            if not _op_facts(node.op)[1] for spec in node.out if spec.kind == "tensor"]
+
+
+def _check_plan(recipe: Recipe, sized: list, declared: list, env: dict[str, int], where: str) -> None:
+    """Declared values and the sizes ops are given, at ``env``, within the recipe's memory plan."""
+    peak = recipe.facts.get("memory", {}).get("peak_bytes")
+    if not isinstance(peak, (int, float)):
+        raise PackageError(f"{where}: the recipe has no memory plan to bound its allocations")
+    for node, shape, itemsize in declared:
+        if math.prod(abs(int(_evaluate(d, env, where))) for d in shape) * itemsize > peak:
+            raise PackageError(f"{where}: node {node!r:.40} declares a value larger than the recipe's "
+                               f"memory plan ({peak} bytes peak) at {env}")
+    ints = _int_values(recipe, env, where)
+    for node, name, value in sized:
+        count = _count(value, ints)
+        if count is None or count > peak:
+            raise PackageError(f"{where}: node {node!r:.40} is given {name}={value!r:.60} at {env}: "
+                               f"not a size within the recipe's memory plan ({peak} bytes peak)")
+
+
+def _count(value: Any, ints: dict[str, int]) -> int | None:
+    """How many elements a size argument asks for (a product for a list); None if it is not one."""
+    items = value if isinstance(value, list) else [value]
+    n = 1
+    for item in items:
+        item = ints.get(item["r"]) if isinstance(item, dict) and set(item) == {"r"} else item
+        if type(item) not in (int, float):
+            return None
+        n *= max(abs(item), 1) if isinstance(value, list) else abs(item)
+    return n
+
+
+def _int_values(recipe: Recipe, env: dict[str, int], where: str) -> dict[str, Any]:
+    """The integer values of the recipe's symbolic arithmetic at ``env``, computed (bounded), not as declared."""
+    ints: dict[str, Any] = {}
+    shapes: dict[str, ValueSpec] = {}
+    for name, spec in zip(recipe.input_names, recipe.inputs):
+        if spec.kind == "sym" and spec.expr is not None:
+            ints[name] = _evaluate(spec.expr, env, where)
+        shapes[name] = spec
+    for node in recipe.nodes:
+        shapes[node.name] = node.out[0] if node.out else ValueSpec("none")
+        if node.op in ops.SYM_RUNTIME and node.op != "higher_order::with_effects":
+            args = [ints.get(a["r"]) if isinstance(a, dict) and set(a) == {"r"} else a for a in node.args]
+            if all(type(a) in (int, float, bool) for a in args):
+                try:
+                    ints[node.name] = ops.resolve(node.op)(*args)
+                except (ArithmeticError, TypeError, ValueError) as e:
+                    raise PackageError(f"{where}: node {node.name!r:.40} at {env}: {type(e).__name__}: "
+                                       f"{str(e)[:120]}") from None
+        elif node.op == "aten::sym_size.int" and len(node.args) == 2 and isinstance(node.args[0], dict):
+            shape = shapes.get(node.args[0].get("r"), ValueSpec("none")).shape
+            if type(node.args[1]) is int and -len(shape) <= node.args[1] < len(shape):
+                ints[node.name] = _evaluate(shape[node.args[1]], env, where)
+    return ints
+
+
+def _evaluate(tree: Any, env: dict[str, int], where: str) -> Any:
+    try:
+        return symexpr.evaluate(tree, env)
+    except symexpr.SymExprError as e:
+        raise PackageError(f"{where}: {e}") from None
+
+
+def _check_guards(recipe: Recipe, env: dict[str, int], where: str) -> None:
+    for guard in recipe.guards:
+        try:
+            symexpr.evaluate(guard, env)
+        except symexpr.SymExprError as e:
+            raise PackageError(f"{where}: guard {symexpr.to_str(guard)[:60]}: {e}") from None
+
+
+class _MetaCodegen(_Codegen):
+    """The recipe's code with every device set to meta and every value kept: shapes, no storage."""
+
+    def tagged(self, tag: str, v: Any) -> str:
+        return self.bind(torch.device("meta")) if tag == "device" else super().tagged(tag, v)
+
+    def free(self, names) -> None:
+        pass
+
+
+def _check_sizes(recipe: Recipe, env: dict[str, int], where: str) -> None:
+    """Run the recipe on meta tensors at ``env``: no value an op computes may exceed the recipe's memory plan.
+
+    Sizes are what the ops compute, not what the node specs declare (a crafted spec may understate them;
+    a meta kernel may also shape an unused output differently from the host kernel, e.g. batch norm's
+    saved statistics, so specs are not compared).
+    """
+    try:
+        values = _meta_run(recipe, env)
+    except PackageError:
+        raise
+    except Exception as e:  # any op or argument may fail on crafted data; all of it means "not usable"
+        raise PackageError(f"{where}: cannot be run at {env}: {one_line(e, 160)}") from None
+    peak = recipe.facts.get("memory", {}).get("peak_bytes")
+    for node, value in zip(recipe.nodes, values):
+        if _is_view(node.op):
+            continue
+        for v in value if isinstance(value, (tuple, list)) else [value]:
+            size = v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+            if size and (peak is None or size > peak):
+                raise PackageError(f"{where}: node {node.name!r:.40} allocates {size} bytes at {env}, more than "
+                                   f"the recipe's memory plan ({peak} bytes peak)")
+
+
+def _is_view(name: str) -> bool:
+    return _op_facts(name)[1]
+
+
+def _meta_run(recipe: Recipe, env: dict[str, int]) -> list:
+    consts = {name: _meta_constant(c) for name, c in recipe.constants.items()}
+    every = [{"r": n.name} for n in recipe.nodes]
+    gen = _MetaCodegen(dataclasses.replace(recipe, constants={}, outputs=every), consts)
+    source = gen.render()
+    namespace = dict(gen.bound)
+    exec(compile(source, f"<check {recipe.name}>", "exec"), namespace)  # generated from checked structure
+    args = [_meta_input(spec, env) for spec in recipe.inputs]
+    with torch.device("meta"), torch.no_grad():
+        return namespace["run"](args)
+
+
+def _meta_constant(c: Constant) -> torch.Tensor:
+    load_constant(Constant(c.dtype, c.shape, c.data))  # its bytes match its shape
+    return torch.empty(c.shape, dtype=dtype_from_name(c.dtype), device="meta")
+
+
+def _meta_input(spec: ValueSpec, env: dict[str, int]) -> Any:
+    if spec.kind == "tensor":
+        shape = [symexpr.evaluate(d, env) for d in spec.shape]
+        stride = [symexpr.evaluate(d, env) for d in spec.stride]
+        dtype = dtype_from_name(spec.dtype)
+        if len(stride) != len(shape):  # no stride recorded: contiguous
+            return torch.empty(shape, dtype=dtype, device="meta")
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    if spec.kind in ("sym", "scalar") and spec.expr is not None:
+        return symexpr.evaluate(spec.expr, env)
+    if spec.kind == "none":
+        return None
+    raise PackageError(f"an input of kind {spec.kind!r:.20} cannot be checked")
+
+
+# -- call layouts: our plain trees <-> pytree specs of tuples, lists and dicts ------------------------------
+
+_KINDS = {"tuple": tuple, "list": list, "dict": dict}
+
+
+def layout_of(spec: pytree.TreeSpec, what: str) -> Any:
+    """A call layout as a plain tree; PackageError if it holds anything but tuples, lists, dicts with
+    string keys, and leaves."""
+    if spec.is_leaf():
+        return None
+    kind = next((k for k, t in _KINDS.items() if spec.type is t), None)
+    if kind is None or (kind == "dict" and not all(isinstance(k, str) for k in spec.context)):
+        name = getattr(spec.type, "__qualname__", str(spec.type))
+        raise PackageError(f"the model's {what} holds a {name}; packages store tuples, lists and dicts "
+                           "with string keys only")
+    children = [layout_of(c, what) for c in spec.children()]
+    return ["dict", list(spec.context), children] if kind == "dict" else [kind, children]
+
+
+def treespec_of(layout: Any) -> pytree.TreeSpec:
+    """The pytree spec of a checked layout, built from our own containers (nothing is imported)."""
+    return pytree.tree_structure(_sample(layout))
+
+
+def _sample(layout: Any) -> Any:
+    if layout is None:
+        return 0
+    children = [_sample(c) for c in layout[-1]]
+    if layout[0] == "dict":
+        return dict(zip(layout[1], children))
+    return _KINDS[layout[0]](children)
 
 
 def _fixed_inputs(package: Package, model: torch.nn.Module | None, path) -> list[Any]:
@@ -81,8 +368,8 @@ class PackagedModel:
 
     def __init__(self, package: Package, runs: list[Callable[[list], list]]):
         self.package = package
-        self.in_spec = pytree.treespec_loads(package.in_spec)
-        self.out_spec = pytree.treespec_loads(package.out_spec)
+        self.in_spec = treespec_of(package.in_spec)
+        self.out_spec = treespec_of(package.out_spec)
         first = package.recipes[0]
         self.symbols = first.symbols
         user_slots = [slot for slot, gi in enumerate(package.inputs) if gi.kind == "user"]
@@ -115,11 +402,17 @@ class PackagedModel:
         if not all(lo <= env[s] <= hi for s, (lo, hi) in self.package.ranges.items()):
             raise PackageError(self._outside(env))
         for recipe, run in self.buckets:
-            if all(lo <= env[s] <= hi for s, (lo, hi) in recipe.bucket.items()) and all(
-                    symexpr.evaluate(g, env) for g in recipe.guards):
+            if all(lo <= env[s] <= hi for s, (lo, hi) in recipe.bucket.items()) and self._holds(recipe, env):
                 self.known[values] = run
                 return run
         raise PackageError(self._outside(env))
+
+    def _holds(self, recipe: Recipe, env: dict[str, int]) -> bool:
+        try:
+            return all(symexpr.evaluate(g, env) for g in recipe.guards)
+        except symexpr.SymExprError as e:
+            raise PackageError(f"{self.package.model}: a guard of bucket {_label(recipe.bucket)} cannot be "
+                               f"evaluated at {env}: {e}") from None
 
     def _outside(self, env: dict[str, int]) -> str:
         """Name the first input dimension no bucket covers, and what the package covers."""
