@@ -5,8 +5,9 @@ attribute lookup), the op is functional (it mutates nothing, except the input wr
 ``MUTATING_ALLOWED``), it returns a value (an op run only for its effect, such as ``aten::save``,
 ``aten::_print`` or ``aten::manual_seed``, is refused unless it is a check in ``EFFECT_ALLOWED``),
 it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state);
-symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table. Anything else is an
-``OpNotAllowed`` error at recipe load time.
+symbolic-int arithmetic resolves from the fixed ``SYM_OPS`` table; the functional collectives of
+``runtime.collectives`` (``_c10d_functional``) resolve too, their groups checked when a recipe is built.
+Anything else is an ``OpNotAllowed`` error at recipe load time.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import math
 import operator
 
 import torch
+
+from . import collectives
 
 
 class OpNotAllowed(KeyError):
@@ -117,7 +120,8 @@ def resolve(name: str):
         return SYM_OPS[name]
     namespace, _, rest = name.partition("::")
     packet_name, _, overload = rest.rpartition(".")
-    if (namespace not in ("aten", "prims") or packet_name in DENY_ATEN or not packet_name
+    known = namespace in ("aten", "prims") or (namespace == collectives.NAMESPACE and packet_name in collectives.OPS)
+    if (not known or packet_name in DENY_ATEN or not packet_name
             or not _registered(f"{namespace}::{packet_name}", overload)):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)
