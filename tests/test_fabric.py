@@ -76,3 +76,83 @@ def test_two_rank_tensor_parallel_llama_and_gpt_match_eager_and_list_their_colle
         gathers = [c for c in r["llama"]["collectives"] if c["kind"] == "all_gather"]
         assert [c["bytes"] for c in gathers] == [2 * 256 * 4]  # the last position's logits, every card's half
         assert len([c for c in r["gpt"]["collectives"] if c["kind"] == "all_reduce"]) == 2
+
+
+# -- collectives in the recipe (one process: groups named by the lowering context) ----------------------------
+
+def _lowered(fn, *shapes, groups=None, target="gaudi2"):
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hpu_backend.lowering import LoweringContext, lower, lower_bucket
+    from hpu_backend.settings import Settings
+
+    gm = make_fx(fn, tracing_mode="fake")(*(torch.randn(s) for s in shapes))
+    settings = Settings.from_options({"cache": False, "execute": False, "target": target}, env={})
+    ctx = LoweringContext(settings=settings, groups=groups if groups is not None else {"tp": 4})
+    return lower_bucket(lower(gm, ctx).template, ctx.at({}))
+
+
+def _reduce_then(independent: bool):
+    import torch
+
+    c10d = torch.ops._c10d_functional
+
+    def fn(x, w1, w2):
+        r = c10d.wait_tensor(c10d.all_reduce(x @ w1, "sum", "tp"))
+        return (r + 1, x @ w2) if independent else ((r + 1) @ w2,)
+    return fn
+
+
+def test_a_collective_is_a_network_node_with_bytes_group_and_time():
+    recipe = _lowered(_reduce_then(False), (64, 256), (256, 256), (256, 4096))
+    node = next(n for n in recipe.nodes if n.op == "_c10d_functional::all_reduce.default")
+    assert node.engine == "net" and node.placement == "hpu"
+    (comm,) = recipe.facts["cost"]["collectives"]
+    assert (comm["kind"], comm["bytes"], comm["group"], comm["group_size"]) == ("all_reduce", 64 * 256 * 4, "tp", 4)
+    assert comm["time_s"] == pytest.approx(GAUDI2_FABRIC.collective_s("all_reduce", 64 * 256 * 4, 4))
+    # the matmul after it reads its result: nothing overlaps it
+    assert recipe.facts["cost"]["exposed_comm_s"] == pytest.approx(comm["time_s"])
+    assert recipe.facts["memory"]["peak_bytes"] > 0
+
+
+def test_a_collective_overlaps_independent_compute_and_marks_its_cluster_net_bound():
+    ind = _lowered(_reduce_then(True), (64, 256), (256, 256), (256, 4096)).facts["cost"]
+    dep = _lowered(_reduce_then(False), (64, 256), (256, 256), (256, 4096)).facts["cost"]
+    assert ind["exposed_comm_s"] < ind["comm_s"]  # the second matmul runs while the all-reduce is on the wire
+    assert dep["exposed_comm_s"] == pytest.approx(dep["comm_s"])
+    assert [c["bound"] for c in ind["clusters"]] == ["net"]  # 64 KiB over the fabric outlasts these matmuls
+    big = _lowered(_reduce_then(False), (4096, 4096), (4096, 4096), (4096, 4096)).facts["cost"]
+    assert [c["bound"] for c in big["clusters"]] != ["net"]  # 137 GFLOP outlast a 64 MiB all-reduce
+
+
+def test_group_sizes_are_known_or_lowering_says_which_group_is_missing():
+    from hpu_backend.lowering.errors import LoweringError
+
+    with pytest.raises(LoweringError, match="'tp': not a process group of this process"):
+        _lowered(_reduce_then(False), (8, 8), (8, 8), (8, 8), groups={})
+
+
+def test_a_recipe_collective_runs_only_over_a_process_group_of_this_process():
+    from hpu_backend.runtime import RecipeLoadError, build_callable, check_ops
+
+    recipe = _lowered(_reduce_then(False), (8, 8), (8, 8), (8, 8))
+    check_ops(recipe)  # the structure is fine: a cache may hold it
+    with pytest.raises(RecipeLoadError, match="process group 'tp' is not a group of this process"):
+        build_callable(recipe)
+    node = next(n for n in recipe.nodes if n.op.startswith("_c10d_functional::all_reduce"))
+    for bad, message in ((["x", "sum", {"r": "x"}], "group must be a process group name"),
+                         ([node.args[0], "os.system", "tp"], "reduction 'os.system'")):
+        node.args = bad
+        with pytest.raises(RecipeLoadError, match=message):
+            check_ops(recipe)
+
+
+def test_show_renders_the_collectives(capsys):
+    from hpurecipe import recipeview
+
+    recipe = _lowered(_reduce_then(True), (64, 256), (256, 256), (256, 4096))
+    recipeview._print_fact("cost", recipe.facts["cost"])
+    out = capsys.readouterr().out
+    assert "cost.collectives (1)" in out and "all_reduce" in out and "group_size" in out
+    assert "exposed_comm_s" in out

@@ -20,6 +20,7 @@ its compute is communication-bound (``bound: "net"``).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 from ...formats.recipe import Recipe
 from ..buffers import alias_roots, internal_values, recompute_choice, saved_probs_bytes, sdpa_workspace_bytes
@@ -83,22 +84,47 @@ def _with_collectives(recipe: Recipe, cost: dict, comms: list[dict], node_s: dic
 
 
 def _two_streams(recipe: Recipe, cluster: int, compute_s: float, node_s: dict[str, float]) -> float:
-    """The cluster's makespan with compute and collectives on two in-order streams that follow the data."""
-    compute_nodes = [n for n in recipe.nodes if n.cluster == cluster and n.engine not in ("net", "view", "host")]
-    own = sum(node_s.get(n.name, 0.0) for n in compute_nodes)
+    """The cluster's makespan with compute and collectives on two streams that follow the data: each stream
+    runs, of the nodes whose inputs are ready, the one ready first (schedule order breaks ties)."""
+    nodes = [n for n in recipe.nodes if n.cluster == cluster]
+    index = {n.name: i for i, n in enumerate(nodes)}
+    deps = {n.name: {r for r in node_refs(n) if r in index} for n in nodes}
+    users: dict[str, list[str]] = {}
+    for name, ds in deps.items():
+        for d in ds:
+            users.setdefault(d, []).append(name)
+    compute = [n for n in nodes if n.engine not in ("net", "view", "host") and n.name in node_s]
+    own = sum(node_s[n.name] for n in compute)
     scale = compute_s / own if own > 0 else 0.0
-    ready: dict[str, float] = {}
+    stream = {n.name: ("net" if n.engine == "net" else "compute") for n in nodes
+              if n.name in node_s and n.engine not in ("view", "host")}
+    waiting = {name: len(ds) for name, ds in deps.items()}
+    ready = dict.fromkeys(index, 0.0)
+    queues: dict[str, list] = {"compute": [], "net": []}
     free = {"compute": 0.0, "net": 0.0}
-    for n in recipe.nodes:
-        if n.cluster != cluster:
-            continue
-        start = max((ready.get(r, 0.0) for r in node_refs(n)), default=0.0)
-        if n.engine in ("view", "host") or n.name not in node_s:
-            ready[n.name] = start
-            continue
-        stream = "net" if n.engine == "net" else "compute"
-        free[stream] = max(free[stream], start) + node_s[n.name] * (1.0 if stream == "net" else scale)
-        ready[n.name] = free[stream]
+
+    def finish(name: str, t: float) -> None:
+        """``name`` is done at ``t``: queue its readers whose inputs are all done (views finish at once)."""
+        todo = [(name, t)]
+        while todo:
+            done, at = todo.pop()
+            for u in users.get(done, ()):
+                ready[u], waiting[u] = max(ready[u], at), waiting[u] - 1
+                if waiting[u] == 0 and u in stream:
+                    heapq.heappush(queues[stream[u]], (ready[u], index[u], u))
+                elif waiting[u] == 0:
+                    todo.append((u, ready[u]))
+
+    for name in [n for n, k in waiting.items() if k == 0]:
+        if name in stream:
+            heapq.heappush(queues[stream[name]], (0.0, index[name], name))
+        else:
+            finish(name, 0.0)
+    while queues["compute"] or queues["net"]:
+        begin, which = min((max(free[k], q[0][0]), k) for k, q in queues.items() if q)
+        _, _, name = heapq.heappop(queues[which])
+        free[which] = begin + node_s[name] * (1.0 if which == "net" else scale)
+        finish(name, free[which])
     return max(free.values())
 
 
