@@ -140,6 +140,10 @@ class Fabric:
     cards_per_server: int
     efficiency: float  # fraction of the line rate a collective sustains (fitted)
     latency_s: float  # per communication step (fitted)
+    # The graph compiler slices a collective and the compute around it into chunks and pipelines them: this
+    # fraction of the collective's wire time (not its latency) that the dependency graph leaves exposed still
+    # hides behind the cluster's compute (at most the compute's time). Fitted.
+    overlap: float = 0.0
     algorithm: str = "direct"
     sources: tuple[str, ...] = field(default=())
 
@@ -181,17 +185,18 @@ _NETWORK_DOC = ("Intel Gaudi documentation, Management and Monitoring, Intel Gau
 # 2048 -> 116 ms); minimizes the largest |log(estimate / published)|. Other published rows only validate it.
 FABRIC_EFFICIENCY = 0.70
 FABRIC_LATENCY_S = 60e-6
+FABRIC_OVERLAP = 0.0
 
 GAUDI2_FABRIC = Fabric(
     name="gaudi2", ports=24, port_bytes_per_s=100e9 / 8, scale_up_ports=21, scale_out_ports=3, cards_per_server=8,
-    efficiency=FABRIC_EFFICIENCY, latency_s=FABRIC_LATENCY_S,
+    efficiency=FABRIC_EFFICIENCY, latency_s=FABRIC_LATENCY_S, overlap=FABRIC_OVERLAP,
     sources=("Intel Gaudi 2 AI Accelerator white paper (24 x 100 GbE RoCE v2 ports integrated on chip)",
              _NETWORK_DOC, "habana.ai/products/networking: HLS-Gaudi2, 8 cards per server, all-to-all scale-up"),
 )
 
 GAUDI3_FABRIC = Fabric(
     name="gaudi3", ports=24, port_bytes_per_s=200e9 / 8, scale_up_ports=21, scale_out_ports=3, cards_per_server=8,
-    efficiency=FABRIC_EFFICIENCY, latency_s=FABRIC_LATENCY_S,
+    efficiency=FABRIC_EFFICIENCY, latency_s=FABRIC_LATENCY_S, overlap=FABRIC_OVERLAP,
     sources=("Intel Gaudi 3 AI Accelerator white paper (24 x 200 GbE RoCE v2 ports integrated on chip)",
              _NETWORK_DOC),
 )

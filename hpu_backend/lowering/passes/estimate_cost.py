@@ -60,22 +60,23 @@ def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
         clusters.setdefault(comm["cluster"], {"mme_s": 0.0, "tpc_s": 0.0, "hbm_bytes": 0, "flops": 0.0})
     cost = _summary(recipe, dev, clusters, cpu_s)
     if comms:
-        cost = _with_collectives(recipe, cost, comms, node_s)
+        cost = _with_collectives(recipe, cost, comms, node_s, fabric(recipe.target))
     return dataclasses.replace(recipe, facts=dict(recipe.facts, cost=cost))
 
 
-def _with_collectives(recipe: Recipe, cost: dict, comms: list[dict], node_s: dict[str, float]) -> dict:
+def _with_collectives(recipe: Recipe, cost: dict, comms: list[dict], node_s: dict[str, float], net: Fabric) -> dict:
     """The clusters' times with their collectives scheduled beside their compute; the collectives listed."""
     rows, exposed_total = [], 0.0
     for row in cost["clusters"]:
         mine = [c for c in comms if c["cluster"] == row["id"]]
         compute_s = row["time_s"] - row["launch_s"]
         span = _two_streams(recipe, row["id"], compute_s, node_s) if mine else compute_s
-        net_s = sum(c["time_s"] for c in mine)
+        net_s, latency_s = sum(c["time_s"] for c in mine), sum(c["latency_s"] for c in mine)
         exposed = max(span - compute_s, 0.0)
+        exposed -= net.overlap * min(max(exposed - latency_s, 0.0), compute_s)  # sliced and pipelined
         exposed_total += exposed
         bound = "net" if net_s > compute_s else row["bound"]
-        rows.append({**row, "net_s": net_s, "exposed_net_s": exposed, "bound": bound,
+        rows.append({**row, "net_s": net_s, "net_latency_s": latency_s, "exposed_net_s": exposed, "bound": bound,
                      "time_s": compute_s + exposed + row["launch_s"]})
     device_s = sum(r["time_s"] for r in rows)
     return {**cost, "clusters": rows, "device_s": device_s, "total_s": device_s + cost["cpu_s"] + cost["transfer_s"],
