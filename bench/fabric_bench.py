@@ -133,9 +133,9 @@ def fits(steps, row) -> bool:
 def fit(rows, parts) -> tuple[float, float, float, float]:
     """(efficiency, latency s, overlap, worst |log ratio|) over the calibration rows."""
     best = None
-    effs = [round(0.30 + 0.02 * i, 2) for i in range(36)]
-    lats = [round(5e-6 * i, 6) for i in range(1, 41)]
-    overlaps = [round(0.05 * i, 2) for i in range(21)]
+    effs = [round(0.30 + 0.05 * i, 2) for i in range(15)]
+    lats = [round(2e-6 * i, 6) for i in range(1, 51)]
+    overlaps = [round(0.1 * i, 1) for i in range(11)]
     for e, lat, o in itertools.product(effs, lats, overlaps):
         worst = max(abs(math.log(estimate(r, p, e, lat, o) / r[7])) for r, p in zip(rows, parts))
         if best is None or worst < best[3]:
@@ -194,14 +194,17 @@ def main() -> None:
                         "batch": r[6], "published": r[7], "estimate": est, "ratio": est / r[7],
                         "fitted_on": r[8], "batch_fits": fits(steps[(r[0], r[1], r[2])], r),
                         "at_fitted": estimate(r, p, e, lat, o) / r[7],
+                        "comm_share_no_overlap": 1 - estimate(r, p, 1e9, 0.0, 0.0) / est if r[3] == "latency"
+                        else 1 - est / estimate(r, p, 1e9, 0.0, 0.0),
                         "unit": "tokens/s" if r[3] == "throughput" else "ms"})
     print(f"fitted: efficiency={e:.2f} latency={lat * 1e6:.0f} us overlap={o:.2f}, worst calibration row "
           f"x{math.exp(worst):.3f}; shipped in targets.py: efficiency={shipped[0]} latency={shipped[1] * 1e6:.0f} us "
           f"overlap={shipped[2]}")
     print_table("Multi-card fp8: estimate (targets.py factors) / published",
-                ["row", "published", "estimate", "ratio", "batch fits", "fitted on"],
+                ["row", "published", "estimate", "ratio", "at fit", "comm", "batch fits", "fitted on"],
                 [[f"{r['model']} {r['target']} x{r['cards']} {r['kind']} {r['input']}/{r['output']}/{r['batch']}",
                   f"{r['published']:,} {r['unit']}", f"{r['estimate']:,.1f}", f"{r['ratio']:.2f}",
+                  f"{r['at_fitted']:.2f}", f"{r['comm_share_no_overlap']:.0%}",
                   "yes" if r["batch_fits"] else "NO", "yes" if r["fitted_on"] else "-"] for r in results])
     png = None if args.quick else plot(results)
     name = "fabric_bench" + ("_quick" if args.quick else "")

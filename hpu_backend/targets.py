@@ -127,9 +127,10 @@ class Fabric:
 
     ``collective_s`` is the time model of every collective: a bandwidth term (the bytes each card must send,
     spread over the links it has to the group's other cards, at ``efficiency`` of the line rate) plus one
-    ``latency_s`` per communication step. ``algorithm`` "direct" is the all-to-all server (each card sends
-    every peer its share at once over the 3 ports wired to that peer); "ring" is the textbook ring (one link
-    per direction, n - 1 steps per phase) for fabrics that are not fully connected.
+    ``latency_s`` per message a card exchanges. ``algorithm`` "direct" is the all-to-all server: in each phase
+    a card sends every peer its share at once over the 3 ports wired to that peer (n - 1 messages, so the
+    latency grows with the group while the bandwidth term shrinks); "ring" is the textbook ring (one link per
+    direction, n - 1 steps per phase) for fabrics that are not fully connected.
     """
 
     name: str
@@ -173,7 +174,7 @@ class Fabric:
         share = (group - 1) / group * nbytes  # what each card sends per phase
         if self.algorithm == "ring":
             return phases * (share / self.link_bytes_per_s() + (group - 1) * self.latency_s)
-        return phases * (share / ((group - 1) * self.link_bytes_per_s()) + self.latency_s)
+        return phases * (share / ((group - 1) * self.link_bytes_per_s()) + (group - 1) * self.latency_s)
 
 
 _NETWORK_DOC = ("Intel Gaudi documentation, Management and Monitoring, Intel Gaudi Network Configuration "

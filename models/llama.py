@@ -245,6 +245,7 @@ LLAMA31_70B = model_file(CONFIG_31_70B, "llama-3.1-70b")
 LLAMA31_405B = model_file(CONFIG_31_405B, "llama-3.1-405b")
 _TINY = model_file(CONFIG_TINY, "llama")
 AXES, COMPILE, DECODE = _TINY["AXES"], _TINY["COMPILE"], _TINY["DECODE"]
+PER_CARD, LAYERS = _TINY["PER_CARD"], _TINY["LAYERS"]
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ processes, and capacity planning across cards."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -30,7 +31,7 @@ def test_collective_time_grows_with_bytes_and_shrinks_with_the_group_bandwidth()
     f = GAUDI2_FABRIC
     assert f.collective_s("all_reduce", 1 << 20, 1) == 0.0
     small, big = f.collective_s("all_reduce", 1 << 20, 8), f.collective_s("all_reduce", 1 << 30, 8)
-    assert 2 * f.latency_s < small < big
+    assert 2 * 7 * f.latency_s < small < big  # two phases, a message to each of the 7 peers
     # all-reduce = reduce-scatter + all-gather: twice the traffic and twice the latency of either
     assert f.collective_s("all_reduce", 1 << 30, 4) == pytest.approx(2 * f.collective_s("reduce_scatter", 1 << 30, 4))
     # a larger group spreads a card's share over more links: 8 cards move 1 GiB faster than 2
@@ -156,3 +157,95 @@ def test_show_renders_the_collectives(capsys):
     out = capsys.readouterr().out
     assert "cost.collectives (1)" in out and "all_reduce" in out and "group_size" in out
     assert "exposed_comm_s" in out
+
+
+# -- capacity across cards -------------------------------------------------------------------------------------
+
+def _llama():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "models" / "llama.py"
+    spec = importlib.util.spec_from_file_location("fabric_test_llama", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spec(layers: int):
+    from hpu_backend.aot.modelfile import spec_from
+
+    llama = _llama()
+    config = llama.Config(vocab=256, dim=64, layers=layers, heads=4, kv_heads=2, hidden=128, max_seq=512)
+    return spec_from(llama.model_file(config, f"llama-{layers}"), "test-llama")
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """A 3-layer LLaMA planned on 1 and 2 cards from its one- and two-layer shards, and on 2 cards whole."""
+    from hpu_backend.aot.capacity import card_steps
+
+    spec = _spec(3)
+    return {"layered": {n: card_steps(spec, "gaudi2", "bf16", n) for n in (1, 2)},
+            "whole": card_steps(dataclasses.replace(spec, layers=None), "gaudi2", "bf16", 2)}
+
+
+def test_a_deep_stack_is_estimated_from_one_and_two_layers_as_if_lowered_whole(planned):
+    from hpu_backend.aot.capacity import LayeredStep
+
+    layered, whole = planned["layered"][2], planned["whole"]
+    assert all(isinstance(s, LayeredStep) for s in layered)
+    for step, full, point in ((layered[0], whole[0], {"batch": 3, "input_len": 40}),
+                              (layered[1], whole[1], {"batch": 3, "kv_len": 40})):
+        est, ref = step.estimate(point), full.estimate(point)
+        assert est["time_s"] == pytest.approx(ref["time_s"], rel=1e-6)
+        assert est["comm_s"] == pytest.approx(ref["comm_s"], rel=1e-6) and est["collectives"] == ref["collectives"]
+        assert est["hbm"]["weights_bytes"] == ref["hbm"]["weights_bytes"]
+        assert est["peak_hbm_bytes"] == pytest.approx(ref["peak_hbm_bytes"], rel=0.02)
+        assert step.peak_bytes(point) == pytest.approx(full.peak_bytes(point), rel=0.02)
+
+
+def test_more_cards_split_the_weights_and_the_kv_cache_and_add_collectives(planned):
+    from hpu_backend.aot.capacity import plan_capacity
+
+    docs = {n: plan_capacity(*planned["layered"][n], "llama", "gaudi2", "bf16", 32, 8, 4, n) for n in (1, 2)}
+    assert [d["cards"] for d in docs.values()] == [1, 2]
+    assert docs[1]["comm_s"] == 0 and docs[2]["comm_s"] > 0 and 0 < docs[2]["comm_share"] < 1
+    (w1, kv1), (w2, kv2) = ((docs[n]["hbm_per_card"]["weights_bytes"], docs[n]["hbm_per_card"]["kv_cache_bytes"])
+                            for n in (1, 2))
+    assert w1 / 2 < w2 < w1  # the embedding and norms are not split
+    assert kv2 == pytest.approx(kv1 / 2, rel=0.01)  # 2 KV heads -> 1 per card
+    # 2 all-reduces per layer per step, and the logits gathered once
+    assert [s["collectives"] for s in docs[2]["steps"]] == [3 * 2 + 1] * 3
+    assert docs[2]["max_batch"]["batch"] > docs[1]["max_batch"]["batch"]
+
+
+def test_capacity_across_cards_refuses_more_cards_than_a_server_and_models_without_a_shard():
+    from hpu_backend.aot.capacity import CapacityError, capacity
+    from hpu_backend.aot.modelfile import ModelFileError
+
+    with pytest.raises(CapacityError, match="joins 1 to 8 cards"):
+        capacity(_spec(2), "gaudi2", "bf16", 8, 8, cards=16)
+    with pytest.raises(CapacityError, match="PER_CARD"):
+        capacity(dataclasses.replace(_spec(2), per_card=None), "gaudi2", "bf16", 8, 8, cards=2)
+    with pytest.raises(ModelFileError, match=r"PER_CARD\(cards=3\) raised ValueError: .* do not split over 3 cards"):
+        capacity(_spec(2), "gaudi2", "bf16", 8, 8, cards=3)  # 4 heads
+
+
+def test_cli_analyze_cards_json_and_text(capsys):
+    from cli_helpers import cli, cli_json
+    from hpurecipe.analysis import print_capacity
+
+    llama = Path(__file__).resolve().parent.parent / "models" / "llama.py"
+    doc = cli_json("analyze", llama, "--input-len", "16", "--output-len", "4", "--cards", "2", "--batch", "2")
+    assert doc["cards"] == 2 and doc["batch"] == 2 and doc["tokens_per_s"] > 0 and doc["comm_share"] > 0
+    assert set(doc["hbm_per_card"]) == {"weights_bytes", "kv_cache_bytes", "activation_bytes", "comm_buffer_bytes"}
+    assert {"tokens_per_s", "batch", "fits_hbm", "steps", "first_token_s"} <= set(doc)
+    print_capacity(doc)
+    text = capsys.readouterr().out
+    assert "2 × gaudi2" in text and "collectives" in text and "HBM per card" in text
+    for args, message in [(["--cards", "2"], "give --input-len and --output-len too"),
+                          (["--input-len", "8", "--output-len", "8", "--cards", "0"], "--cards 0: expected a positive"),
+                          (["--input-len", "8", "--output-len", "8", "--cards", "16"], "joins 1 to 8 cards")]:
+        result = cli("analyze", llama, *args, code=None)
+        assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output

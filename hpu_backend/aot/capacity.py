@@ -76,8 +76,7 @@ class StepGraph:
                 "fits_hbm": memory["fits_hbm"], "bound": [c["bound"] for c in cost["clusters"]],
                 "comm_s": cost.get("comm_s", 0.0), "exposed_comm_s": cost.get("exposed_comm_s", 0.0),
                 "comm_latency_s": cost.get("comm_latency_s", 0.0), "collectives": len(comms),
-                "hbm": {"weights_bytes": weights,
-                        "kv_cache_bytes": memory["input_bytes"] - weights + memory["output_bytes"],
+                "hbm": {"weights_bytes": weights, "kv_cache_bytes": memory["input_bytes"] - weights,
                         "activation_bytes": memory["arena_bytes"],
                         "comm_buffer_bytes": max((c["bytes"] for c in comms), default=0)}}
 
