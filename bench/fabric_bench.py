@@ -13,7 +13,7 @@ over ONLY the four Gaudi 2 LLaMA 2 70B throughput rows and the two 8-card first-
 Model Performance Data for Gaudi 2, software 1.18.0, fp8). Every other row is validation. The single-card
 device efficiencies (targets.EFFICIENCY) are not refitted.
 
-    python bench/fabric_bench.py [--quick]
+    python bench/fabric_bench.py [--quick] [--plot-only]
 
 Writes bench/results/fabric_bench.json and, with matplotlib, bench/results/fabric_bench.png.
 """
@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import time
 
 from common import RESULTS, ROOT, print_table, write_results
 
+from hpu_backend.aot.analyze import hbm_bytes
 from hpu_backend.aot.capacity import LayeredStep, card_steps, decode_points
 from hpu_backend.aot.modelfile import load_model_file
 from hpu_backend.targets import EFFICIENCY, fabric
@@ -123,8 +125,6 @@ def estimate(row, parts, e, lat, o) -> float:
 def fits(steps, row) -> bool:
     """Whether the published batch fits the planned per-card HBM (prefill, and decode at the last KV length)."""
     prefill, decode = steps
-    hbm = 0
-    from hpu_backend.aot.analyze import hbm_bytes
     hbm = hbm_bytes(row[1])
     return (prefill.peak_bytes({"batch": row[6], "input_len": row[4]}) <= hbm
             and (row[3] == "latency" or decode.peak_bytes({"batch": row[6], "kv_len": row[4] + row[5] - 1}) <= hbm))
@@ -171,7 +171,15 @@ def plot(results: list[dict]) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Calibration rows only (no validation rows).")
+    parser.add_argument("--plot-only", action="store_true", help="Plot bench/results/fabric_bench.json again.")
     args = parser.parse_args()
+    if args.plot_only:
+        path = RESULTS / "fabric_bench.json"
+        doc = json.loads(path.read_text())
+        doc["plot"] = plot(doc["rows"])
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {doc['plot']}")
+        return
     rows = [r for r in ROWS if r[8] or not args.quick]
     steps, parts, timings = {}, [], {}
     for r in rows:

@@ -44,24 +44,16 @@ def _arg(node, index: int, name: str) -> Any:
     return node.kwargs.get(name) if name in node.kwargs else (node.args[index] if index < len(node.args) else None)
 
 
-def group_name(node) -> Any:
-    """The group-name argument of a collective node (a recipe Node or an FX node)."""
-    p = packet(node_op(node))
+def group_name(node, op: str | None = None) -> Any:
+    """The group-name argument of a collective node (a recipe Node; an FX node with its ``op`` name)."""
+    p = packet(op or node.op)
     return _arg(node, _GROUP_ARG[p], "group_name") if p in _GROUP_ARG else None
 
 
-def stated_size(node) -> int | None:
+def stated_size(node, op: str | None = None) -> int | None:
     """The group size a collective states itself (all_gather, reduce_scatter), else None."""
-    p = packet(node_op(node))
+    p = packet(op or node.op)
     return _arg(node, _SIZE_ARG[p], "group_size") if p in _SIZE_ARG else None
-
-
-def node_op(node) -> str:
-    op = node.op if isinstance(node.op, str) and "::" in node.op else None
-    if op is None:  # an FX node: its target is the OpOverload
-        from .ops import op_name
-        op = op_name(node.target) or ""
-    return op
 
 
 def live_group_size(name: Any) -> int | None:

@@ -62,10 +62,11 @@ def collective_group(node: torch.fx.Node, ctx: LoweringContext) -> dict:
 
     The size is the one the op states (all_gather, reduce_scatter), else the context's (capacity planning),
     else that of the process group of this process with that name; LoweringError if none is known."""
-    if node.op != "call_function" or (kind := collectives.kind(ops.op_name(node.target) or "")) is None:
+    op = ops.op_name(node.target) if node.op == "call_function" else None
+    if op is None or (kind := collectives.kind(op)) is None:
         return {}
-    name = collectives.group_name(node)
-    size = collectives.stated_size(node) or ctx.groups.get(name) or collectives.live_group_size(name)
+    name = collectives.group_name(node, op)
+    size = collectives.stated_size(node, op) or ctx.groups.get(name) or collectives.live_group_size(name)
     if not isinstance(size, int) or size < 1:
         raise LoweringError(f"collective {kind} over group {name!r:.40}: not a process group of this process",
                             node=node)

@@ -94,11 +94,10 @@ def _two_streams(recipe: Recipe, cluster: int, compute_s: float, node_s: dict[st
     for name, ds in deps.items():
         for d in ds:
             users.setdefault(d, []).append(name)
-    compute = [n for n in nodes if n.engine not in ("net", "view", "host") and n.name in node_s]
-    own = sum(node_s[n.name] for n in compute)
-    scale = compute_s / own if own > 0 else 0.0
     stream = {n.name: ("net" if n.engine == "net" else "compute") for n in nodes
               if n.name in node_s and n.engine not in ("view", "host")}
+    own = sum(node_s[name] for name, s in stream.items() if s == "compute")
+    scale = compute_s / own if own > 0 else 0.0  # compute nodes share the cluster's roofline time
     waiting = {name: len(ds) for name, ds in deps.items()}
     ready = dict.fromkeys(index, 0.0)
     queues: dict[str, list] = {"compute": [], "net": []}
