@@ -3,10 +3,11 @@ torch only: a model file with a prefill step (this file) and a decode step (``DE
 
 The prefill step reads ``input_len`` tokens and returns the last position's logits and every layer's
 keys and values; the decode step reads one token per sequence and a KV cache of ``kv_len`` tokens
-and returns the logits and the new token's keys and values. ``LLAMA2_7B`` and ``LLAMA2_70B`` have LLaMA 2's shapes (Touvron et al. 2023, "Llama 2",
-Table 1 and the released config.json files); ``LLAMA31_8B``, ``LLAMA31_70B`` and ``LLAMA31_405B`` LLaMA 3.1's
-(Llama Team 2024, "The Llama 3 Herd of Models", Table 3, and the released config.json files; LLaMA 3.1's
-rope scaling for long contexts is left out: it changes no shape or cost). ``TINY`` is for tests.
+and returns the logits and the new token's keys and values. ``LLAMA2_7B`` and ``LLAMA2_70B`` have
+LLaMA 2's shapes (Touvron et al. 2023, "Llama 2", Table 1 and the released config.json files);
+``LLAMA31_8B``, ``LLAMA31_70B`` and ``LLAMA31_405B`` LLaMA 3.1's (Llama Team 2024, "The Llama 3 Herd of
+Models", Table 3, and the released config.json files; LLaMA 3.1's rope scaling for long contexts is left
+out: it changes no shape or cost). ``TINY`` is for tests.
 The file's own names are the tiny model; ``models/llama.py:LLAMA2_7B`` selects the 7B one (built on
 the meta device by ``hpurecipe analyze --input-len ... --output-len ...``: no weight is allocated).
 

@@ -63,8 +63,9 @@ def print_capacity(doc: dict[str, Any]) -> None:
         render.note("First token after {}; collectives {} of the time ({} not hidden behind compute).",
                     _time(doc["first_token_s"]), f"{doc['comm_share']:.1%}", _time(doc["exposed_comm_s"]))
         if doc["cards"] > 1:
-            render.note("HBM per card at the last step: {}.", ", ".join(
-                f"{k.removesuffix('_bytes').replace('_', ' ')} {render.size(v)}" for k, v in doc["hbm_per_card"].items()))
+            parts = (f"{k.removesuffix('_bytes').replace('_', ' ')} {render.size(v)}"
+                     for k, v in doc["hbm_per_card"].items())
+            render.note("HBM per card at the last step: {}.", ", ".join(parts))
 
 
 def _cards(doc: dict[str, Any]) -> str:

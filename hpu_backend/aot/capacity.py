@@ -119,7 +119,8 @@ def step_graphs(spec: ModelSpec, target: str, dtype: str,
                             f"step (AXES {', '.join(PREFILL_AXES)}) and DECODE (AXES {', '.join(DECODE_AXES)})")
     _require_axes(spec, PREFILL_AXES, "the prefill step")
     _require_axes(spec.decode, DECODE_AXES, "DECODE")
-    return (trace_step(spec, "prefill", target, dtype, groups), trace_step(spec.decode, "decode", target, dtype, groups))
+    return (trace_step(spec, "prefill", target, dtype, groups),
+            trace_step(spec.decode, "decode", target, dtype, groups))
 
 
 def _require_axes(spec: ModelSpec, axes: tuple[str, ...], what: str) -> None:

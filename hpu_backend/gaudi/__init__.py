@@ -9,4 +9,5 @@ from .mixed_precision import autocast
 from .sdpa import FusedSDPA
 from .training import FusedAdamW, FusedClipNorm, FusedSGD, mark_step
 
-__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSDPA", "FusedSGD", "autocast", "mark_step", "register_hccl", "wrap_in_hpu_graph"]
+__all__ = ["FusedAdamW", "FusedClipNorm", "FusedSDPA", "FusedSGD", "autocast", "mark_step", "register_hccl",
+           "wrap_in_hpu_graph"]
