@@ -149,6 +149,21 @@ def test_a_recipe_collective_runs_only_over_a_process_group_of_this_process():
             check_ops(recipe)
 
 
+def test_the_group_size_is_part_of_the_recipe_key():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hpu_backend.lowering import LoweringContext, lower
+    from hpu_backend.serve.keys import graph_key
+    from hpu_backend.settings import Settings
+
+    gm = make_fx(_reduce_then(False), tracing_mode="fake")(*(torch.randn(8, 8) for _ in range(3)))
+    settings = Settings.from_options({"cache": False, "execute": False}, env={})
+    keys = {n: graph_key(lower(gm, LoweringContext(settings=settings, groups={"tp": n})).captured, settings).parts
+            for n in (2, 4)}
+    assert keys[2]["graph"] != keys[4]["graph"]
+
+
 def test_show_renders_the_collectives(capsys):
     from hpurecipe import recipeview
 
