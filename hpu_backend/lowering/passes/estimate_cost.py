@@ -32,7 +32,7 @@ from ..values import nbytes, node_refs, spec_map
 
 
 def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
-    dev = device(recipe.target)
+    dev, net = device(recipe.target), fabric(recipe.target)
     env = recipe.facts["plan_at"]
     work = _Work(recipe, env)
     clusters: dict[int, dict[str, float]] = {}
@@ -43,25 +43,29 @@ def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
         if node.engine in ("view", "host"):
             continue
         if node.engine == "net" and node.placement != "cpu":
-            comms.append(work.collective(node, fabric(recipe.target)))
+            comms.append(work.collective(node, net))
             node_s[node.name] = comms[-1]["time_s"]
             continue
         flops, moved, dtype = work.flops(node), work.hbm_bytes(node), work.dtype(node)
         if node.placement == "cpu":
             cpu_s += flops / HOST_FLOPS + moved / HOST_BYTES_PER_S
             continue
-        c = clusters.setdefault(node.cluster, {"mme_s": 0.0, "tpc_s": 0.0, "hbm_bytes": 0, "flops": 0.0})
+        c = clusters.setdefault(node.cluster, _no_work())
         compute_s = flops / _peak(dev, node.engine, dtype)
         c["mme_s" if node.engine == "mme" else "tpc_s"] += compute_s
         c["hbm_bytes"] += moved
         c["flops"] += flops
         node_s[node.name] = max(compute_s, moved / (dev.hbm_bytes_per_s * dev.efficiency.hbm))
-    for comm in comms:
-        clusters.setdefault(comm["cluster"], {"mme_s": 0.0, "tpc_s": 0.0, "hbm_bytes": 0, "flops": 0.0})
+    for comm in comms:  # a cluster may hold nothing but collectives
+        clusters.setdefault(comm["cluster"], _no_work())
     cost = _summary(recipe, dev, clusters, cpu_s)
     if comms:
-        cost = _with_collectives(recipe, cost, comms, node_s, fabric(recipe.target))
+        cost = _with_collectives(recipe, cost, comms, node_s, net)
     return dataclasses.replace(recipe, facts=dict(recipe.facts, cost=cost))
+
+
+def _no_work() -> dict[str, float]:
+    return {"mme_s": 0.0, "tpc_s": 0.0, "hbm_bytes": 0, "flops": 0.0}
 
 
 def _with_collectives(recipe: Recipe, cost: dict, comms: list[dict], node_s: dict[str, float], net: Fabric) -> dict:
