@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 from common import RESULTS, ROOT, print_table, write_results
 
 SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench",
-           "cli_bench", "fleet_bench", "capacity_bench"]
+           "cli_bench", "fleet_bench", "capacity_bench", "fabric_bench"]
 
 
 def _load(name: str, quick: bool) -> dict:
@@ -74,6 +75,11 @@ def summarize(quick: bool) -> list[list]:
         worst = max(abs(r["ratio"] - 1) for r in cap)
         rows.append(["capacity: LLaMA 2 7B fp8 estimate / Intel's published, worst |ratio - 1|", worst, "≤ 0.35",
                      worst <= 0.35])
+    fab = [r for r in _load("fabric_bench", quick).get("rows", []) if r["fitted_on"]]
+    if fab:
+        worst = max(abs(math.log(r["ratio"])) for r in fab)
+        rows.append(["multi-card: LLaMA 2 70B fp8 estimate / Intel's published (calibration rows), worst ratio",
+                     f"×{math.exp(worst):.2f}", "within ±25%", all(abs(r["ratio"] - 1) <= 0.25 for r in fab)])
     cli = _load("cli_bench", quick)
     for command, r in cli.get("results", {}).items():
         if "reference" not in command:

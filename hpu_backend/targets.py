@@ -1,4 +1,4 @@
-"""Device figures for the cost model and memory plan: one frozen record per target, with sources.
+"""Device and fabric figures for the cost model and memory plan: one frozen record per target, with sources.
 
 Peak figures are vendor-published numbers; figures the vendor does not publish (FP32 matrix
 throughput, TPC peaks for dtypes other than BF16, kernel launch overhead) are derived from the
@@ -114,3 +114,100 @@ def device(target: str) -> DeviceSpec:
         return DEVICES[target]
     except KeyError:
         raise KeyError(f"unknown target {target!r}; known: {', '.join(DEVICES)}") from None
+
+
+# -- the scale-up fabric: collectives between the cards of one server ----------------------------------------
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A card's integrated RoCE ports and how a server wires them: all-to-all between its cards (scale-up).
+
+    ``collective_s`` is the time model of every collective: a bandwidth term (the bytes each card must send,
+    spread over the links it has to the group's other cards, at ``efficiency`` of the line rate) plus one
+    ``latency_s`` per message a card exchanges. ``algorithm`` "direct" is the all-to-all server: in each phase
+    a card sends every peer its share at once over the 3 ports wired to that peer (n - 1 messages, so the
+    latency grows with the group while the bandwidth term shrinks); "ring" is the textbook ring (one link per
+    direction, n - 1 steps per phase) for fabrics that are not fully connected.
+    """
+
+    name: str
+    ports: int  # integrated RoCE ports per card
+    port_bytes_per_s: float  # one port, one direction
+    scale_up_ports: int  # wired to the server's other cards
+    scale_out_ports: int  # to the data-center switches
+    cards_per_server: int
+    efficiency: float  # fraction of the line rate a collective sustains (fitted)
+    latency_s: float  # per communication step (fitted)
+    # The graph compiler slices a collective and the compute around it into chunks and pipelines them: this
+    # fraction of the collective's wire time (not its latency) that the dependency graph leaves exposed still
+    # hides behind the cluster's compute (at most the compute's time). Fitted.
+    overlap: float = 0.0
+    algorithm: str = "direct"
+    sources: tuple[str, ...] = field(default=())
+
+    @property
+    def ports_per_peer(self) -> int:
+        return self.scale_up_ports // (self.cards_per_server - 1)
+
+    def link_bytes_per_s(self) -> float:
+        """The usable rate between two cards of a server, one direction."""
+        return self.ports_per_peer * self.port_bytes_per_s * self.efficiency
+
+    def scale_up_bytes_per_s(self) -> float:
+        """A card's published scale-up rate, one direction (all its scale-up ports)."""
+        return self.scale_up_ports * self.port_bytes_per_s
+
+    def collective_s(self, kind: str, nbytes: float, group: int) -> float:
+        """Estimated time of one collective over ``group`` cards of a server; ``nbytes`` is the full tensor
+        (all_reduce: the tensor reduced; all_gather: the gathered output; reduce_scatter: the input;
+        all_to_all: one card's input). ValueError for an unknown kind or a group larger than the server."""
+        if kind not in COLLECTIVES:
+            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
+        if not 1 <= group <= self.cards_per_server:
+            raise ValueError(f"group of {group} cards: the scale-up fabric joins 1 to {self.cards_per_server}")
+        if group == 1:
+            return 0.0
+        phases = 2 if kind == "all_reduce" else 1  # reduce-scatter then all-gather
+        share = (group - 1) / group * nbytes  # what each card sends per phase
+        if self.algorithm == "ring":
+            return phases * (share / self.link_bytes_per_s() + (group - 1) * self.latency_s)
+        return phases * (share / ((group - 1) * self.link_bytes_per_s()) + (group - 1) * self.latency_s)
+
+
+_NETWORK_DOC = ("Intel Gaudi documentation, Management and Monitoring, Intel Gaudi Network Configuration "
+                "(docs.habana.ai): 21 scale-up ports wired all-to-all to the 7 other cards of an HLS box, 3 per "
+                "peer, and 3 scale-out ports; Gaudi 3 links at 200 Gb/s, Gaudi 2 at 100 Gb/s")
+# Fitted with bench/fabric_bench.py on Intel's Model Performance Data for Intel Gaudi 2 (software 1.18.0, fp8):
+# LLaMA 2 70B on 2 and 4 cards at in/out/batch 128/128/1750 -> 2,844 tokens/s, 128/2048/327 (4 cards) -> 3,211,
+# 2048/128/95 -> 310, 2048/2048/78 -> 1,438, and the 8-card batch-1 first-token latencies (input 128 -> 26.93 ms,
+# 2048 -> 116 ms); minimizes the largest |log(estimate / published)|. Other published rows only validate it.
+FABRIC_EFFICIENCY = 0.55
+FABRIC_LATENCY_S = 12e-6
+FABRIC_OVERLAP = 0.0
+
+GAUDI2_FABRIC = Fabric(
+    name="gaudi2", ports=24, port_bytes_per_s=100e9 / 8, scale_up_ports=21, scale_out_ports=3, cards_per_server=8,
+    efficiency=FABRIC_EFFICIENCY, latency_s=FABRIC_LATENCY_S, overlap=FABRIC_OVERLAP,
+    sources=("Intel Gaudi 2 AI Accelerator white paper (24 x 100 GbE RoCE v2 ports integrated on chip)",
+             _NETWORK_DOC, "habana.ai/products/networking: HLS-Gaudi2, 8 cards per server, all-to-all scale-up"),
+)
+
+GAUDI3_FABRIC = Fabric(
+    name="gaudi3", ports=24, port_bytes_per_s=200e9 / 8, scale_up_ports=21, scale_out_ports=3, cards_per_server=8,
+    efficiency=FABRIC_EFFICIENCY, latency_s=FABRIC_LATENCY_S, overlap=FABRIC_OVERLAP,
+    sources=("Intel Gaudi 3 AI Accelerator white paper (24 x 200 GbE RoCE v2 ports integrated on chip)",
+             _NETWORK_DOC),
+)
+
+FABRICS: Mapping[str, Fabric] = MappingProxyType({f.name: f for f in (GAUDI2_FABRIC, GAUDI3_FABRIC)})
+
+
+def fabric(target: str) -> Fabric:
+    """The scale-up fabric of a target's server (``gaudi2`` | ``gaudi3``); KeyError names the known ones."""
+    try:
+        return FABRICS[target]
+    except KeyError:
+        raise KeyError(f"unknown target {target!r}; known: {', '.join(FABRICS)}") from None

@@ -62,8 +62,9 @@ def print_capacity(doc: dict[str, Any]) -> None:
                      ([r["step"], f"{b:,}", f"{'input' if r['step'] == 'prefill' else 'KV'} {r['length']:,}",
                        _time(r["time_s"]), render.size(r["peak_hbm_bytes"]) + ("" if r["fits_hbm"] else " (does not fit)")]
                       for r in doc["steps"]),
-                     title=f"{doc['model']} on {doc['target']} in {doc['dtype']}, {render.size(doc['hbm_bytes'])} HBM "
-                           f"(estimates)", right=("batch", "length", "est. time", "peak HBM"))
+                     title=f"{doc['model']} on {_cards(doc)}{doc['target']} in {doc['dtype']}, "
+                           f"{render.size(doc['hbm_bytes'])} HBM{' per card' if doc['cards'] > 1 else ''} (estimates)",
+                     right=("batch", "length", "est. time", "peak HBM"))
     mb, sizes = doc["max_batch"], f"input {doc['input_len']:,} + output {doc['output_len']:,} tokens"
     if mb["batch"]:
         render.note("Largest batch that fits {} HBM at {} (KV cache included): {}.{}", doc["target"], sizes,
@@ -76,3 +77,13 @@ def print_capacity(doc: dict[str, Any]) -> None:
         render.note("At batch {}: {} tokens/s (prefill {} + {} decode steps {}{}){}.", f"{b:,}",
                     f"{doc['tokens_per_s']:,.0f}", _time(doc["prefill_s"]), f"{doc['output_len']:,}",
                     _time(doc["decode_s"]), sampled, "" if doc["fits_hbm"] else "; it does not fit in HBM")
+        render.note("First token after {}; collectives {} of the time ({} not hidden behind compute).",
+                    _time(doc["first_token_s"]), f"{doc['comm_share']:.1%}", _time(doc["exposed_comm_s"]))
+        if doc["cards"] > 1:
+            parts = (f"{k.removesuffix('_bytes').replace('_', ' ')} {render.size(v)}"
+                     for k, v in doc["hbm_per_card"].items())
+            render.note("HBM per card at the last step: {}.", ", ".join(parts))
+
+
+def _cards(doc: dict[str, Any]) -> str:
+    return f"{doc['cards']} × " if doc.get("cards", 1) > 1 else ""

@@ -155,6 +155,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             batch: Annotated[Optional[int], typer.Option(
                 help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
                 show_default=False)] = None,
+            cards: Annotated[Optional[int], typer.Option(
+                help="Capacity planning: tensor parallel over this many cards of one server (per-card plan; "
+                     "a model file with PER_CARD).", show_default=False)] = None,
             timeout: Timeout = None, json: Json = False) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
@@ -162,8 +165,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
     if input_len is None and output_len is None:
-        if dtype is not None or batch is not None:
-            raise UsageError("--dtype and --batch are for capacity planning: give --input-len and --output-len too")
+        if dtype is not None or batch is not None or cards is not None:
+            raise UsageError("--dtype, --batch and --cards are for capacity planning: give --input-len and "
+                             "--output-len too")
         from hpu_backend.aot.analyze import analyze_spec
 
         from .analysis import print_analysis
@@ -173,7 +177,7 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
         render.emit_json(doc) if json else print_analysis(doc)
         return
     with time_limit(timeout, model_file):
-        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, json)
+        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json)
 
 
 def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
@@ -194,13 +198,14 @@ def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
 
 def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | None, output_len: int | None,
-              dtype: str, batch: int | None, json: bool) -> None:
+              dtype: str, batch: int | None, cards: int | None, json: bool) -> None:
     if input_len is None or output_len is None:
         raise UsageError("capacity planning needs both --input-len and --output-len, e.g. --input-len 128 "
                          "--output-len 128")
     if dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPE_CHOICES)}")
-    for name, value in (("--input-len", input_len), ("--output-len", output_len), ("--batch", batch)):
+    for name, value in (("--input-len", input_len), ("--output-len", output_len), ("--batch", batch),
+                        ("--cards", cards)):
         if value is not None and value < 1:
             raise UsageError(f"{name} {value}: expected a positive integer")
     if train or axis:
@@ -209,5 +214,5 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
     from .analysis import print_capacity
 
-    doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch)
+    doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards)
     render.emit_json(doc) if json else print_capacity(doc)

@@ -8,6 +8,12 @@ graph passes run once, and the bucket passes (memory plan, cost) run again at ev
 with the symbols set from the axes. A symbol's value is read off the sample inputs: every input
 dimension that changes with an axis is ``c + a * axis`` (two probes of ``make_inputs`` per axis).
 tokens/s = batch * output / (prefill + Σ decode steps over KV lengths input .. input + output - 1).
+
+Across cards (``cards``): the model file's ``PER_CARD`` shard of one card (tensor parallel over heads, KV
+heads and the MLP, with its all-reduces; ``models/llama.py``) is planned per card, its collectives timed on
+the target's scale-up fabric. A stack of identical layers is not lowered whole: the shard is lowered with one
+and with two layers, and every figure (time, HBM, communication) is extrapolated linearly over ``LAYERS``
+(exact for sums over layers; the intermediates arena, which does not grow with depth, is the two-layer one).
 """
 
 from __future__ import annotations
@@ -20,14 +26,17 @@ import torch
 from ..capture.meta import trace_symbolic
 from ..formats.recipe import Recipe
 from ..lowering import LoweringContext, lower, lower_bucket
+from ..lowering.values import nbytes
 from ..settings import Settings
+from ..targets import fabric
 from .analyze import hbm_bytes, largest_fitting, replanned_peak
-from .modelfile import ModelFileError, ModelSpec, user_call
+from .modelfile import ModelFileError, ModelSpec, spec_from, user_call
 
 DTYPES = {"bf16": "native", "fp8": "fp8"}  # --dtype -> Settings.dtype_policy (weights and activations are bf16)
 PREFILL_AXES, DECODE_AXES = ("batch", "input_len"), ("batch", "kv_len")
 SAMPLE = {"batch": 3, "input_len": 7, "kv_len": 7}  # ≥ 2 (0 and 1 specialize) and distinct from each other
 DECODE_SAMPLES = 17  # decode steps evaluated exactly; the sum over the others is interpolated (see decode_s)
+TP_GROUP = "tp"  # the process-group name a PER_CARD shard's collectives use while planning
 
 
 class CapacityError(ModelFileError):
@@ -42,6 +51,7 @@ class StepGraph:
     template: Recipe
     ctx: LoweringContext
     lines: dict[str, tuple[int, dict[str, int]]]  # symbol -> (c, {axis: a}): value = c + Σ a * axis
+    params: int = 0  # the graph's leading inputs that are parameters and buffers
 
     def env(self, point: Mapping[str, int]) -> dict[str, int]:
         return {s: c + sum(a * point[axis] for axis, a in coef.items()) for s, (c, coef) in self.lines.items()}
@@ -56,8 +66,51 @@ class StepGraph:
         """The planned peak HBM at ``point`` (the memory pass alone: what the batch search needs)."""
         return replanned_peak(self.template, self.env(point))
 
+    def estimate(self, point: Mapping[str, int]) -> dict[str, Any]:
+        """Time, communication and per-card HBM (weights, KV cache, activations, comm buffers) at ``point``."""
+        recipe = self.at(point)
+        cost, memory, env = recipe.facts["cost"], recipe.facts["memory"], recipe.facts["plan_at"]
+        weights = sum(nbytes(s, env) for s in recipe.inputs[:self.params])
+        comms = cost.get("collectives", [])
+        return {"time_s": cost["total_s"], "peak_hbm_bytes": memory["peak_bytes"], "input_bytes": memory["input_bytes"],
+                "fits_hbm": memory["fits_hbm"], "bound": [c["bound"] for c in cost["clusters"]],
+                "comm_s": cost.get("comm_s", 0.0), "exposed_comm_s": cost.get("exposed_comm_s", 0.0),
+                "comm_latency_s": cost.get("comm_latency_s", 0.0), "collectives": len(comms),
+                "hbm": {"weights_bytes": weights, "kv_cache_bytes": memory["input_bytes"] - weights,
+                        "activation_bytes": memory["arena_bytes"],
+                        "comm_buffer_bytes": max((c["bytes"] for c in comms), default=0)}}
 
-def step_graphs(spec: ModelSpec, target: str, dtype: str) -> tuple[StepGraph, StepGraph]:
+
+@dataclass
+class LayeredStep:
+    """A step of ``layers`` identical layers estimated from its one- and two-layer lowerings (linear in depth)."""
+
+    one: StepGraph
+    two: StepGraph
+    layers: int
+    hbm: int
+
+    def _extend(self, a: float, b: float) -> float:
+        return a + (self.layers - 1) * (b - a)
+
+    def peak_bytes(self, point: Mapping[str, int]) -> int:
+        return round(self._extend(self.one.peak_bytes(point), self.two.peak_bytes(point)))
+
+    def estimate(self, point: Mapping[str, int]) -> dict[str, Any]:
+        a, b = self.one.estimate(point), self.two.estimate(point)
+        out = {k: self._extend(a[k], b[k]) for k in ("time_s", "comm_s", "exposed_comm_s", "comm_latency_s",
+                                                    "collectives")}
+        out["hbm"] = {k: round(self._extend(a["hbm"][k], b["hbm"][k])) for k in a["hbm"]}
+        out["hbm"]["activation_bytes"] = b["hbm"]["activation_bytes"]  # the arena does not grow with depth
+        out["hbm"]["comm_buffer_bytes"] = b["hbm"]["comm_buffer_bytes"]
+        peak = round(self._extend(a["peak_hbm_bytes"], b["peak_hbm_bytes"]))
+        return {**out, "collectives": round(out["collectives"]), "peak_hbm_bytes": peak,
+                "input_bytes": round(self._extend(a["input_bytes"], b["input_bytes"])),
+                "fits_hbm": peak <= self.hbm, "bound": b["bound"]}
+
+
+def step_graphs(spec: ModelSpec, target: str, dtype: str,
+                groups: Mapping[str, int] | None = None) -> tuple[StepGraph, StepGraph]:
     """The prefill and decode steps of a generative model file, lowered for ``target`` in ``dtype``."""
     if dtype not in DTYPES:
         raise CapacityError(f"dtype {dtype!r}: expected {' or '.join(DTYPES)}")
@@ -66,7 +119,8 @@ def step_graphs(spec: ModelSpec, target: str, dtype: str) -> tuple[StepGraph, St
                             f"step (AXES {', '.join(PREFILL_AXES)}) and DECODE (AXES {', '.join(DECODE_AXES)})")
     _require_axes(spec, PREFILL_AXES, "the prefill step")
     _require_axes(spec.decode, DECODE_AXES, "DECODE")
-    return (trace_step(spec, "prefill", target, dtype), trace_step(spec.decode, "decode", target, dtype))
+    return (trace_step(spec, "prefill", target, dtype, groups),
+            trace_step(spec.decode, "decode", target, dtype, groups))
 
 
 def _require_axes(spec: ModelSpec, axes: tuple[str, ...], what: str) -> None:
@@ -74,7 +128,30 @@ def _require_axes(spec: ModelSpec, axes: tuple[str, ...], what: str) -> None:
         raise CapacityError(f"{spec.path}: {what} must have AXES {', '.join(axes)}; it has {', '.join(spec.axes)}")
 
 
-def trace_step(spec: ModelSpec, name: str, target: str, dtype: str) -> StepGraph:
+def card_steps(spec: ModelSpec, target: str, dtype: str, cards: int) -> tuple[Any, Any]:
+    """The prefill and decode steps of one card's shard over ``cards`` (LayeredSteps when LAYERS > 2)."""
+    server = fabric(target).cards_per_server
+    if not 1 <= cards <= server:
+        raise CapacityError(f"--cards {cards}: a {target} server joins 1 to {server} cards (no scale-out yet)")
+    if spec.per_card is None:
+        raise CapacityError(f"{spec.path}: planning across cards needs PER_CARD(cards, group, layers) in the "
+                            f"model file (one card's tensor-parallel shard, see models/llama.py)")
+    groups = {TP_GROUP: cards}
+
+    def shard(layers: int | None) -> tuple[StepGraph, StepGraph]:
+        holder = user_call(spec.path, f"PER_CARD(cards={cards})", spec.per_card, cards=cards, group=TP_GROUP,
+                           layers=layers)
+        return step_graphs(spec_from(holder, f"{spec.path}:PER_CARD"), target, dtype, groups)
+
+    if not spec.layers or spec.layers <= 2:
+        return shard(None)
+    (p1, d1), (p2, d2) = shard(1), shard(2)
+    hbm = hbm_bytes(target)
+    return LayeredStep(p1, p2, spec.layers, hbm), LayeredStep(d1, d2, spec.layers, hbm)
+
+
+def trace_step(spec: ModelSpec, name: str, target: str, dtype: str,
+               groups: Mapping[str, int] | None = None) -> StepGraph:
     """Build the step's model on the meta device, trace it on fake inputs and run the graph passes."""
     with torch.device("meta"):
         model = spec.build_model().eval().to(torch.bfloat16)
@@ -84,12 +161,13 @@ def trace_step(spec: ModelSpec, name: str, target: str, dtype: str) -> StepGraph
     gm = user_call(spec.path, "the model traced on fake inputs", trace_symbolic, model, inputs, dims)
     settings = Settings.from_options({**spec.options, "target": target, "cache": False, "execute": False,
                                       "dtype_policy": DTYPES[dtype]}, env={})
-    ctx = LoweringContext(settings=settings, name=f"{spec.name}_{name}", kind="inference", gm=gm)
+    ctx = LoweringContext(settings=settings, name=f"{spec.name}_{name}", kind="inference", gm=gm,
+                          groups=dict(groups or {}))
     template = lower(gm, ctx).template
     ctx = ctx.for_bucket({})  # the FX graph is not needed again; dropping it frees the tracer's memory
     first = len(template.inputs) - len(inputs)  # the graph's inputs: parameters and buffers, then the step's
     lines = {s: dims[(i - first, d)] for s, (i, d) in zip(template.symbols, template.symbol_sources)}
-    return StepGraph(name, template, ctx, lines)
+    return StepGraph(name, template, ctx, lines, first)
 
 
 def _bf16(t: Any) -> Any:
@@ -135,16 +213,20 @@ def decode_points(input_len: int, output_len: int) -> list[tuple[int, float]]:
 
 
 def capacity(spec: ModelSpec, target: str, dtype: str, input_len: int, output_len: int,
-             batch: int | None = None) -> dict[str, Any]:
-    """Per-step estimated time and HBM, the largest batch that fits and tokens/s; a JSON-ready dict."""
-    if input_len < 1 or output_len < 1 or (batch is not None and batch < 1):
-        raise CapacityError("input length, output length and batch must be positive integers")
-    prefill, decode = step_graphs(spec, target, dtype)
-    return plan_capacity(prefill, decode, spec.name, target, dtype, input_len, output_len, batch)
+             batch: int | None = None, cards: int | None = None) -> dict[str, Any]:
+    """Per-step estimated time and HBM, the largest batch that fits and tokens/s; a JSON-ready dict.
+    ``cards``: plan one card's tensor-parallel shard over that many cards of a server (per-card figures)."""
+    if input_len < 1 or output_len < 1 or (batch is not None and batch < 1) or (cards is not None and cards < 1):
+        raise CapacityError("input length, output length, batch and cards must be positive integers")
+    if cards is None:
+        prefill, decode = step_graphs(spec, target, dtype)
+    else:
+        prefill, decode = card_steps(spec, target, dtype, cards)
+    return plan_capacity(prefill, decode, spec.name, target, dtype, input_len, output_len, batch, cards or 1)
 
 
-def plan_capacity(prefill: StepGraph, decode: StepGraph, model: str, target: str, dtype: str, input_len: int,
-                  output_len: int, batch: int | None) -> dict[str, Any]:
+def plan_capacity(prefill, decode, model: str, target: str, dtype: str, input_len: int,
+                  output_len: int, batch: int | None, cards: int = 1) -> dict[str, Any]:
     hbm = hbm_bytes(target)
     last_kv = input_len + output_len - 1
 
@@ -154,7 +236,7 @@ def plan_capacity(prefill: StepGraph, decode: StepGraph, model: str, target: str
 
     largest, note = largest_fitting(fits)
     chosen = batch or largest
-    doc = {"model": model, "target": target, "dtype": dtype, "estimate": True, "hbm_bytes": hbm,
+    doc = {"model": model, "target": target, "dtype": dtype, "estimate": True, "cards": cards, "hbm_bytes": hbm,
            "input_len": input_len, "output_len": output_len,
            "max_batch": {"batch": largest, **({"note": note} if note else {}),
                          **({} if largest else {"reason": "even batch 1 does not fit"})},
@@ -164,26 +246,34 @@ def plan_capacity(prefill: StepGraph, decode: StepGraph, model: str, target: str
     return doc
 
 
-def throughput(prefill: StepGraph, decode: StepGraph, batch: int, input_len: int, output_len: int
-               ) -> dict[str, Any]:
-    """The steps at ``batch`` (prefill, first and last decode step) and tokens/s over the whole request."""
+def throughput(prefill, decode, batch: int, input_len: int, output_len: int) -> dict[str, Any]:
+    """The steps at ``batch`` (prefill, first and last decode step) and tokens/s over the whole request;
+    the communication share is the collectives' time not hidden behind compute, over the request's time."""
     points = decode_points(input_len, output_len)  # always holds the first and the last KV length
-    steps = {kv: decode.at({"batch": batch, "kv_len": kv}) for kv, _ in points}
-    rows = [_step_row("prefill", prefill.at({"batch": batch, "input_len": input_len}), input_len)]
+    steps = {kv: decode.estimate({"batch": batch, "kv_len": kv}) for kv, _ in points}
+    first = prefill.estimate({"batch": batch, "input_len": input_len})
+    rows = [_step_row("prefill", first, input_len)]
     rows += [_step_row("decode", steps[kv], kv) for kv in sorted({input_len, input_len + output_len - 1})]
-    decode_s = sum(w * steps[kv].facts["cost"]["total_s"] for kv, w in points)
-    total_s = rows[0]["time_s"] + decode_s
-    return {"steps": rows, "prefill_s": rows[0]["time_s"], "decode_s": decode_s, "total_s": total_s,
+
+    def over_request(key: str) -> float:
+        return first[key] + sum(w * steps[kv][key] for kv, w in points)
+
+    decode_s = over_request("time_s") - first["time_s"]
+    total_s = first["time_s"] + decode_s
+    comm = {"comm_s": over_request("comm_s"), "exposed_comm_s": over_request("exposed_comm_s"),
+            "comm_latency_s": over_request("comm_latency_s")}
+    return {"steps": rows, "prefill_s": first["time_s"], "decode_s": decode_s, "total_s": total_s,
             "tokens_per_s": batch * output_len / total_s, "fits_hbm": all(r["fits_hbm"] for r in rows),
+            "first_token_s": first["time_s"], **comm, "comm_share": comm["exposed_comm_s"] / total_s,
+            "hbm_per_card": steps[input_len + output_len - 1]["hbm"],
             "decode_sampled": len(points) < output_len, "decode_steps_evaluated": len(points)}
 
 
-def _step_row(step: str, recipe: Recipe, length: int) -> dict[str, Any]:
-    cost, memory = recipe.facts["cost"], recipe.facts["memory"]
-    return {"step": step, "length": length, "time_s": cost["total_s"], "peak_hbm_bytes": memory["peak_bytes"],
-            "input_bytes": memory["input_bytes"], "fits_hbm": memory["fits_hbm"],
-            "bound": [c["bound"] for c in cost["clusters"]]}
+def _step_row(step: str, est: dict[str, Any], length: int) -> dict[str, Any]:
+    return {"step": step, "length": length, "time_s": est["time_s"], "peak_hbm_bytes": est["peak_hbm_bytes"],
+            "input_bytes": est["input_bytes"], "fits_hbm": est["fits_hbm"], "bound": est["bound"],
+            "comm_s": est["comm_s"], "collectives": est["collectives"]}
 
 
-__all__ = ["CapacityError", "DTYPES", "StepGraph", "capacity", "decode_points", "plan_capacity",
-           "step_graphs", "throughput", "trace_step"]
+__all__ = ["CapacityError", "DTYPES", "LayeredStep", "StepGraph", "capacity", "card_steps", "decode_points",
+           "plan_capacity", "step_graphs", "throughput", "trace_step"]

@@ -5,7 +5,9 @@ of example inputs for one shape), ``AXES = {axis: [values]}`` (the shapes to cov
 point of their cartesian product) and ``COMPILE = {"dynamic": ..., "options": {...}}`` (the
 ``torch.compile`` arguments). Optional: ``MODEL_INPUTS`` (how many leading inputs feed the model; the
 default is all of them), ``loss(output, *inputs)`` (needed to warm training graphs) and ``DECODE`` (a
-generative model's decode step: a holder of the same names, missing ones taken from the file). With
+generative model's decode step: a holder of the same names, missing ones taken from the file), ``LAYERS``
+(the number of identical decoder layers) and ``PER_CARD(cards, group, layers)`` (a holder of one card's
+tensor-parallel shard, its collectives over the process group ``group``, with ``layers`` layers). With
 ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
 """
 
@@ -61,6 +63,8 @@ class ModelSpec:
     loss: Callable[..., Any] | None = None
     source_hash: str = ""
     decode: "ModelSpec | None" = None  # a generative model's decode step (this spec being its prefill step)
+    per_card: Callable[..., Any] | None = None  # PER_CARD(cards=, group=, layers=): one card's shard
+    layers: int | None = None  # LAYERS: identical decoder layers (capacity across cards extrapolates over them)
 
     def points(self) -> list[dict[str, int]]:
         """Every shape to cover: the cartesian product of the axes, in file order."""
@@ -182,8 +186,13 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
         raise ModelFileError(f"{where}: MODEL_INPUTS must be a positive integer, got {model_inputs!r}")
     name = str(options.get("model") or default_name or "model")
     decode = None if get("DECODE") is None else _decode_spec(get, where, name, source_hash)
+    per_card, layers = get("PER_CARD"), get("LAYERS")
+    if per_card is not None and not callable(per_card):
+        raise ModelFileError(f"{where}: PER_CARD must be a function (cards, group, layers) returning a model file")
+    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
+        raise ModelFileError(f"{where}: LAYERS must be a positive integer, got {layers!r}")
     return ModelSpec(name, where, get("make_model"), get("make_inputs"), axes, dynamic, options, model_inputs,
-                     get("loss"), source_hash, decode)
+                     get("loss"), source_hash, decode, per_card, layers)
 
 
 def _getter(holder: Any) -> Callable[..., Any]:

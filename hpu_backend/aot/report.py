@@ -42,6 +42,8 @@ class GraphReport:
     on_chip_bytes: int
     fits_hbm: bool
     cache_hit: bool = False
+    collectives: int = 0  # collective ops on the network engine
+    est_comm_s: float = 0.0  # their estimated time not hidden behind compute
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, hit: bool = False) -> "GraphReport":
@@ -59,7 +61,8 @@ class GraphReport:
             est_cpu_s=cost.get("cpu_s", 0.0), est_transfer_s=cost.get("transfer_s", 0.0),
             est_peak_bytes=mem.get("peak_bytes", 0), est_arena_bytes=mem.get("arena_bytes", 0),
             persistent_bytes=mem.get("persistent_bytes", 0), on_chip_bytes=mem.get("on_chip_bytes", 0),
-            fits_hbm=mem.get("fits_hbm", True), cache_hit=hit)
+            fits_hbm=mem.get("fits_hbm", True), cache_hit=hit, collectives=len(cost.get("collectives", [])),
+            est_comm_s=cost.get("exposed_comm_s", 0.0))
 
 
 @dataclass

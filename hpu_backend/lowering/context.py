@@ -21,6 +21,9 @@ class LoweringContext:
     guards: tuple[Any, ...] = ()  # sympy boolean expressions from the ShapeEnv
     bucket: Mapping[str, list[int]] = field(default_factory=dict)  # symbol -> [lo, hi] for bucket passes
     gm: Any = None  # the aten torch.fx.GraphModule of a graph's lowering (None for a bucket's, or from disk)
+    # Process-group name -> size, for collectives lowered outside a running job (capacity planning); in a
+    # job, groups resolve among the process's own.
+    groups: Mapping[str, int] = field(default_factory=dict)
 
     def for_bucket(self, bucket: Mapping[str, list[int]]) -> "LoweringContext":
         """The context of one bucket's lowering: this graph's, with the bucket and without the FX graph."""

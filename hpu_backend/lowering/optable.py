@@ -20,7 +20,7 @@ INT = frozenset({"int8", "int16", "int32", "int64", "uint8"})
 BOOL = frozenset({"bool"})
 ALL = FLOAT | INT | BOOL
 
-ENGINES = ("mme", "tpc", "dma", "view", "host")
+ENGINES = ("mme", "tpc", "dma", "net", "view", "host")  # net: the integrated RoCE ports (collectives)
 
 # Kinds that the fusion pass may put into one TPC kernel.
 FUSIBLE_KINDS = frozenset({"elementwise", "reduction", "softmax"})
@@ -121,6 +121,9 @@ def default_table() -> OpTable:
         *_group("dma", "layout", ALL | FP8, LAYOUT_COPIES),
         *_group("dma", "sync", ALL, "_local_scalar_dense"),
         *_group("view", "view", ALL | FP8, VIEWS),
+        # Functional collectives run on the network engines; wait_tensor returns its input once it is complete.
+        *_group("net", "collective", ALL | FP8, COLLECTIVES),
+        *_group("view", "wait", ALL | FP8, "wait_tensor"),
     ])
 
 
@@ -168,6 +171,7 @@ _foreach_rsqrt _foreach_norm _foreach_pow _foreach_lerp _foreach_neg _foreach_ma
 _foreach_clamp_min _foreach_clamp_max _foreach_reciprocal _foreach_sign _foreach_abs _foreach_exp
 _foreach_copy _foreach_zero
 """
+COLLECTIVES = "all_reduce all_gather_into_tensor reduce_scatter_tensor all_to_all_single"
 RANDOM = "rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal"
 FACTORIES = """
 full full_like zeros zeros_like ones ones_like new_zeros new_ones new_full scalar_tensor arange fill

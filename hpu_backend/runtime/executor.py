@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..formats.recipe import Constant, Recipe, iter_refs
-from . import ops
+from . import collectives, ops
 from .peephole import fold_linear
 
 _KWARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: "$" would allow a trailing newline
@@ -127,7 +127,8 @@ class _Codegen:
             return f"{args[0]}[{args[1]}]"
         try:
             fn = ops.fast_callable(node.op)
-        except ops.OpNotAllowed as e:
+            collectives.check_runnable(node)
+        except (ops.OpNotAllowed, collectives.CollectiveError) as e:
             raise RecipeLoadError(str(e)) from None
         return f"{self.bind(fn, 'f')}({', '.join(args)})"
 
@@ -196,7 +197,8 @@ def check_ops(recipe: Recipe) -> None:
     for node in recipe.nodes:
         try:
             ops.resolve(node.op)
-        except ops.OpNotAllowed as e:
+            collectives.check_structure(node)
+        except (ops.OpNotAllowed, collectives.CollectiveError) as e:
             raise RecipeLoadError(f"node {node.name}: {e}") from None
 
 

@@ -6,7 +6,8 @@ attribute lookup), the op is functional (it mutates nothing, except the input wr
 ``aten::_print`` or ``aten::manual_seed``, is refused unless it is a check in ``EFFECT_ALLOWED``),
 it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state, or write
 an argument their schema does not mark as written); symbolic-int arithmetic resolves from the fixed
-``SYM_OPS`` table (integer powers bounded). Anything else is an
+``SYM_OPS`` table (integer powers bounded); the functional collectives of ``runtime.collectives``
+(``_c10d_functional``) resolve too, their groups checked when a recipe is built. Anything else is an
 ``OpNotAllowed`` error at recipe load time.
 """
 
@@ -19,6 +20,7 @@ import operator
 import torch
 
 from ..formats.symexpr import bounded_pow
+from . import collectives
 
 
 class OpNotAllowed(KeyError):
@@ -123,7 +125,8 @@ def resolve(name: str):
         return SYM_RUNTIME[name]
     namespace, _, rest = name.partition("::")
     packet_name, _, overload = rest.rpartition(".")
-    if (namespace not in ("aten", "prims") or packet_name in DENY_ATEN or not packet_name
+    known = namespace in ("aten", "prims") or (namespace == collectives.NAMESPACE and packet_name in collectives.OPS)
+    if (not known or packet_name in DENY_ATEN or not packet_name
             or not _registered(f"{namespace}::{packet_name}", overload)):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)

@@ -60,6 +60,9 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     annotations = recipe.facts.get("annotations")
     if annotations:  # only when present, so that the keys of unannotated graphs stay as they were
         graph.append(sorted([names[k], _plain(v)] for k, v in annotations.items()))
+    groups = recipe.facts.get("collectives")
+    if groups:  # a collective's cost depends on its group's size (only present in graphs with collectives)
+        graph.append(sorted([names[k], _plain(v)] for k, v in groups.items()))
     settings_part = settings.key_fields()
     tc = toolchain()
     parts = {

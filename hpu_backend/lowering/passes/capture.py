@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ...formats import symexpr
 from ...formats.recipe import Constant, Node, Recipe, ValueSpec
-from ...runtime import ops
+from ...runtime import collectives, ops
 from ..buffers import FUSED_SDPA_ANNOTATION
 from ..context import LoweringContext
 from ..errors import LoweringError
@@ -51,7 +51,26 @@ def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
     annotations = {n.name: a for n in gm.graph.nodes if (a := recorded_annotations(n))}
     if annotations:
         recipe.facts["annotations"] = annotations
+    groups = {n.name: g for n in gm.graph.nodes if (g := collective_group(n, ctx))}
+    if groups:
+        recipe.facts["collectives"] = groups
     return recipe
+
+
+def collective_group(node: torch.fx.Node, ctx: LoweringContext) -> dict:
+    """A collective's kind, group name and group size (what its cost needs); {} for any other node.
+
+    The size is the one the op states (all_gather, reduce_scatter), else the context's (capacity planning),
+    else that of the process group of this process with that name; LoweringError if none is known."""
+    op = ops.op_name(node.target) if node.op == "call_function" else None
+    if op is None or (kind := collectives.kind(op)) is None:
+        return {}
+    name = collectives.group_name(node, op)
+    size = collectives.stated_size(node, op) or ctx.groups.get(name) or collectives.live_group_size(name)
+    if not isinstance(size, int) or size < 1:
+        raise LoweringError(f"collective {kind} over group {name!r:.40}: not a process group of this process",
+                            node=node)
+    return {"kind": kind, "group": str(name), "group_size": size}
 
 
 def recorded_annotations(node: torch.fx.Node) -> dict:

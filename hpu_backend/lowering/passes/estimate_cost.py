@@ -10,16 +10,24 @@ recompute the backward does the forward's attention FLOPs again (``flops.mme_flo
 fallbacks run at assumed host rates and each host↔device copy pays the link. Device rates are the
 published peaks times the fitted per-engine efficiency (``devices.EFFICIENCY``); figures come from
 ``hpu_backend/targets.py``; every number this pass writes is an estimate, and is labelled so.
+
+Collectives run on the network engines at the times of the target's scale-up fabric model
+(``targets.Fabric.collective_s``), beside the compute: a cluster with collectives is scheduled as two
+in-order streams (compute, network) that follow the dependency graph, so a collective overlaps the compute
+that neither feeds it nor reads it, and waits for (or holds up) the rest. The compute nodes share the
+cluster's roofline time in proportion to their own rooflines. A cluster whose collectives take longer than
+its compute is communication-bound (``bound: "net"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 from ...formats.recipe import Recipe
 from ..buffers import alias_roots, internal_values, recompute_choice, saved_probs_bytes, sdpa_workspace_bytes
 from ..context import LoweringContext
-from ...targets import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, device
+from ...targets import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, Fabric, device, fabric
 from ..flops import mme_flops, tpc_flops
 from ..optable import shared_table
 from ..values import nbytes, node_refs, spec_map, with_fields
@@ -35,21 +43,33 @@ def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
 
 
 def _cost(recipe: Recipe, dev: DeviceSpec) -> dict:
+    net = fabric(recipe.target)
     work = _Work(recipe, recipe.facts["plan_at"])
     clusters: dict[int, dict[str, float]] = {}
+    node_s: dict[str, float] = {}  # each compute node's own roofline; each collective's time
+    comms: list[dict] = []
     cpu_s = 0.0
     for node in recipe.nodes:
         if node.engine in ("view", "host"):
+            continue
+        if node.engine == "net" and node.placement != "cpu":
+            comms.append(work.collective(node, net))
+            node_s[node.name] = comms[-1]["time_s"]
             continue
         flops, moved, dtype = work.flops(node), work.hbm_bytes(node), work.dtype(node)
         if node.placement == "cpu":
             cpu_s += flops / HOST_FLOPS + moved / HOST_BYTES_PER_S
             continue
-        c = clusters.setdefault(node.cluster, {"mme_s": 0.0, "tpc_s": 0.0, "hbm_bytes": 0, "flops": 0.0})
-        c["mme_s" if node.engine == "mme" else "tpc_s"] += flops / _peak(dev, node.engine, dtype)
+        c = clusters.setdefault(node.cluster, _no_work())
+        compute_s = flops / _peak(dev, node.engine, dtype)
+        c["mme_s" if node.engine == "mme" else "tpc_s"] += compute_s
         c["hbm_bytes"] += moved
         c["flops"] += flops
-    return _summary(recipe, dev, clusters, cpu_s)
+        node_s[node.name] = max(compute_s, moved / (dev.hbm_bytes_per_s * dev.efficiency.hbm))
+    for comm in comms:  # a cluster may hold nothing but collectives
+        clusters.setdefault(comm["cluster"], _no_work())
+    cost = _summary(recipe, dev, clusters, cpu_s)
+    return _with_collectives(recipe, cost, comms, node_s, net) if comms else cost
 
 
 def _fused_saving(recipe: Recipe, dev: DeviceSpec, cost: dict, attention: dict) -> dict:
@@ -61,6 +81,74 @@ def _fused_saving(recipe: Recipe, dev: DeviceSpec, cost: dict, attention: dict) 
     saving = cost["device_s"] - _cost(fused, dev)["device_s"]
     return {"kind": attention["kind"], "source": attention["source"], "nodes": len(members),
             "fused_saving_s": max(saving, 0.0)}
+
+
+def _no_work() -> dict[str, float]:
+    return {"mme_s": 0.0, "tpc_s": 0.0, "hbm_bytes": 0, "flops": 0.0}
+
+
+def _with_collectives(recipe: Recipe, cost: dict, comms: list[dict], node_s: dict[str, float], net: Fabric) -> dict:
+    """The clusters' times with their collectives scheduled beside their compute; the collectives listed."""
+    rows, exposed_total = [], 0.0
+    for row in cost["clusters"]:
+        mine = [c for c in comms if c["cluster"] == row["id"]]
+        compute_s = row["time_s"] - row["launch_s"]
+        span = _two_streams(recipe, row["id"], compute_s, node_s) if mine else compute_s
+        net_s, latency_s = sum(c["time_s"] for c in mine), sum(c["latency_s"] for c in mine)
+        exposed = max(span - compute_s, 0.0)
+        exposed -= net.overlap * min(max(exposed - latency_s, 0.0), compute_s)  # sliced and pipelined
+        exposed_total += exposed
+        bound = "net" if net_s > compute_s else row["bound"]
+        rows.append({**row, "net_s": net_s, "net_latency_s": latency_s, "exposed_net_s": exposed, "bound": bound,
+                     "time_s": compute_s + exposed + row["launch_s"]})
+    device_s = sum(r["time_s"] for r in rows)
+    return {**cost, "clusters": rows, "device_s": device_s, "total_s": device_s + cost["cpu_s"] + cost["transfer_s"],
+            "collectives": comms, "comm_s": sum(c["time_s"] for c in comms), "exposed_comm_s": exposed_total,
+            "comm_latency_s": sum(c["latency_s"] for c in comms)}
+
+
+def _two_streams(recipe: Recipe, cluster: int, compute_s: float, node_s: dict[str, float]) -> float:
+    """The cluster's makespan with compute and collectives on two streams that follow the data: each stream
+    runs, of the nodes whose inputs are ready, the one ready first (schedule order breaks ties)."""
+    nodes = [n for n in recipe.nodes if n.cluster == cluster]
+    index = {n.name: i for i, n in enumerate(nodes)}
+    deps = {n.name: {r for r in node_refs(n) if r in index} for n in nodes}
+    users: dict[str, list[str]] = {}
+    for name, ds in deps.items():
+        for d in ds:
+            users.setdefault(d, []).append(name)
+    stream = {n.name: ("net" if n.engine == "net" else "compute") for n in nodes
+              if n.name in node_s and n.engine not in ("view", "host")}
+    own = sum(node_s[name] for name, s in stream.items() if s == "compute")
+    scale = compute_s / own if own > 0 else 0.0  # compute nodes share the cluster's roofline time
+    waiting = {name: len(ds) for name, ds in deps.items()}
+    ready = dict.fromkeys(index, 0.0)
+    queues: dict[str, list] = {"compute": [], "net": []}
+    free = {"compute": 0.0, "net": 0.0}
+
+    def finish(name: str, t: float) -> None:
+        """``name`` is done at ``t``: queue its readers whose inputs are all done (views finish at once)."""
+        todo = [(name, t)]
+        while todo:
+            done, at = todo.pop()
+            for u in users.get(done, ()):
+                ready[u], waiting[u] = max(ready[u], at), waiting[u] - 1
+                if waiting[u] == 0 and u in stream:
+                    heapq.heappush(queues[stream[u]], (ready[u], index[u], u))
+                elif waiting[u] == 0:
+                    todo.append((u, ready[u]))
+
+    for name in [n for n, k in waiting.items() if k == 0]:
+        if name in stream:
+            heapq.heappush(queues[stream[name]], (0.0, index[name], name))
+        else:
+            finish(name, 0.0)
+    while queues["compute"] or queues["net"]:
+        begin, which = min((max(free[k], q[0][0]), k) for k, q in queues.items() if q)
+        _, _, name = heapq.heappop(queues[which])
+        free[which] = begin + node_s[name] * (1.0 if which == "net" else scale)
+        finish(name, free[which])
+    return max(free.values())
 
 
 def _peak(dev: DeviceSpec, engine: str, dtype: str) -> float:
@@ -87,8 +175,8 @@ def _summary(recipe: Recipe, dev: DeviceSpec, clusters: dict, cpu_s: float) -> d
             "efficiency": {"mme": eff.mme, "tpc": eff.tpc, "hbm": eff.hbm, "host": eff.host},
             "sources": [*dev.sources, *eff.sources],
             "note": "estimate: per cluster, time = launch + the largest of MME, TPC and HBM time (roofline from "
-                     "published peaks times fitted efficiency); device = the clusters' times; total = device + "
-                     "cpu + transfer"}
+                     "published peaks times fitted efficiency) + collective time not overlapped with compute; "
+                     "device = the clusters' times; total = device + cpu + transfer"}
 
 
 class _Work:
@@ -114,6 +202,17 @@ class _Work:
             return mme_flops(node, self.inputs(node), self.env, recompute_choice(self.recipe, node))
         record = self.table.lookup(node.op)
         return tpc_flops(record.kind if record else "elementwise", self.inputs(node), node, self.env)
+
+    def collective(self, node, net: Fabric) -> dict:
+        """A collective's bytes, group and estimated time on the target's scale-up fabric."""
+        group = self.recipe.facts.get("collectives", {}).get(node.name, {})
+        kind, size = group.get("kind", "all_reduce"), int(group.get("group_size", 1))
+        spec = node.out[0] if kind == "all_gather" else (self.inputs(node) or node.out)[0]
+        moved = nbytes(spec, self.env)
+        time_s = net.collective_s(kind, moved, min(size, net.cards_per_server))
+        latency = net.collective_s(kind, 0, min(size, net.cards_per_server))
+        return {"node": node.name, "kind": kind, "bytes": moved, "group": group.get("group", ""),
+                "group_size": size, "cluster": node.cluster, "time_s": time_s, "latency_s": latency}
 
     def hbm_bytes(self, node) -> int:
         read = sum(nbytes(s, self.env) for r in node_refs(node) if self.roots.get((r, 0)) not in self.on_chip
