@@ -2,7 +2,7 @@
 
 Around this core: the background writes and the switch to memory only in persist.py, the size
 accounting in accounting.py, the administration calls (peek, list, evict, verify, push, stats) in admin.py,
-and the disabled cache in disabled.py.
+and the disabled cache (and ``open_cache``, which picks it for a limit of 0) in disabled.py.
 """
 
 from __future__ import annotations
@@ -36,18 +36,15 @@ class RecipeCache:
     """A size-bounded recipe store shared by the processes using one directory; get/put never raise for disk
     trouble (CacheError only for a directory others can write, and from the admin calls evict/remove/clear)."""
 
-    def __new__(cls, config: CacheConfig | None = None, *args, **kwargs):
-        """A limit of 0 gives a DisabledCache: the same calls, none of which stores or finds anything."""
-        from .disabled import DisabledCache  # it subclasses this class
-
-        config = CacheConfig.from_env() if config is None else config
-        return super().__new__(DisabledCache if cls is RecipeCache and config.limit_bytes == 0 else cls)
-
     def __init__(self, config: CacheConfig | None = None, clock=time.time,
-                 cost_of: Callable[[dict], float] | None = None, remote_namespace: str = ""):
+                 cost_of: Callable[[dict], float] | None = None, remote_namespace: str = "", inspect: bool = False):
         """``cost_of(meta)``: the seconds an entry took to make (counted as saved on each disk hit).
-        ``remote_namespace``: a prefix for this caller's entries in the remote tier (e.g. a toolchain)."""
+        ``remote_namespace``: a prefix for this caller's entries in the remote tier (e.g. a toolchain).
+        ``inspect``: open an existing cache to look at it: nothing is created, the configuration is not
+        recorded and the limit is not applied (only evict, clear and writes apply it).
+        ``open_cache(config)`` gives the disabled cache for a limit of 0."""
         self.config = CacheConfig.from_env() if config is None else config
+        self._inspect = inspect
         self._cost_of = cost_of
         self._remote = self._open_remote(remote_namespace) if self.config.remote else None
         self.path = self.config.resolved_path()
@@ -72,7 +69,9 @@ class RecipeCache:
 
     def _open(self) -> None:
         try:
-            self._disk.open(self.config.allow_shared_dir)
+            self._disk.open(self.config.allow_shared_dir, create=not self._inspect)
+            if self._inspect:
+                return
             record(self.path, self.config)
             if self.config.delete_on_start:
                 self._space.clear_on_start()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .safeio import read_small, write_atomic
 
 ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
 POLICY_ENV = "HPU_RECIPE_CACHE_POLICY"  # eviction order: "created" (Gaudi's, the default) or "lru"
@@ -157,8 +158,6 @@ def record(directory: Path, config: CacheConfig) -> None:
     doc = {"max_size_mb": config.max_size_mb, "policy": config.policy}
     if recorded(directory) == doc:
         return
-    from .locks import write_atomic
-
     try:
         write_atomic(Path(directory) / RECORD, json.dumps(doc).encode())
     except OSError:
@@ -168,7 +167,7 @@ def record(directory: Path, config: CacheConfig) -> None:
 def recorded(directory: Path) -> dict | None:
     """The limit and policy recorded in a cache directory, or None."""
     try:
-        doc = json.loads((Path(directory) / RECORD).read_text())
+        doc = json.loads(read_small(Path(directory) / RECORD))
     except (OSError, ValueError):
         return None
     ok = (isinstance(doc, dict) and isinstance(doc.get("max_size_mb"), (int, float))

@@ -22,7 +22,7 @@ BundlePath = Annotated[Path, typer.Argument(help="The bundle file (a tar).", sho
 
 def export(bundle: BundlePath, cache_dir: CacheDir = None, model: Model = None, json: Json = False) -> None:
     """Write the cache's entries (or one model's) with their manifests and the toolchain into one file."""
-    cache = open_cache(cache_dir, quiet=True)
+    cache = open_cache(cache_dir, quiet=True, inspect=True)
     if cache is None:
         raise CliError("no recipe cache to export; fill it with: hpurecipe warm MODEL.py")
     keys = [i.key for i in cache.entries() if model is None or i.meta.get("model") == model]
@@ -70,7 +70,7 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
 def push(cache_dir: CacheDir = None, remote: Remote = None, model: Model = None, json: Json = False) -> None:
     """Copy this host's entries (or one model's) and their manifests to the fleet tier, e.g. from CI
     after hpurecipe warm."""
-    cache = open_cache(cache_dir, quiet=True, remote=remote)
+    cache = open_cache(cache_dir, quiet=True, remote=remote, inspect=True)
     if cache is None:
         raise CliError("no recipe cache to push; fill it with: hpurecipe warm MODEL.py")
     require_remote(cache)

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any, Callable, TypeVar
 
-from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache
+from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache, open_cache
 
 from ..formats.keyparts import toolchain_id
 from .keys import ProgramKey
@@ -130,7 +130,7 @@ def _open_disk(config: CacheConfig | None) -> RecipeCache | None:
     if config is None:
         return None
     try:
-        cache = RecipeCache(config, cost_of=_compile_time, remote_namespace=toolchain_id())
+        cache = open_cache(config, cost_of=_compile_time, remote_namespace=toolchain_id())
     except CacheError as e:
         log.warning("hpu_backend: recipe disk cache off, compiling without it: %s", e)
         return None
