@@ -11,6 +11,7 @@ import atexit
 import logging
 import time
 import weakref
+from functools import partial
 from typing import Callable
 
 from .accounting import RECONCILE_INTERVAL_S, Accounting
@@ -134,18 +135,21 @@ class RecipeCache:
         self._stats.hit(key, disk_hits=1, compile_time_saved_s=self._saved(entry.meta))
         return entry
 
-    def _from_remote(self, key: str) -> Entry | None:
+    def _from_remote(self, key: str, check: Callable[[bytes], str | None] | None = None) -> Entry | None:
         """The entry from the fleet tier, written back to the local disk in the background; a corrupt
-        remote entry is a miss and is deleted there."""
+        remote entry (or one whose payload ``check`` finds a problem with) is a miss and is deleted there."""
         data = self._remote.get(key) if self._remote is not None else None
         if data is None:
             return None
         try:
             entry = decode_as(key, data)
+            problem = None if check is None else check(entry.payload)
+            if problem is not None:
+                raise CorruptEntry(problem)
         except CorruptEntry as exc:  # a VersionMismatch too
             logger.warning("recipe cache: deleting unusable remote entry %s: %s", key, exc)
             self._stats.add(corrupt=1)
-            self._remote.delete(key)
+            self._remote.delete_if(key, lambda stored: stored == data)
             return None
         self._memory.put(entry, self._clock())
         self._writes.enqueue(entry, push=False)
@@ -206,6 +210,8 @@ class RecipeCache:
         if self._writes.degraded is None:
             self._stats.add(corrupt=1)
             self._writes.submit(self._space.quarantine_if_same, key, bytes(payload))
+        if self._remote is not None:  # every host would fetch it again: delete it in the fleet tier too
+            self._writes.writer.submit(partial(self._remote.delete_if, key, partial(_holds, key, bytes(payload))))
 
     # -- administration and numbers (CLI): see admin.py ------------------------------------------------------
 
@@ -235,11 +241,12 @@ class RecipeCache:
     def push(self, keys: list[str] | None = None) -> int:
         return self._admin.push(self._remote, keys)
 
-    def pull(self, keys: list[str]) -> int:
-        """Fetch the entries under keys that this host lacks from the fleet tier; how many arrived."""
+    def pull(self, keys: list[str], check: Callable[[bytes], str | None] | None = None) -> int:
+        """Fetch the entries under keys that this host lacks from the fleet tier; how many arrived. An entry
+        whose payload ``check`` finds a problem with is not kept, and is deleted in the fleet tier."""
         if self._remote is None:
             raise CacheError("no remote cache configured (HPU_RECIPE_CACHE_REMOTE or --remote)")
-        got = sum(1 for k in keys if not self.contains(k) and self._from_remote(k) is not None)
+        got = sum(1 for k in keys if not self.contains(k) and self._from_remote(k, check) is not None)
         self.flush()
         return got
 
@@ -260,6 +267,14 @@ class RecipeCache:
             return float(self._cost_of(meta)) if self._cost_of is not None else 0.0
         except (TypeError, ValueError):
             return 0.0
+
+
+def _holds(key: str, payload: bytes, data: bytes) -> bool:
+    """Whether the entry bytes ``data`` hold ``payload`` (or are no usable entry at all)."""
+    try:
+        return decode_as(key, data).payload == payload
+    except CorruptEntry:
+        return True
 
 
 def _flush_at_exit(ref) -> None:

@@ -65,6 +65,8 @@ class CacheConfig:
             raise ConfigError(f"remote cache {self.remote!r} ({REMOTE_ENV}): expected redis://host:port/db")
         if not self.remote_ttl_s:
             object.__setattr__(self, "remote_ttl_s", _env_seconds(REMOTE_TTL_ENV, DEFAULT_REMOTE_TTL_S))
+        if not math.isfinite(self.remote_ttl_s) or self.remote_ttl_s <= 0:
+            raise ConfigError(f"remote_ttl_s must be a finite number of seconds > 0, got {self.remote_ttl_s}")
         if self.memory_entries < 0:
             raise ConfigError(f"memory_entries must be >= 0, got {self.memory_entries}")
 
@@ -118,8 +120,8 @@ def _env_seconds(name: str, default: float) -> float:
         seconds = float(value) if value else default
     except ValueError:
         seconds = -1
-    if seconds <= 0:
-        raise ConfigError(f"{name}={value!r}: expected a number of seconds > 0")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{name}={value!r}: expected a finite number of seconds > 0")
     return seconds
 
 

@@ -3,7 +3,6 @@
 import errno
 import logging
 import os
-import stat
 import shutil
 import struct
 
