@@ -15,7 +15,7 @@ from hpu_backend.formats.keyparts import explain as explain_keys
 from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, render
-from .caches import open_cache, require_remote, resolve_key
+from .caches import open_cache, recipe_problem, require_remote, resolve_key
 from .errors import CliError
 from .options import CacheDir, DryRun, Json, Key, Model, Yes
 from .packagecmds import PackageFile
@@ -162,7 +162,7 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
     if cache is None:
         return render.emit_json({"entries": 0, "bad": 0, "problems": []}) if json else None
     on_disk = set(cache.keys())
-    bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix, check=_recipe_problem)]
+    bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix, check=recipe_problem)]
     count = len(on_disk | {b["entry"] for b in bad})
     if json:
         render.emit_json({"entries": count, "bad": len(bad), "fixed": fix, "problems": bad})
@@ -174,15 +174,6 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
                      "{} bad entries; run: hpurecipe verify --fix"), len(bad))
     if bad and not fix:
         raise typer.Exit(1)
-
-
-def _recipe_problem(payload: bytes) -> str | None:
-    """Why an intact entry's payload is not a recipe or program of this format, or None."""
-    try:
-        parse_payload(payload)
-    except RecipeFormatError as e:
-        return f"not a recipe: {e}"
-    return None
 
 
 def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = False) -> None:

@@ -42,6 +42,19 @@ def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = Fa
     return open_recipe_cache(config, remote_namespace=toolchain_id(), inspect=inspect and not create)
 
 
+def recipe_problem(payload: bytes) -> str | None:
+    """Why an intact entry's payload is not a usable recipe or program of this format, or None (the checks
+    serving makes when it reads one: schema, references, buckets, guards)."""
+    from hpu_backend.formats.program import parse_payload
+    from hpu_backend.formats.recipe import RecipeFormatError
+
+    try:
+        parse_payload(payload)
+    except RecipeFormatError as e:
+        return f"not a recipe: {e}"
+    return None
+
+
 def require_remote(cache: RecipeCache) -> None:
     """CliError unless the cache has a fleet tier."""
     if cache.remote is None:

@@ -54,6 +54,13 @@ class RecipeStore:
             self.disk.quarantine(key, data)
             return None
 
+    def discard(self, key: str) -> None:
+        """Quarantine the entry under key: it parsed, but failed when built or served (a miss from now on,
+        here and, through the fleet tier, on other hosts)."""
+        data = self.disk.get(key) if self.disk is not None else None
+        if data is not None:
+            self.disk.quarantine(key, data)
+
     def put(self, key: str | None, recipe: Recipe, meta: dict[str, Any]) -> Recipe:
         """Store ``recipe`` under key (None: not cached) and return it as parsed back from its bytes."""
         data = recipe.to_bytes()
