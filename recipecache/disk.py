@@ -30,7 +30,6 @@ _HEADER_PEEK = 4096
 # Files in the cache are opened relative to their directory, neither of which may be a symbolic link,
 # and without blocking (a FIFO named like an entry must not hang a reader); then fstat must say "regular".
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_FILE_FLAGS = FILE_FLAGS
 
 
 def _write_file(fd: int, data: bytes) -> None:
@@ -181,7 +180,7 @@ class DiskStore:
         with _InDir(shard) as dfd:  # OSError (the tier degrades) if the shard is a link or others can write it
             if not self.allow_shared and not _private(os.fstat(dfd)):
                 raise PermissionError(errno.EPERM, "shard directory is writable by other users", str(shard))
-            fd = os.open(tmp.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=dfd)
+            fd = os.open(tmp.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=dfd)
         try:
             _write_file(fd, data)
             if self.fsync:
@@ -332,7 +331,7 @@ def _open_regular(name: str, dfd: int) -> tuple[int, os.stat_result]:
     """(fd, fstat) of the regular file ``name`` in the directory ``dfd``, opened without following a link or
     blocking; CorruptEntry for a link, FIFO or device."""
     try:
-        fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
+        fd = os.open(name, os.O_RDONLY | FILE_FLAGS, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CorruptEntry("a symbolic link, not an entry file") from None
