@@ -2,7 +2,7 @@
 (a FIFO or a device in a file's place must not hang or flood a reader), and read up to a size cap.
 
 Every bookkeeping file (size.json, stats.json, hits.log, config.json, evictions.log, clear.marker,
-manifests) goes through these three calls; entries go through disk.py, which uses the same flags.
+manifests) is opened through these functions; entries go through disk.py, which uses the same flags.
 """
 
 from __future__ import annotations
