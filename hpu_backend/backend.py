@@ -129,8 +129,9 @@ def _serve(pkey: ProgramKey, store, gm, example_inputs, settings: Settings, name
         if program is not None:
             served = serve(program, pkey.key, gm, example_inputs, settings, store, name_of, reason)  # may restart
     except LoweringError as e:
-        log.warning("hpu_backend: stored program for %s cannot be served (%s); compiling instead",
+        log.warning("hpu_backend: stored program for %s cannot be served (%s); quarantined, compiling instead",
                     name_of("program"), e.reason)
+        store.discard(pkey.key)
     except DRIFT as e:  # torch's internals differ from those a program is served with: trace instead
         drifted(f"serving a stored program: {type(e).__name__}: {e}")
     except TensorifyScalarRestartAnalysis:

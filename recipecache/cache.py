@@ -2,7 +2,7 @@
 
 Around this core: the background writes and the switch to memory only in persist.py, the size
 accounting in accounting.py, the administration calls (peek, list, evict, verify, push, stats) in admin.py,
-and the disabled cache in disabled.py.
+and the disabled cache (and ``open_cache``, which picks it for a limit of 0) in disabled.py.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import atexit
 import logging
 import time
 import weakref
+from functools import partial
 from typing import Callable
 
 from .accounting import RECONCILE_INTERVAL_S, Accounting
@@ -36,18 +37,15 @@ class RecipeCache:
     """A size-bounded recipe store shared by the processes using one directory; get/put never raise for disk
     trouble (CacheError only for a directory others can write, and from the admin calls evict/remove/clear)."""
 
-    def __new__(cls, config: CacheConfig | None = None, *args, **kwargs):
-        """A limit of 0 gives a DisabledCache: the same calls, none of which stores or finds anything."""
-        from .disabled import DisabledCache  # it subclasses this class
-
-        config = CacheConfig.from_env() if config is None else config
-        return super().__new__(DisabledCache if cls is RecipeCache and config.limit_bytes == 0 else cls)
-
     def __init__(self, config: CacheConfig | None = None, clock=time.time,
-                 cost_of: Callable[[dict], float] | None = None, remote_namespace: str = ""):
+                 cost_of: Callable[[dict], float] | None = None, remote_namespace: str = "", inspect: bool = False):
         """``cost_of(meta)``: the seconds an entry took to make (counted as saved on each disk hit).
-        ``remote_namespace``: a prefix for this caller's entries in the remote tier (e.g. a toolchain)."""
+        ``remote_namespace``: a prefix for this caller's entries in the remote tier (e.g. a toolchain).
+        ``inspect``: open an existing cache to look at it: nothing is created, the configuration is not
+        recorded and the limit is not applied (only evict, clear and writes apply it).
+        ``open_cache(config)`` gives the disabled cache for a limit of 0."""
         self.config = CacheConfig.from_env() if config is None else config
+        self._inspect = inspect
         self._cost_of = cost_of
         self._remote = self._open_remote(remote_namespace) if self.config.remote else None
         self.path = self.config.resolved_path()
@@ -72,7 +70,9 @@ class RecipeCache:
 
     def _open(self) -> None:
         try:
-            self._disk.open(self.config.allow_shared_dir)
+            self._disk.open(self.config.allow_shared_dir, create=not self._inspect)
+            if self._inspect:
+                return
             record(self.path, self.config)
             if self.config.delete_on_start:
                 self._space.clear_on_start()
@@ -135,18 +135,21 @@ class RecipeCache:
         self._stats.hit(key, disk_hits=1, compile_time_saved_s=self._saved(entry.meta))
         return entry
 
-    def _from_remote(self, key: str) -> Entry | None:
+    def _from_remote(self, key: str, check: Callable[[bytes], str | None] | None = None) -> Entry | None:
         """The entry from the fleet tier, written back to the local disk in the background; a corrupt
-        remote entry is a miss and is deleted there."""
+        remote entry (or one whose payload ``check`` finds a problem with) is a miss and is deleted there."""
         data = self._remote.get(key) if self._remote is not None else None
         if data is None:
             return None
         try:
             entry = decode_as(key, data)
+            problem = None if check is None else check(entry.payload)
+            if problem is not None:
+                raise CorruptEntry(problem)
         except CorruptEntry as exc:  # a VersionMismatch too
             logger.warning("recipe cache: deleting unusable remote entry %s: %s", key, exc)
             self._stats.add(corrupt=1)
-            self._remote.delete(key)
+            self._remote.delete_if(key, lambda stored: stored == data)
             return None
         self._memory.put(entry, self._clock())
         self._writes.enqueue(entry, push=False)
@@ -207,6 +210,8 @@ class RecipeCache:
         if self._writes.degraded is None:
             self._stats.add(corrupt=1)
             self._writes.submit(self._space.quarantine_if_same, key, bytes(payload))
+        if self._remote is not None:  # every host would fetch it again: delete it in the fleet tier too
+            self._writes.writer.submit(partial(self._remote.delete_if, key, partial(_holds, key, bytes(payload))))
 
     # -- administration and numbers (CLI): see admin.py ------------------------------------------------------
 
@@ -236,11 +241,12 @@ class RecipeCache:
     def push(self, keys: list[str] | None = None) -> int:
         return self._admin.push(self._remote, keys)
 
-    def pull(self, keys: list[str]) -> int:
-        """Fetch the entries under keys that this host lacks from the fleet tier; how many arrived."""
+    def pull(self, keys: list[str], check: Callable[[bytes], str | None] | None = None) -> int:
+        """Fetch the entries under keys that this host lacks from the fleet tier; how many arrived. An entry
+        whose payload ``check`` finds a problem with is not kept, and is deleted in the fleet tier."""
         if self._remote is None:
             raise CacheError("no remote cache configured (HPU_RECIPE_CACHE_REMOTE or --remote)")
-        got = sum(1 for k in keys if not self.contains(k) and self._from_remote(k) is not None)
+        got = sum(1 for k in keys if not self.contains(k) and self._from_remote(k, check) is not None)
         self.flush()
         return got
 
@@ -261,6 +267,14 @@ class RecipeCache:
             return float(self._cost_of(meta)) if self._cost_of is not None else 0.0
         except (TypeError, ValueError):
             return 0.0
+
+
+def _holds(key: str, payload: bytes, data: bytes) -> bool:
+    """Whether the entry bytes ``data`` hold ``payload`` (or are no usable entry at all)."""
+    try:
+        return decode_as(key, data).payload == payload
+    except CorruptEntry:
+        return True
 
 
 def _flush_at_exit(ref) -> None:

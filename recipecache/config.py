@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .safeio import read_small, write_atomic
 
 ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
 POLICY_ENV = "HPU_RECIPE_CACHE_POLICY"  # eviction order: "created" (Gaudi's, the default) or "lru"
@@ -64,6 +65,8 @@ class CacheConfig:
             raise ConfigError(f"remote cache {self.remote!r} ({REMOTE_ENV}): expected redis://host:port/db")
         if not self.remote_ttl_s:
             object.__setattr__(self, "remote_ttl_s", _env_seconds(REMOTE_TTL_ENV, DEFAULT_REMOTE_TTL_S))
+        if not math.isfinite(self.remote_ttl_s) or self.remote_ttl_s <= 0:
+            raise ConfigError(f"remote_ttl_s must be a finite number of seconds > 0, got {self.remote_ttl_s}")
         if self.memory_entries < 0:
             raise ConfigError(f"memory_entries must be >= 0, got {self.memory_entries}")
 
@@ -117,8 +120,8 @@ def _env_seconds(name: str, default: float) -> float:
         seconds = float(value) if value else default
     except ValueError:
         seconds = -1
-    if seconds <= 0:
-        raise ConfigError(f"{name}={value!r}: expected a number of seconds > 0")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{name}={value!r}: expected a finite number of seconds > 0")
     return seconds
 
 
@@ -157,8 +160,6 @@ def record(directory: Path, config: CacheConfig) -> None:
     doc = {"max_size_mb": config.max_size_mb, "policy": config.policy}
     if recorded(directory) == doc:
         return
-    from .locks import write_atomic
-
     try:
         write_atomic(Path(directory) / RECORD, json.dumps(doc).encode())
     except OSError:
@@ -168,7 +169,7 @@ def record(directory: Path, config: CacheConfig) -> None:
 def recorded(directory: Path) -> dict | None:
     """The limit and policy recorded in a cache directory, or None."""
     try:
-        doc = json.loads((Path(directory) / RECORD).read_text())
+        doc = json.loads(read_small(Path(directory) / RECORD))
     except (OSError, ValueError):
         return None
     ok = (isinstance(doc, dict) and isinstance(doc.get("max_size_mb"), (int, float))

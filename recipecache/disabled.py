@@ -1,8 +1,6 @@
-"""The cache with a limit of 0: a null object that RecipeCache(config) returns for ``<path>,<delete>,0``."""
+"""The cache with a limit of 0 (``<path>,<delete>,0``): a null object, and ``open_cache``, which picks it."""
 
 from __future__ import annotations
-
-import time
 
 from .cache import RecipeCache
 from .config import CacheConfig
@@ -11,11 +9,18 @@ from .errors import CacheError
 from .stats import COUNTERS
 
 
+def open_cache(config: CacheConfig | None = None, **kwargs) -> RecipeCache:
+    """The cache for ``config`` (default: the environment's): a DisabledCache for a limit of 0, else a
+    RecipeCache opened with ``kwargs``."""
+    config = CacheConfig.from_env() if config is None else config
+    return DisabledCache(config) if config.limit_bytes == 0 else RecipeCache(config, **kwargs)
+
+
 class DisabledCache(RecipeCache):
     """Nothing is stored or found and no directory is touched; every call keeps its signature, validation
     and return type."""
 
-    def __init__(self, config: CacheConfig | None = None, clock=time.time, cost_of=None, remote_namespace: str = ""):
+    def __init__(self, config: CacheConfig | None = None):
         self.config = CacheConfig.from_env() if config is None else config
         self.path = self.config.resolved_path()
 

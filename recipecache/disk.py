@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import shutil
@@ -14,6 +15,9 @@ from typing import NamedTuple
 
 from .entry import KEY_RE, PREFIX_SIZE, Header, decode_header, decode_prefix
 from .errors import CacheError, CorruptEntry
+from .safeio import FILE_FLAGS, NOFOLLOW
+
+logger = logging.getLogger("recipecache")
 
 ENTRY_SUFFIX = ".rcp"
 _SUFFIX_LEN = len(ENTRY_SUFFIX)
@@ -25,9 +29,7 @@ QUARANTINE_KEEP = 64
 _HEADER_PEEK = 4096
 # Files in the cache are opened relative to their directory, neither of which may be a symbolic link,
 # and without blocking (a FIFO named like an entry must not hang a reader); then fstat must say "regular".
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_FILE_FLAGS = _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def _write_file(fd: int, data: bytes) -> None:
@@ -124,23 +126,21 @@ class DiskStore:
         self.fsync = fsync
         self.allow_shared = False
         self.quarantine_bytes: int | None = None  # set by the cache: a small part of its limit
+        self.unreadable: dict[str, str] = {}  # shard directories the last scan could not list, and why
 
-    def open(self, allow_shared: bool) -> None:
-        """Create the private directory tree; CacheError if others may write it or a subdirectory is a
-        symbolic link (OSError if we cannot)."""
+    def open(self, allow_shared: bool, create: bool = True) -> None:
+        """Create (with ``create``) the private directory tree; CacheError if others may write it or a
+        subdirectory is a symbolic link (OSError if we cannot). Without ``create``, nothing is made: the
+        tree must be there (FileNotFoundError otherwise)."""
         self.allow_shared = allow_shared
-        self.root.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(self.root, 0o700)
-        except FileExistsError:
-            pass
+        if create:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            _mkdir(self.root)
         if not allow_shared:
             check_private(self.root)
         for sub in (self.entries_dir, self.quarantine_dir):
-            try:
-                os.mkdir(sub, 0o700)
-            except FileExistsError:
-                pass
+            if create:
+                _mkdir(sub)
             check_private(sub, allow_shared, link_ok=False)
 
     def entry_path(self, key: str) -> Path:
@@ -180,7 +180,7 @@ class DiskStore:
         with _InDir(shard) as dfd:  # OSError (the tier degrades) if the shard is a link or others can write it
             if not self.allow_shared and not _private(os.fstat(dfd)):
                 raise PermissionError(errno.EPERM, "shard directory is writable by other users", str(shard))
-            fd = os.open(tmp.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=dfd)
+            fd = os.open(tmp.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o600, dir_fd=dfd)
         try:
             _write_file(fd, data)
             if self.fsync:
@@ -220,7 +220,7 @@ class DiskStore:
         """Every published entry file (temp and foreign files are skipped)."""
         items = []
         for shard in _subdirs(self.entries_dir):
-            for de in _listdir(shard):
+            for de in self._shard(shard):
                 if _kind(shard.name, de.name) == "entry":
                     try:
                         st = de.stat(follow_symlinks=False)
@@ -231,27 +231,42 @@ class DiskStore:
 
     def foreign_files(self) -> list[tuple[Path, str]]:
         """(path, reason) for what does not belong in the entries tree: files that are neither entries in
-        their right shard nor temp files, links in place of shards, shards others can write."""
+        their right shard nor temp files, links in place of shards, shards others can write or nobody can list."""
         found = [(Path(de.path), "foreign file") for de in _listdir(self.entries_dir)
                  if not de.is_dir(follow_symlinks=False)]
         for shard in _subdirs(self.entries_dir):
             st = _stat(shard)
             if st is not None and not self.allow_shared and not _private(st):
                 found.append((Path(shard.path), "shard directory writable by other users"))
-            found += [(Path(de.path), "foreign file") for de in _listdir(shard)
+            found += [(Path(de.path), "foreign file") for de in self._shard(shard)
                       if _kind(shard.name, de.name) == "foreign"]
-        return found
+        return found + [(Path(path), f"unreadable shard directory ({reason})")
+                        for path, reason in sorted(self.unreadable.items())]
 
     def sweep_temps(self, older_than_s: float = STALE_TEMP_S) -> int:
         """Remove temp files left by killed writers (compared with the real file mtime)."""
         cutoff, removed = time.time() - older_than_s, 0
         for shard in _subdirs(self.entries_dir):
-            for de in _listdir(shard):
+            for de in self._shard(shard):
                 st = _stat(de) if _kind(shard.name, de.name) == "temp" else None
                 # Temps carry the entry's clock as mtime, so also use ctime, which only the kernel sets.
                 if st is not None and max(st.st_ctime, st.st_mtime) < cutoff:
                     removed += discard(Path(de.path))
         return removed
+
+    def _shard(self, shard) -> list:
+        """The files of one shard directory; one that cannot be listed is skipped and noted in
+        ``unreadable`` (with one warning), so one bad shard never takes the others down."""
+        try:
+            found = _listdir(shard)
+        except OSError as exc:
+            if shard.path not in self.unreadable:
+                logger.warning("recipe cache: skipping unreadable shard directory %s (%s)", shard.path,
+                               exc.strerror or exc)
+            self.unreadable[shard.path] = exc.strerror or str(exc)
+            return []
+        self.unreadable.pop(shard.path, None)
+        return found
 
     def overhead_bytes(self) -> int:
         """Bytes of the files that are not entries: bookkeeping in the root, manifests, quarantine."""
@@ -316,7 +331,7 @@ def _open_regular(name: str, dfd: int) -> tuple[int, os.stat_result]:
     """(fd, fstat) of the regular file ``name`` in the directory ``dfd``, opened without following a link or
     blocking; CorruptEntry for a link, FIFO or device."""
     try:
-        fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
+        fd = os.open(name, os.O_RDONLY | FILE_FLAGS, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CorruptEntry("a symbolic link, not an entry file") from None
@@ -335,6 +350,21 @@ def _kind(shard: str, name: str) -> str:
     if name.endswith(ENTRY_SUFFIX) and name.startswith(shard) and KEY_RE.fullmatch(name, 0, len(name) - _SUFFIX_LEN):
         return "entry"
     return "foreign"
+
+
+def holds_cache(root) -> bool:
+    """Whether ``root`` holds a recipe cache: its ``entries/`` is a directory (not a link)."""
+    try:
+        return stat.S_ISDIR(os.lstat(Path(root) / "entries").st_mode)
+    except OSError:
+        return False
+
+
+def _mkdir(path: Path) -> None:
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
 
 
 def discard(path) -> bool:

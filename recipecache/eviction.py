@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .entry import EntryInfo
+from .safeio import append, read_small
 
 logger = logging.getLogger("recipecache")
 
@@ -69,13 +70,7 @@ class EvictionLog:
 
     def append(self, key: str, size: int, reason: str) -> None:
         line = f"{time.time():.6f} {os.getpid()} {reason} {key} {size}\n".encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line)
-            rotate = os.fstat(fd).st_size > self.rotate_bytes
-        finally:
-            os.close(fd)
-        if rotate:  # callers hold the cache lock, so only one process rotates
+        if append(self.path, line) > self.rotate_bytes:  # callers hold the cache lock, so only one process rotates
             os.replace(self.path, self.path.with_name(self.path.name + ".1"))
 
     def keys(self) -> set[str]:
@@ -83,8 +78,8 @@ class EvictionLog:
         found = set()
         for path in (self.path.with_name(self.path.name + ".1"), self.path):
             try:
-                lines = path.read_text().splitlines()
-            except FileNotFoundError:
+                lines = read_small(path).decode(errors="replace").splitlines()
+            except OSError:  # missing, or not a regular file
                 continue
             found.update(parts[3] for parts in map(str.split, lines) if len(parts) == 5)
         return found

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .locks import write_atomic
+from .safeio import read_small, write_atomic
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class LedgerFile:
 
     def read(self) -> Ledger | None:
         try:
-            fields = json.loads(self.path.read_bytes())
+            fields = json.loads(read_small(self.path))
             return Ledger(int(fields["total"]), int(fields["count"]), float(fields["reconciled"]),
                           int(fields.get("overhead", 0)))
         except (OSError, ValueError, KeyError, TypeError):

@@ -10,6 +10,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from .errors import CacheTimeout
+from .safeio import open_regular
 
 # filelock polls a non-blocking flock; its 50 ms default would serialize busy writers badly.
 _POLL_S = 0.001
@@ -29,6 +30,8 @@ class DirLock:
         # filelock would recreate a deleted cache directory with default permissions; refuse instead.
         if not self.path.parent.is_dir():
             raise FileNotFoundError(errno.ENOENT, "cache directory vanished", str(self.path.parent))
+        # filelock opens its file with O_TRUNC, following links: make sure a regular file is there first.
+        os.close(open_regular(self.path, os.O_RDONLY | os.O_CREAT))
         try:
             self._lock.acquire(timeout=self.timeout_s, poll_interval=_POLL_S)
         except Timeout:
@@ -38,10 +41,3 @@ class DirLock:
         finally:
             self._lock.release()
 
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace a small bookkeeping file atomically (temp + rename; no fsync: scans repair it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from .locks import write_atomic
+from .safeio import read_small, write_atomic
 
 LAUNCH_ENV = "HPU_RECIPE_CACHE_LAUNCH_ID"
 # (variable, value that means "not set") for launchers that name one launch of a job.
@@ -45,8 +45,8 @@ def should_clear(marker: str | None, launch: str) -> bool:
 
 def read_marker(path: Path) -> str | None:
     try:
-        return path.read_text()
-    except (FileNotFoundError, UnicodeDecodeError):
+        return read_small(path, 4096).decode()
+    except (OSError, UnicodeDecodeError):
         return None
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from .locks import DirLock, write_atomic
+from .locks import DirLock
+from .safeio import append, read_small, write_atomic
 
 COUNTERS = ("hits", "disk_hits", "remote_hits", "misses", "corrupt", "evictions", "bytes_written", "bytes_evicted",
             "compile_time_saved_s")
@@ -76,12 +76,12 @@ class StatsStore:
                 totals.update(pending)
                 write_atomic(self.file, json.dumps(dict(totals)).encode())
             if hits:
-                _append(self.hits_file, "".join(f"{k} {n}\n" for k, n in hits.items()))
-                self._compact_if_large()
+                size = append(self.hits_file, "".join(f"{k} {n}\n" for k, n in hits.items()).encode())
+                self._compact_if_large(size)
 
     def _read_totals(self) -> Counter:
         try:
-            data = json.loads(self.file.read_bytes())
+            data = json.loads(read_small(self.file))
         except (OSError, ValueError):
             return Counter()
         if not isinstance(data, dict):
@@ -112,8 +112,8 @@ class StatsStore:
             write_atomic(self.file, b"{}")
             write_atomic(self.hits_file, b"")
 
-    def _compact_if_large(self) -> None:
-        if self.hits_file.stat().st_size > _HITS_COMPACT_BYTES:
+    def _compact_if_large(self, size: int) -> None:
+        if size > _HITS_COMPACT_BYTES:
             counts = _read_hits(self.hits_file)
             write_atomic(self.hits_file, "".join(f"{k} {n}\n" for k, n in counts.items()).encode())
 
@@ -125,19 +125,11 @@ class StatsStore:
             write_atomic(self.hits_file, b"")
 
 
-def _append(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def _read_hits(path: Path) -> Counter:
     counts: Counter = Counter()
     try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+        lines = read_small(path).decode(errors="replace").splitlines()
+    except OSError:  # missing, or not a regular file: no counts
         return counts
     for parts in map(str.split, lines):
         if len(parts) == 2 and parts[1].isdigit():

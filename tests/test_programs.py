@@ -177,6 +177,14 @@ def _bad_kwarg(raw):
     next(n for n in raw["nodes"] if "relu" in n["op"])["kwargs"]["alpha\n"] = 1
 
 
+def _bad_args(raw):
+    _first_node(raw)["args"] = [{"r": raw["input_names"][0]}] * 7  # an op called with arguments it does not take
+
+
+def _bucket_on_unknown_symbol(raw):
+    raw["bucket"]["s99"] = [1, 4]
+
+
 def _bad_symbol_source(raw):
     raw["symbol_sources"] = [[99, 0]] * len(raw["symbol_sources"])
 
@@ -194,17 +202,18 @@ def _fact(path, value):
 
 @pytest.mark.parametrize("mutate", [_set_op("aten::save.default"), _set_op("aten::_print.default"),
                                     _set_op("aten::manual_seed.default"), _forge_constant, _bad_reference,
-                                    _bad_kwarg, _bad_symbol_source, _fact("placement", ["gpu"]),
+                                    _bad_kwarg, _bad_symbol_source, _bad_args, _bucket_on_unknown_symbol,
+                                    _fact("placement", ["gpu"]),
                                     _fact("placement.fallbacks", [{"op": ["aten::add"]}]),
                                     _fact("fusions", [3]), _fact("memory", {"peak_bytes": "1 GB"})],
                          ids=["save", "print", "manual_seed", "constant", "reference", "kwarg", "symbol_source",
-                              "placement", "fallback", "fusions", "memory"])
+                              "args", "bucket", "placement", "fallback", "fusions", "memory"])
 def test_a_damaged_recipe_is_quarantined_and_recompiled(tmp_path, mutate):
     cache_dir, x = tmp_path / "c", torch.randn(5, 8)
     _compile_and_run(cache_dir, x)
     (key,) = _keys(cache_dir, programs=False)
     _rewrite(cache_dir, key, mutate)
-    assert not _usable(_payloads(cache_dir)[key])  # the damage is real
+    assert not _usable(_payloads(cache_dir)[key]) or mutate is _bad_args  # the damage is real (args: when run)
     before = dict(metric_global("graph_compilation").stats())["TotalNumber"]
     got, want = _compile_and_run(cache_dir, x)
     torch.testing.assert_close(got, want)
@@ -221,7 +230,15 @@ def _program_op(raw):
     _first_node(raw["graphs"][0]["template"])["op"] = "aten::save.default"
 
 
-@pytest.mark.parametrize("mutate", [_contract_out_of_range, _program_op], ids=["contract", "op"])
+def _guard(tree):
+    def mutate(raw):
+        raw["guards"].append(tree)
+    return mutate
+
+
+@pytest.mark.parametrize("mutate", [_contract_out_of_range, _program_op, _guard(["eq", ["floordiv", 1, 0], 1]),
+                                    _guard(["eq", "s77", 1])],
+                         ids=["contract", "op", "guard_divides_by_zero", "guard_unbound_symbol"])
 def test_a_damaged_program_is_a_miss_and_quarantined(tmp_path, mutate):
     cache_dir, x = tmp_path / "c", torch.randn(5, 8)
     _compile_and_run(cache_dir, x)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from recipecache import CacheConfig, EntryInfo, RecipeCache
+from recipecache import CacheConfig, DisabledCache, EntryInfo, RecipeCache, open_cache
 from recipecache.cache import RECONCILE_INTERVAL_S, TOUCH_INTERVAL_S
 from recipecache.entry import DIGEST_SIZE, PREFIX_SIZE
 from recipecache.eviction import EvictionLog
@@ -27,7 +27,7 @@ class Clock:
 
 def make(tmp_path, clock=None, **kwargs):
     kwargs.setdefault("fsync", False)
-    return RecipeCache(CacheConfig(path=tmp_path / "cache", **kwargs), clock=clock or Clock())
+    return open_cache(CacheConfig(path=tmp_path / "cache", **kwargs), clock=clock or Clock())
 
 
 def entry_size(cache, key):
@@ -124,14 +124,14 @@ def test_limit_zero_disables_everything(tmp_path):
     cache.put("aa", b"x", wait=True)
     assert (cache.enabled, cache.get("aa"), cache.contains("aa")) == (False, None, False)
     assert (cache.entries(), cache.evict(), cache.verify(), cache.stats()["entries"]) == ([], [], [], 0)
-    assert isinstance(cache, RecipeCache) and not (tmp_path / "cache").exists()
+    assert isinstance(cache, DisabledCache) and isinstance(cache, RecipeCache) and not (tmp_path / "cache").exists()
     with pytest.raises(ValueError):
         cache.put("../bad key", b"x")  # validated all the same
 
 
 def test_limit_zero_takes_every_constructor_argument_the_backend_passes(tmp_path):
-    cache = RecipeCache(CacheConfig(path=tmp_path / "cache", max_size_mb=0), cost_of=lambda meta: 1.0,
-                        remote_namespace="toolchain")
+    cache = open_cache(CacheConfig(path=tmp_path / "cache", max_size_mb=0), cost_of=lambda meta: 1.0,
+                       remote_namespace="toolchain")
     assert not cache.enabled and cache.get("aa") is None and not (tmp_path / "cache").exists()
 
 

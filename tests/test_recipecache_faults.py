@@ -3,7 +3,6 @@
 import errno
 import logging
 import os
-import stat
 import shutil
 import struct
 
@@ -177,10 +176,10 @@ def test_entry_evicted_before_open_is_a_miss(tmp_path):
 def test_entry_evicted_during_read_is_read_whole(tmp_path, monkeypatch):
     make(tmp_path).put("aa", b"y" * 50_000, wait=True)
     cache = make(tmp_path, memory_entries=0)
-    real_fstat = os.fstat
+    real_fstat, entry_inode = os.fstat, entry_file(cache, "aa").stat().st_ino
 
     def evict_then_fstat(fd):
-        if stat.S_ISREG(real_fstat(fd).st_mode):  # the entry's fstat (not its directory's)
+        if real_fstat(fd).st_ino == entry_inode:  # the entry's fstat (not a bookkeeping file's)
             entry_file(cache, "aa").unlink(missing_ok=True)  # another process evicts after our open()
         return real_fstat(fd)
 

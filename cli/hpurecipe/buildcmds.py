@@ -17,7 +17,7 @@ from hpu_backend.settings import TARGETS
 from recipecache.config import ENV_VAR
 
 from . import render
-from .caches import config_for, open_cache
+from .caches import config_for, open_cache, recipe_problem
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train
 from .specs import load_spec
@@ -119,10 +119,10 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
 
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
-        cache = open_cache(cache_dir, quiet=True)
+        cache = open_cache(cache_dir, quiet=True, inspect=True)
         points = plan(spec, train=train)
     rows = [{"bucket": p.label, "recipes": len(p.keys),
-             "missing": [k for k in p.keys + p.programs if cache is None or not cache.contains(k)]}
+             "missing": [k for k in p.keys + p.programs if not _usable(cache, k)]}
             for p in points]
     uncovered = [r["bucket"] for r in rows if r["missing"]]
     if json:
@@ -136,6 +136,13 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
                     config_for(cache_dir).resolved_path())
     if uncovered:
         raise fail(f"{len(uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
+
+
+def _usable(cache, key: str) -> bool:
+    """Whether the cache holds an intact entry under key that serving can use (a damaged or malformed one
+    counts as missing: serving would quarantine it)."""
+    entry = cache.peek(key) if cache is not None else None
+    return entry is not None and recipe_problem(entry.payload) is None
 
 
 DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without importing torch at start-up

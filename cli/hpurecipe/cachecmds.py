@@ -15,7 +15,7 @@ from hpu_backend.formats.keyparts import explain as explain_keys
 from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, render
-from .caches import open_cache, require_remote, resolve_key
+from .caches import open_cache, recipe_problem, require_remote, resolve_key
 from .errors import CliError
 from .options import CacheDir, DryRun, Json, Key, Model, Yes
 from .packagecmds import PackageFile
@@ -46,7 +46,7 @@ def ls(package: PackageFile = None, cache_dir: CacheDir = None,
     """List cache entries: key, graph, model, bucket, size, created, last used, hits (or a package's buckets)."""
     if package is not None:
         return packagecmds.ls(package, json)
-    cache = open_cache(cache_dir, quiet=json)
+    cache = open_cache(cache_dir, quiet=json, inspect=True)
     infos = [] if cache is None else [i for i in cache.entries() if model is None or i.meta.get("model") == model]
     infos.sort(key=_SORT_KEYS[sort.value], reverse=True)
     if json:
@@ -72,7 +72,7 @@ def show(key: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
     if packagecmds.is_package(key):
         return packagecmds.show(Path(key), json)
 
-    cache = _existing(cache_dir)
+    cache = _existing(cache_dir, inspect=True)
     infos = cache.entries()
     full = resolve_key(cache, key, infos)
     entry = cache.peek(full)
@@ -91,7 +91,7 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
           remote: Annotated[bool, typer.Option("--remote", help="Also count the fleet tier's entries and bytes "
                                                "(HPU_RECIPE_CACHE_REMOTE).")] = False, json: Json = False) -> None:
     """Size and limit, entries, hits, misses, evictions, corrupt entries, compile time saved."""
-    cache = open_cache(cache_dir, quiet=json)
+    cache = open_cache(cache_dir, quiet=json, inspect=True)
     if cache is None:
         return render.emit_json({"entries": 0, "total_bytes": 0}) if json else None
     doc = cache.stats()
@@ -158,11 +158,11 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
     Given a package file, check it and load every recipe in it."""
     if package is not None:
         return packagecmds.verify(package, json)
-    cache = open_cache(cache_dir, quiet=json)
+    cache = open_cache(cache_dir, quiet=json, inspect=not fix)
     if cache is None:
         return render.emit_json({"entries": 0, "bad": 0, "problems": []}) if json else None
     on_disk = set(cache.keys())
-    bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix, check=_recipe_problem)]
+    bad = [{"entry": name, "reason": reason} for name, reason in cache.verify(fix=fix, check=recipe_problem)]
     count = len(on_disk | {b["entry"] for b in bad})
     if json:
         render.emit_json({"entries": count, "bad": len(bad), "fixed": fix, "problems": bad})
@@ -176,18 +176,9 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
         raise typer.Exit(1)
 
 
-def _recipe_problem(payload: bytes) -> str | None:
-    """Why an intact entry's payload is not a recipe or program of this format, or None."""
-    try:
-        parse_payload(payload)
-    except RecipeFormatError as e:
-        return f"not a recipe: {e}"
-    return None
-
-
 def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
     """Why two recipes have different keys: the key parts that differ, with readable values where recorded."""
-    cache = _existing(cache_dir)
+    cache = _existing(cache_dir, inspect=True)
     infos = cache.entries()
     a, b = resolve_key(cache, key_a, infos), resolve_key(cache, key_b, infos)
     entries = [cache.peek(k) for k in (a, b)]  # inspection, not use: no hit counted
@@ -203,8 +194,8 @@ def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = Fal
                                              for r in rows))
 
 
-def _existing(cache_dir) -> RecipeCache:
-    cache = open_cache(cache_dir, quiet=True)
+def _existing(cache_dir, inspect: bool = False) -> RecipeCache:
+    cache = open_cache(cache_dir, quiet=True, inspect=inspect)
     if cache is None:
         from .caches import config_for
 

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 from hpu_backend.formats.keyparts import toolchain_id
-from recipecache import CacheConfig, EntryInfo, RecipeCache
+from recipecache import CacheConfig, EntryInfo, RecipeCache, open_cache as open_recipe_cache
 from recipecache.config import ENV_VAR, recorded
+from recipecache.disk import holds_cache
 
 from .errors import CliError
 from .render import note
@@ -28,16 +29,30 @@ def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig
 
 
 def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = False,
-               remote: str | None = None) -> RecipeCache | None:
-    """The cache at ``cache_dir``; None (after a friendly note) if it does not exist and ``create`` is False."""
+               remote: str | None = None, inspect: bool = False) -> RecipeCache | None:
+    """The cache at ``cache_dir``; None (after a friendly note) if the directory holds none and ``create`` is
+    False. With ``inspect`` (read-only commands) nothing is created or recorded and no limit is applied."""
     config = config_for(cache_dir, remote)
     if config.max_size_mb == 0:
         raise CliError(f"the recipe cache is disabled (max_size_mb 0 in {ENV_VAR})")
-    if not create and not Path(config.resolved_path()).is_dir():
+    if not create and not holds_cache(config.resolved_path()):
         if not quiet:
             note("No recipe cache at {} yet. Fill it with: hpurecipe warm MODEL.py", config.resolved_path())
         return None
-    return RecipeCache(config, remote_namespace=toolchain_id())
+    return open_recipe_cache(config, remote_namespace=toolchain_id(), inspect=inspect and not create)
+
+
+def recipe_problem(payload: bytes) -> str | None:
+    """Why an intact entry's payload is not a usable recipe or program of this format, or None (the checks
+    serving makes when it reads one: schema, references, buckets, guards)."""
+    from hpu_backend.formats.program import parse_payload
+    from hpu_backend.formats.recipe import RecipeFormatError
+
+    try:
+        parse_payload(payload)
+    except RecipeFormatError as e:
+        return f"not a recipe: {e}"
+    return None
 
 
 def require_remote(cache: RecipeCache) -> None:

@@ -13,7 +13,7 @@ from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, wr
 from hpu_backend.aot.manifests import manifest_name, read_manifests, write_manifest
 
 from . import render
-from .caches import open_cache, require_remote
+from .caches import open_cache, recipe_problem, require_remote
 from .errors import CliError
 from .options import Axis, CacheDir, Json, Model, ModelFile, Remote, Train
 
@@ -22,7 +22,7 @@ BundlePath = Annotated[Path, typer.Argument(help="The bundle file (a tar).", sho
 
 def export(bundle: BundlePath, cache_dir: CacheDir = None, model: Model = None, json: Json = False) -> None:
     """Write the cache's entries (or one model's) with their manifests and the toolchain into one file."""
-    cache = open_cache(cache_dir, quiet=True)
+    cache = open_cache(cache_dir, quiet=True, inspect=True)
     if cache is None:
         raise CliError("no recipe cache to export; fill it with: hpurecipe warm MODEL.py")
     keys = [i.key for i in cache.entries() if model is None or i.meta.get("model") == model]
@@ -70,7 +70,7 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
 def push(cache_dir: CacheDir = None, remote: Remote = None, model: Model = None, json: Json = False) -> None:
     """Copy this host's entries (or one model's) and their manifests to the fleet tier, e.g. from CI
     after hpurecipe warm."""
-    cache = open_cache(cache_dir, quiet=True, remote=remote)
+    cache = open_cache(cache_dir, quiet=True, remote=remote, inspect=True)
     if cache is None:
         raise CliError("no recipe cache to push; fill it with: hpurecipe warm MODEL.py")
     require_remote(cache)
@@ -103,7 +103,7 @@ def pull(model_file: ModelFile, cache_dir: CacheDir = None, remote: Remote = Non
         from hpu_backend.aot.warm import plan
 
         keys = sorted({k for p in plan(spec, train=train) for k in p.keys + p.programs})
-    got = cache.pull(keys)
+    got = cache.pull(keys, check=recipe_problem)
     missing = [k for k in keys if not cache.contains(k)]
     if json:
         render.emit_json({"needed": len(keys), "pulled": got, "missing": missing, "remote": cache.remote.url})
@@ -115,12 +115,16 @@ def pull(model_file: ModelFile, cache_dir: CacheDir = None, remote: Remote = Non
 
 
 def push_manifest(config, doc: dict) -> None:
-    """Send a manifest to the configured fleet tier (a warning if it is unavailable)."""
+    """Send a manifest to the configured fleet tier, through the tier the run used: if the tier failed, it
+    has said so once already, and says nothing more."""
     from hpu_backend.formats.keyparts import toolchain_id
+    from hpu_backend.serve.store import store_for
     from recipecache.remote import RemoteTier
 
-    if not _put_manifest(RemoteTier(config.remote, config.remote_ttl_s, toolchain_id()), doc):
-        render.warn(f"could not send the manifest to {config.remote}; hosts will compile to learn the keys")
+    disk = store_for(config).disk
+    remote = disk.remote if disk is not None and disk.remote is not None else RemoteTier(
+        config.remote, config.remote_ttl_s, toolchain_id())
+    _put_manifest(remote, doc)
 
 
 def _keys_from_manifest(cache, spec, train: bool) -> list[str] | None:

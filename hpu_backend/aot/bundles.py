@@ -2,9 +2,11 @@
 
 Layout: ``bundle.json`` (format, toolchain, entry list), ``entries/<key>.rcp`` (each entry exactly
 as the cache encodes it: header, payload, checksum), ``manifests/<name>.json`` and, when signed,
-``bundle.sig``. Reading never extracts to disk, accepts only those names and regular files within
-size limits checked from their headers, and checks every entry's checksum and that its payload is a
-recipe before anything is imported. No pickle anywhere.
+``bundle.sig``. Reading opens only a regular file (never a FIFO or a device, never blocking), streams
+the tar one member at a time, never extracts to disk, accepts only those names and regular files
+within size limits checked from their headers, reads an entry's fixed prefix before the rest (a
+member whose size its prefix does not account for is refused unread), and checks every entry's
+checksum and that its payload is a recipe before anything is imported. No pickle anywhere.
 
 Signing (optional): with a key (``HPURECIPE_BUNDLE_KEY``), ``bundle.sig`` holds an HMAC-SHA256 over
 every other member's name and SHA-256; a reader given a key accepts only a bundle whose signature
@@ -13,19 +15,25 @@ matches it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import io
 import json
+import os
 import re
+import stat
 import tarfile
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recipecache import CorruptEntry, Entry, RecipeCache, decode_entry, encode_entry
+from recipecache.entry import PREFIX_SIZE, DIGEST_SIZE, decode_prefix
+from recipecache.safeio import open_regular
 from recipecache.signing import KEY_ENV, signing_key
 
 from ..formats.keyparts import toolchain
@@ -37,8 +45,10 @@ BUNDLE_FORMAT = "hpurecipe-bundle"
 BUNDLE_VERSION = 1
 _ENTRY = re.compile(r"entries/([0-9A-Za-z_-]{1,128})\.rcp")
 _MANIFEST = re.compile(r"manifests/([0-9A-Za-z_.-]{1,200}\.json)")
-MAX_MEMBER = 64 * 1024**2  # one entry or manifest (a recipe is KBs to a few MB)
+MAX_MEMBER = 64 * 1024**2  # one entry (a recipe is KBs to a few MB)
+MAX_JSON = 16 * 1024**2  # bundle.json, a manifest, the signature
 MAX_BUNDLE = 4 * 1024**3  # all members together
+MAX_MEMBERS = 100_000
 SIGNATURE = "bundle.sig"
 
 
@@ -69,6 +79,7 @@ def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dic
                         for e in entries], "manifests": sorted(manifests)}
     if not path.parent.is_dir():
         raise BundleError(f"cannot write {path}: there is no directory {path.parent}")
+    _check_destination(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         members = {"bundle.json": json.dumps(info, indent=1, sort_keys=True).encode()}
@@ -77,7 +88,9 @@ def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dic
                         for name, doc in sorted(manifests.items())})
         if key is not None:
             members[SIGNATURE] = _signature(key, {n: hashlib.sha256(d).digest() for n, d in members.items()})
-        with tarfile.open(tmp, "w") as tar:
+        tmp.unlink(missing_ok=True)  # a fresh file: never written through a link left at its name
+        with os.fdopen(open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f, \
+                tarfile.open(fileobj=f, mode="w") as tar:
             for name, data in members.items():
                 _add(tar, name, data)
         tmp.replace(path)
@@ -85,6 +98,17 @@ def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dic
         tmp.unlink(missing_ok=True)
         raise BundleError(f"cannot write {path}: {e.strerror or e}") from None
     return info
+
+
+def _check_destination(path: Path) -> None:
+    """BundleError if ``path`` exists and is not a regular file (a device, a FIFO, a directory, a link):
+    export never replaces one."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise BundleError(f"cannot write {path}: it exists and is not a regular file; give a new file name")
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -102,67 +126,103 @@ def _signature(key: bytes, digests: dict[str, bytes]) -> bytes:
 
 def read_bundle(path: Path, key: bytes | None = None) -> Bundle:
     """Read and check a whole bundle (BundleError on anything unexpected); nothing touches the disk.
-    With ``key``, the bundle must be signed with it."""
-    try:
-        tar = tarfile.open(path, "r:*")
-    except OSError as e:
-        raise BundleError(f"cannot read {path}: {e.strerror or e}") from None
-    except tarfile.TarError:
-        raise BundleError(f"{path}: not a bundle (not a tar file, plain or compressed)") from None
-    with tar:
-        files = _members(path, tar)
-        if "bundle.json" not in files:
-            raise BundleError(f"{path}: not an hpurecipe bundle (no bundle.json)")
-        data = {name: _read(tar, member) for name, member in files.items()}
-    _check_signature(path, data, key)
-    bundle = Bundle(_info(path, data["bundle.json"]), signed=key is not None)
-    for name, content in data.items():
-        if (m := _ENTRY.fullmatch(name)) is not None:
-            bundle.entries.append(_entry(path, m.group(1), content))
-        elif (m := _MANIFEST.fullmatch(name)) is not None:
-            bundle.manifests[m.group(1)] = _json(path, name, content)
-        elif name not in ("bundle.json", SIGNATURE):
-            raise BundleError(f"{path}: unexpected member {name!r}")
+    With ``key``, the bundle must be signed with it. Each member is checked by its header, then read
+    (capped) and checked, before the next is looked at."""
+    bundle, digests, raw = Bundle({}, signed=key is not None), {}, {}
+    with _open_tar(path) as tar:
+        for member in _members(path, tar):
+            content = _read(path, tar, member)
+            digests[member.name] = hashlib.sha256(content).digest()
+            if (m := _ENTRY.fullmatch(member.name)) is not None:
+                bundle.entries.append(_entry(path, m.group(1), content))
+            elif (m := _MANIFEST.fullmatch(member.name)) is not None:
+                bundle.manifests[m.group(1)] = _json(path, member.name, content)
+            else:
+                raw[member.name] = content  # bundle.json or the signature
+    if "bundle.json" not in raw:
+        raise BundleError(f"{path}: not an hpurecipe bundle (no bundle.json)")
+    _check_signature(path, digests, raw.get(SIGNATURE), key)
+    bundle.info = _info(path, raw["bundle.json"])
     return bundle
 
 
-def _check_signature(path: Path, data: dict[str, bytes], key: bytes | None) -> None:
+@contextmanager
+def _open_tar(path: Path):
+    """The tar (plain or compressed) in the regular file ``path``, opened without blocking: a FIFO, a device
+    or a directory is refused at once."""
+    try:
+        f = os.fdopen(open_regular(path), "rb")
+    except OSError as e:
+        reason = "not a regular file" if e.errno in (errno.EINVAL, errno.ELOOP) else e.strerror or e
+        raise BundleError(f"cannot read {path}: {reason}") from None
+    with f:
+        try:
+            tar = tarfile.open(fileobj=f, mode="r:*")
+        except (tarfile.TarError, EOFError, OSError, zlib.error):
+            raise BundleError(f"{path}: not a bundle (not a tar file, plain or compressed)") from None
+        with tar:
+            yield tar
+
+
+def _check_signature(path: Path, digests: dict[str, bytes], signature: bytes | None, key: bytes | None) -> None:
     if key is None:
         return
-    if SIGNATURE not in data:
+    if signature is None:
         raise BundleError(f"{path}: the bundle is not signed, and {KEY_ENV} is set: only signed bundles are "
                           "imported (export it again with the key set)")
-    digests = {n: hashlib.sha256(d).digest() for n, d in data.items() if n != SIGNATURE}
-    if not hmac.compare_digest(_signature(key, digests), data[SIGNATURE].strip()):
+    expected = _signature(key, {n: d for n, d in digests.items() if n != SIGNATURE})
+    if not hmac.compare_digest(expected, signature.strip()):
         raise BundleError(f"{path}: the signature does not match: the bundle was changed after signing, or "
                           f"signed with another key than {KEY_ENV}")
 
 
-def _members(path: Path, tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
-    """The members by name, each checked by its header (a regular file within the size limits) before
-    the next is looked at, so that a forged size is refused before anything is read or inflated."""
-    files, total = {}, 0
+def _members(path: Path, tar: tarfile.TarFile):
+    """The members, one at a time, each checked by its header (a regular file of an expected name, within
+    the size limits, not seen before) before it is read, so that a forged size or name is refused before
+    anything is read or inflated."""
+    seen, total = set(), 0
     try:
         for member in tar:
             total += member.size
+            name = member.name
             if not member.isfile():
-                raise BundleError(f"{path}: member {member.name!r} is not a regular file")
-            if member.size > MAX_MEMBER:
-                raise BundleError(f"{path}: member {member.name!r} is {member.size:,} bytes, over the "
-                                  f"{MAX_MEMBER:,}-byte limit for one entry; hpurecipe export never writes one")
-            if total > MAX_BUNDLE:
-                raise BundleError(f"{path}: members add up to over {MAX_BUNDLE:,} bytes, the limit for a bundle")
-            if member.name in files:
-                raise BundleError(f"{path}: member {member.name!r} appears twice")
-            files[member.name] = member
+                raise BundleError(f"{path}: member {name!r:.80} is not a regular file")
+            if not (_ENTRY.fullmatch(name) or _MANIFEST.fullmatch(name) or name in ("bundle.json", SIGNATURE)):
+                raise BundleError(f"{path}: unexpected member {name!r:.80}")
+            limit = MAX_MEMBER if _ENTRY.fullmatch(name) else MAX_JSON
+            if member.size > limit:
+                raise BundleError(f"{path}: member {name!r} is {member.size:,} bytes, over the {limit:,}-byte "
+                                  "limit for one; hpurecipe export never writes one")
+            if total > MAX_BUNDLE or len(seen) >= MAX_MEMBERS:
+                raise BundleError(f"{path}: over {MAX_BUNDLE:,} bytes or {MAX_MEMBERS:,} members, the limits "
+                                  "for a bundle")
+            if name in seen:
+                raise BundleError(f"{path}: member {name!r} appears twice")
+            seen.add(name)
+            yield member
+    except BundleError:
+        raise
     except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as e:
         raise BundleError(f"{path}: damaged bundle ({one_line(e)})") from None
-    return files
 
 
-def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+def _read(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """The member's bytes; an entry's prefix is read and checked first, so a member whose size the prefix
+    does not account for (e.g. megabytes of zeros) is refused after a few bytes."""
     try:
-        return tar.extractfile(member).read(MAX_MEMBER + 1)
+        f = tar.extractfile(member)
+        if not _ENTRY.fullmatch(member.name):
+            return f.read(member.size)
+        head = f.read(PREFIX_SIZE)
+        try:
+            header_len, payload_len = decode_prefix(head)
+        except CorruptEntry as e:
+            raise BundleError(f"{path}: {member.name} is not a cache entry: {e}") from None
+        if PREFIX_SIZE + header_len + payload_len + DIGEST_SIZE != member.size:
+            raise BundleError(f"{path}: {member.name} is {member.size:,} bytes, not the size its prefix gives")
+        return head + f.read(member.size - len(head))
+    except BundleError:
+        raise
     except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as e:
         raise BundleError(f"bundle member {member.name!r} cannot be read ({one_line(e)})") from None
 

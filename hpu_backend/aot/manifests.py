@@ -6,12 +6,16 @@ Written by ``warm``/``prebuild`` into ``<cache>/manifests/``; read by ``coverage
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from recipecache.safeio import read_small, write_atomic
 
 from ..formats.keyparts import toolchain
 
@@ -20,6 +24,7 @@ if TYPE_CHECKING:
     from .warm import WarmReport
 
 MANIFEST_DIR = "manifests"
+MAX_MANIFEST = 4 * 1024 * 1024  # a manifest lists keys: KBs
 
 
 def manifest_name(model: str, mode: str) -> str:
@@ -48,24 +53,41 @@ def write_manifest(cache_dir: Path, doc: dict[str, Any]) -> Path:
     adds to the manifest instead of replacing it).
     """
     path = manifest_path(cache_dir, doc["model"], doc["mode"])
+    _manifest_dir(cache_dir, create=True)
     old = _read_json(path)
     if isinstance(old, dict) and old.get("toolchain") == doc.get("toolchain") and isinstance(old.get("buckets"), dict):
         doc = dict(doc, buckets={**old["buckets"], **doc["buckets"]})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1, sort_keys=True, default=str).encode())
     return path
 
 
 def read_manifests(cache_dir: Path) -> list[dict[str, Any]]:
     """Every readable manifest in a cache directory (unreadable ones are skipped)."""
-    docs = [_read_json(path) for path in sorted((Path(cache_dir) / MANIFEST_DIR).glob("*.json"))]
+    try:
+        directory = _manifest_dir(cache_dir, create=False)
+    except OSError:  # none yet, or a link: nothing is read through it
+        return []
+    docs = [_read_json(path) for path in sorted(directory.glob("*.json"))]
     return [doc for doc in docs if isinstance(doc, dict) and isinstance(doc.get("buckets"), dict)]
 
 
+def _manifest_dir(cache_dir: Path, create: bool) -> Path:
+    """``<cache>/manifests``, made (0700) with ``create``; OSError if it is missing, or is a symbolic link or
+    anything else than a directory: nothing is ever written or read through a link."""
+    directory = Path(cache_dir) / MANIFEST_DIR
+    if create:
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+    if not stat.S_ISDIR(os.lstat(directory).st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory (a symbolic link is never followed)", str(directory))
+    return directory
+
+
 def _read_json(path: Path) -> Any:
+    """The JSON in a regular file of at most MAX_MANIFEST bytes (read without following a link or blocking)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(read_small(path, MAX_MANIFEST))
+    except (OSError, ValueError, RecursionError):
         return None

@@ -118,6 +118,25 @@ def _check(p: Program) -> None:
             symexpr.validate(tree)
     except symexpr.SymExprError as e:
         raise RecipeFormatError(f"program.guards: {e}") from None
+    _check_guards_evaluate(p)
+
+
+GUARD_PROBE = 1009  # a size no real guard divides by zero at (a prime, far from 0, 1 and small strides)
+
+
+def _check_guards_evaluate(p: Program) -> None:
+    """Guards name only the program's symbols and evaluate (to anything) at one probe size: a guard that
+    divides by zero or names an unbound symbol is refused when the entry is read, not when it is served."""
+    unbound = set().union(*(symexpr.symbols(t) for t in p.guards)) - set(p.symbols) if p.guards else set()
+    if unbound:
+        raise RecipeFormatError(f"program.guards name unbound symbols {sorted(unbound)!r:.80}")
+    env = dict.fromkeys(p.symbols, GUARD_PROBE)
+    for tree in p.guards:
+        try:
+            symexpr.evaluate(tree, env)
+        except (symexpr.SymExprError, ArithmeticError, TypeError, ValueError) as e:
+            raise RecipeFormatError(f"program.guards: {symexpr.to_str(tree):.80} cannot be evaluated "
+                                    f"({type(e).__name__}: {e})") from None
 
 
 _SPECIALIZED = re.compile(r"[a-z][a-z0-9_]{0,31}")

@@ -225,6 +225,8 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
     for symbol, lo_hi in recipe.bucket.items():  # [lo, hi]: show and the dispatcher read both ends
         if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
             raise bad(f"bucket of {symbol!r:.40} is not a [lo, hi] range: {lo_hi!r:.40}")
+        if symbol not in recipe.symbols:
+            raise bad(f"bucket on {symbol!r:.40}, which is not one of the recipe's symbols")
     for source in recipe.symbol_sources:
         if not _readable(source, recipe.inputs):
             raise bad(f"symbol source {source!r:.40} names no input dimension")

@@ -34,6 +34,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import fallback, hbm
 from .. import metrics
+from ..errors import one_line
 from ..formats import symexpr
 from .buckets import policies_for
 from .keys import GraphKey, graph_key
@@ -106,6 +107,7 @@ class Taken:
     key: str | None = None
     fallbacks: tuple[str, ...] = ()  # its CPU-fallback ops, counted at every call
     compiled_for: str = ""  # why it was lowered ("" when it came from the store)
+    proven: bool = True  # False for a recipe read from the store until it has run once
 
 
 class CompiledGraph:
@@ -170,7 +172,34 @@ class CompiledGraph:
                        dict(zip(self.symbols, values)), source=self))
         if taken.fallbacks:  # the bridge counts fallbacks per execution
             fallback.executed(taken.fallbacks)
-        return taken.run(args)
+        return taken.run(args) if taken.proven else self._first_run(taken, args, values)
+
+    def _first_run(self, taken: Taken, args: list, values: tuple) -> list:
+        """Run a recipe read from the store for the first time. If it fails, the stored entry is a miss:
+        it is quarantined (here and in the fleet tier) and the bucket lowered again, stored, and run; if
+        the fresh recipe fails too, the failure was the call's own and is raised."""
+        kept = list(args)  # run() clears args
+        try:
+            out = taken.run(args)
+        except Exception as stored_error:
+            log.warning("hpu_backend: %s: stored recipe %s failed when run (%s); quarantined, compiling instead",
+                        self.ctx.name, taken.key, one_line(stored_error))
+            self.store.discard(taken.key)
+            bucket = self.bucket_of(values) if self.fixed is not taken else ()
+            fresh = self._compile({s: list(b) for s, b in zip(self.symbols, bucket)})
+            self._replace(taken, fresh, bucket)
+            return fresh.run(kept)
+        taken.proven = True
+        return out
+
+    def _replace(self, old: Taken, new: Taken, bucket: tuple) -> None:
+        new.fallbacks = old.fallbacks
+        if self.fixed is old:
+            self.fixed = new
+        if bucket in self.buckets:
+            self.buckets[bucket] = new
+        self.known = {v: new if t is old else t for v, t in self.known.items()}
+        self._executors.pop(_executable(old.recipe), None)
 
     def taken_for(self, args: list) -> tuple[Taken, tuple]:
         """The bucket these inputs run, and their symbol values."""
@@ -241,7 +270,7 @@ class CompiledGraph:
         with _phase("load"):
             found = self.store.load(key, self._executor)
         metrics.record_cache(self.ctx.name, hit=found is not None)
-        return (None, False) if found is None else (Taken(*found, key), True)
+        return (None, False) if found is None else (Taken(*found, key, proven=False), True)
 
     def _compile(self, bucket: dict[str, list[int]]) -> Taken:
         reason = self.first_reason if not self.buckets else "new bucket"

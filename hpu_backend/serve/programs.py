@@ -208,7 +208,7 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
         emit(Event("program", program=key, hit=True))
         replay_restart(program.specialize)
     env = _hints(program, example_inputs)
-    if env is None or not all(symexpr.evaluate(g, env) for g in program.guards):
+    if env is None or not _guards_hold(program, env, name_of("program")):
         log.info("hpu_backend: %s: stored program's guards do not hold for these sizes", name_of("program"))
         return None
     _install_guards(program, gm)
@@ -239,6 +239,15 @@ def replay_restart(names: list[str]) -> None:
 
 def restart_program(specialize: list[str]) -> Program:
     return Program("restart", [], Contract(num_inputs=0), specialize=sorted(specialize))
+
+
+def _guards_hold(program: Program, env: dict[str, int], name: str) -> bool:
+    """Whether the stored guards hold for these sizes; LoweringError (the program is unusable) if one
+    cannot be evaluated, e.g. it divides by zero."""
+    try:
+        return all(symexpr.evaluate(g, env) for g in program.guards)
+    except (symexpr.SymExprError, ArithmeticError, TypeError, ValueError) as e:
+        raise LoweringError(f"its guards cannot be evaluated ({type(e).__name__}: {e})", graph=name) from None
 
 
 def _hints(program: Program, example_inputs: list) -> dict[str, int] | None:

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any, Callable, TypeVar
 
-from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache
+from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache, open_cache
 
 from ..formats.keyparts import toolchain_id
 from .keys import ProgramKey
@@ -53,6 +53,13 @@ class RecipeStore:
             log.warning("hpu_backend: cache entry %s cannot be used (%s); quarantined, compiling instead", key, e)
             self.disk.quarantine(key, data)
             return None
+
+    def discard(self, key: str) -> None:
+        """Quarantine the entry under key: it parsed, but failed when built or served (a miss from now on,
+        here and, through the fleet tier, on other hosts)."""
+        data = self.disk.get(key) if self.disk is not None else None
+        if data is not None:
+            self.disk.quarantine(key, data)
 
     def put(self, key: str | None, recipe: Recipe, meta: dict[str, Any]) -> Recipe:
         """Store ``recipe`` under key (None: not cached) and return it as parsed back from its bytes."""
@@ -130,7 +137,7 @@ def _open_disk(config: CacheConfig | None) -> RecipeCache | None:
     if config is None:
         return None
     try:
-        cache = RecipeCache(config, cost_of=_compile_time, remote_namespace=toolchain_id())
+        cache = open_cache(config, cost_of=_compile_time, remote_namespace=toolchain_id())
     except CacheError as e:
         log.warning("hpu_backend: recipe disk cache off, compiling without it: %s", e)
         return None

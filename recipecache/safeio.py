@@ -1,0 +1,84 @@
+"""Opening the cache's small files safely: regular files only, never through a symbolic link, never blocking
+(a FIFO or a device in a file's place must not hang or flood a reader), and read up to a size cap.
+
+Every bookkeeping file (size.json, stats.json, hits.log, config.json, evictions.log, clear.marker,
+manifests) is opened through these functions; entries go through disk.py, which uses the same flags.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# Opened without following a final link and without blocking; then fstat must say "regular".
+FILE_FLAGS = NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+MAX_SMALL = 16 * 1024 * 1024  # a bookkeeping file (the logs rotate well below this)
+
+
+def open_regular(path, flags: int = os.O_RDONLY, mode: int = 0o600, dir_fd: int | None = None) -> int:
+    """A descriptor of the regular file ``path``, opened with ``flags`` plus FILE_FLAGS; OSError (ELOOP for a
+    link, EINVAL for a FIFO, device or directory) otherwise."""
+    fd = os.open(path, flags | FILE_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_small(path, limit: int = MAX_SMALL) -> bytes:
+    """The bytes of the regular file ``path``; OSError if it is missing, not a regular file, a link, or
+    larger than ``limit`` (EFBIG)."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{size} bytes, over the {limit}-byte limit", str(path))
+        chunks, remaining = [], limit + 1
+        while remaining > 0:  # the file may grow while we read: never past the cap
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"over the {limit}-byte limit", str(path))
+    return data
+
+
+def append(path, data: bytes) -> int:
+    """Append ``data`` to the regular file ``path`` (created 0600) in one write; the file's size after it."""
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, data)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, data: bytes) -> None:
+    """Replace a small file atomically (a fresh private temp file, then rename; no fsync: scans repair it).
+    A link planted at the temp name is replaced, never written through."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
