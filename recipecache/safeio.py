@@ -18,10 +18,12 @@ FILE_FLAGS = NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 
 MAX_SMALL = 16 * 1024 * 1024  # a bookkeeping file (the logs rotate well below this)
 
 
-def open_regular(path, flags: int = os.O_RDONLY, mode: int = 0o600, dir_fd: int | None = None) -> int:
+def open_regular(path, flags: int = os.O_RDONLY, mode: int = 0o600, dir_fd: int | None = None,
+                 follow_links: bool = False) -> int:
     """A descriptor of the regular file ``path``, opened with ``flags`` plus FILE_FLAGS; OSError (ELOOP for a
-    link, EINVAL for a FIFO, device or directory) otherwise."""
-    fd = os.open(path, flags | FILE_FLAGS, mode, dir_fd=dir_fd)
+    link, EINVAL for a FIFO, device or directory) otherwise. ``follow_links`` is for a file the user names
+    (a package), never for one inside the cache."""
+    fd = os.open(path, flags | (FILE_FLAGS & ~NOFOLLOW if follow_links else FILE_FLAGS), mode, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 
+from recipecache import safeio
 from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
 
 from . import keyparts
@@ -223,16 +224,16 @@ def read_package(path: str | os.PathLike, key: bytes | None | bool = True) -> Pa
 
 
 def open_regular(path: Path):
-    """``path`` opened for reading without blocking (a FIFO would), if it is a regular file; else PackageError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    """``path`` opened for reading without blocking (a FIFO would), if it is a regular file; else PackageError.
+    A link the user names is followed (a package is not a file inside the cache)."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PackageError("not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
+        fd = safeio.open_regular(path, follow_links=True)
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            raise PackageError("not a regular file") from None
         raise
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _check_stream(f, key: bytes | None) -> None:
