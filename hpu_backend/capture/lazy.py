@@ -190,7 +190,7 @@ class LazyRecorder(TorchDispatchMode):
     def _fake_out(self, target, flat, spec):
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-        fake = [self.fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in flat]
+        fake = [self._fake(a) if isinstance(a, torch.Tensor) else a for a in flat]
         fargs, fkwargs = pytree.tree_unflatten(fake, spec)
         try:
             with self.fake_mode:
@@ -203,6 +203,11 @@ class LazyRecorder(TorchDispatchMode):
         if any(not isinstance(x, torch.Tensor) and x is not None for x in leaves):
             raise _Unrecordable("returns a host value")
         return out
+
+    def _fake(self, t: torch.Tensor):
+        """A fake twin of ``t``: the one its node already has, else made (converting a tensor is not cheap)."""
+        node = self.g.node_of.get(t)
+        return node.meta["val"] if node is not None else self.fake_mode.from_tensor(t, static_shapes=True)
 
     def _add(self, func, target, flat, spec, fakes, mutated, viewing):
         g = self.g

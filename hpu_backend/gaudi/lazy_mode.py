@@ -67,7 +67,6 @@ class Step:
     index: int
     graphs: list[GraphRun] = field(default_factory=list)
     syncs: list[Sync] = field(default_factory=list)
-    summaries: list = field(default_factory=list, repr=False)  # per graph, to explain the next step's new ones
 
     @property
     def compiled(self) -> int:
@@ -100,7 +99,6 @@ class LazyRunner:
         self.store = store_for(cache_config(settings))
         self.graphs: OrderedDict[str, tuple[CompiledGraph, list]] = OrderedDict()  # structure -> graph, summary
         self.steps = LazyReport([Step(0)])
-        self.previous: list[list] = []  # summaries of the graphs of the last finished step, in order
 
     def __call__(self, pending: Pending) -> list[torch.Tensor]:
         try:
@@ -123,7 +121,6 @@ class LazyRunner:
         step = self.steps[-1]
         step.graphs.append(GraphRun(graph.ctx.name, pending.ops, pending.reason, pending.source,
                                     graph.fixed.key if graph.fixed else None, compiled, new))
-        step.summaries.append(summary)
         return graph(list(pending.inputs))
 
     def _build(self, pending: Pending) -> tuple[tuple[CompiledGraph, list], int]:
@@ -134,18 +131,19 @@ class LazyRunner:
         return (graph, _summary(pending.gm)), sum(not hit for _, _, hit in taken)
 
     def _why_new(self, gm: torch.fx.GraphModule) -> str:
-        at = len(self.steps[-1].graphs)
-        if at >= len(self.previous):
-            return "first graph at this point of the step"
-        return _difference(self.previous[at], _summary(gm))
+        """The closest graph this process has run, and the first difference from it."""
+        summary = _summary(gm)
+        known = [(g.ctx.name, k) for g, k in self.graphs.values()]
+        if not known:
+            return "the first graph"
+        name, closest = max(known, key=lambda nk: _likeness(nk[1], summary))
+        return f"like {name} but {_difference(closest, summary)}"
 
     def sync(self, what: str, source: str, cut: bool) -> None:
         self.steps[-1].syncs.append(Sync(what, source, cut))
 
     def end_step(self) -> None:
         step = self.steps[-1]
-        if step.graphs:
-            self.previous = step.summaries
         if step.graphs or step.syncs:
             self.steps.append(Step(step.index + 1))
 
@@ -170,27 +168,38 @@ def _summary(gm: torch.fx.GraphModule) -> list:
             out.append(("output", [arg(a) for a in n.args[0]], ""))
         elif n.op == "call_function":
             source = (n.meta.get("stack_trace") or "").replace('File "', "").replace('", line ', ":").split(",")[0]
-            out.append((str(n.target), [arg(a) for a in n.args] + [f"{k}={arg(v)}" for k, v in n.kwargs.items()],
+            out.append((str(n.target), [arg(a) for a in n.args] + [(k, arg(v)) for k, v in n.kwargs.items()],
                         source))
     return out
+
+
+def _likeness(known: list, summary: list) -> tuple:
+    """Same ops in the same order first, then the longest identical prefix."""
+    prefix = next((i for i, (a, b) in enumerate(zip(known, summary)) if a != b), min(len(known), len(summary)))
+    return [a[0] for a in known] == [b[0] for b in summary], prefix
 
 
 def _difference(before: list, after: list) -> str:
     """What changed between two graph summaries, in words: the first node that differs."""
     for i, (a, b) in enumerate(zip(before, after)):
         if a[0] != b[0]:
-            return f"node {i} is {b[0]} where the previous step had {a[0]}" + (f" ({b[2]})" if b[2] else "")
+            return f"node {i} is {b[0]} where it had {a[0]}" + (f" at {b[2]}" if b[2] else "")
         if a[1] != b[1]:
             if a[0] == "input":
                 return f"input {i} changed from {a[1][0]}{a[1][1]} to {b[1][0]}{b[1][1]}"
             changed = [(j, x, y) for j, (x, y) in enumerate(zip(a[1], b[1])) if x != y]
             j, x, y = changed[0] if changed else (len(a[1]), a[1], b[1])
-            kind = "a constant changed" if isinstance(x, (int, float, bool)) or isinstance(y, (int, float, bool)) \
-                else "an argument changed"
+            if isinstance(x, tuple) and isinstance(y, tuple):  # a keyword argument
+                (j, x), (_, y) = x, y
+            kind = "a constant changed" if _scalar(x) and _scalar(y) else "an argument changed"
             return f"{kind}: {b[0]} argument {j}: {x!r} -> {y!r}" + (f" at {b[2]}" if b[2] else "")
     if len(before) != len(after):
-        return f"the graph has {len(after)} nodes where the previous step had {len(before)}"
-    return "same ops and arguments as the previous step's graph, other input layout or state"
+        return f"it has {len(after)} nodes where that one had {len(before)}"
+    return "same ops and arguments, other global state (grad mode, autocast) or input properties"
+
+
+def _scalar(v) -> bool:
+    return isinstance(v, (int, float, bool)) or isinstance(v, list) and all(isinstance(x, (int, float)) for x in v)
 
 
 class _Lazy:
