@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -86,7 +87,7 @@ class _Graph:
     inputs: dict = field(default_factory=dict)  # id -> (tensor, placeholder), strongly held until the flush
     written: dict = field(default_factory=dict)  # id(input) -> (input, placeholder, final node)
     recorded: dict = field(default_factory=dict)  # storage pointer -> weakrefs of recorded tensors on it
-    unfilled: set = field(default_factory=set)  # storages allocated for results (filled at the flush)
+    unfilled: dict = field(default_factory=dict)  # storage pointer -> [weak storage, node of its value]
     input_storages: set = field(default_factory=set)
     written_storages: set = field(default_factory=set)  # storages of inputs this graph writes
     seeded: bool = False  # holds a random op (it draws from the global generator at the flush)
@@ -126,6 +127,7 @@ class LazyRecorder(TorchDispatchMode):
         if not g.ops:
             return False
         fill, outs = _outputs(g)
+        g.unfilled.clear()  # our references to the storages go with it
         for _, placeholder, final in g.written.values():
             g.graph.call_function(aten.copy_.default, (placeholder, final))
         g.graph.output(tuple(outs))
@@ -242,6 +244,8 @@ class LazyRecorder(TorchDispatchMode):
         for other in sharing:
             if other is not None and other is not t:
                 g.stale[other] = True
+        if ptr in g.unfilled:
+            g.unfilled[ptr][1] = value
         if id(t) in g.inputs:
             g.written[id(t)] = (t, g.inputs[id(t)][1], value)
             if ptr:
@@ -260,8 +264,8 @@ class LazyRecorder(TorchDispatchMode):
             g.fresh[real] = fresh
             ptr = _storage(real)
             g.recorded.setdefault(ptr, []).append(weakref.ref(real))
-            if fresh and ptr:
-                g.unfilled.add(ptr)
+            if fresh and ptr:  # (an address seen before in this graph was freed: its storage is gone)
+                g.unfilled[ptr] = [StorageWeakRef(real.untyped_storage()), node]
             return
         for i, r in enumerate(real):
             if r is not None:
@@ -293,15 +297,19 @@ class LazyRecorder(TorchDispatchMode):
 
 
 def _outputs(g: _Graph) -> tuple[list[torch.Tensor], list[torch.fx.Node]]:
-    """The recorded tensors still alive, with the nodes whose values fill them: those that own their storage,
-    then aliases of unfilled storages no live tensor owns (a ``detach()`` of a dead temporary)."""
-    alive = [(t, g.fresh.get(t, False)) for refs in g.recorded.values() for r in refs if (t := r()) is not None]
-    owners = [t for t, fresh in alive if fresh]
-    owned = {_storage(t) for t in owners}
-    orphans = [t for t, fresh in alive if not fresh and _storage(t) in g.unfilled and _storage(t) not in owned]
-    order = {n: i for i, n in enumerate(g.graph.nodes)}
-    fill = sorted(owners + orphans, key=lambda t: order[g.node_of[t]])
-    return fill, [g.node_of[t] for t in fill]
+    """Each unfilled storage something still holds (a tensor, a view or alias of it, autograd's saved values),
+    as a tensor over all of it, with the node whose value fills it."""
+    fill, outs = [], []
+    order = {n: i for i, n in enumerate(g.graph.nodes)}  # storage addresses are reused: order by the graph
+    for ref, node in sorted(g.unfilled.values(), key=lambda entry: order[entry[1]]):
+        if not ref.expired():
+            fake = node.meta["val"]
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            with no_dispatch():
+                whole = torch.empty(0, dtype=fake.dtype, device=fake.device)
+                fill.append(whole.set_(storage, 0, fake.shape, fake.stride()))
+            outs.append(node)
+    return fill, outs
 
 
 def _positional(schema, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -225,6 +225,7 @@ class _Lazy:
             self.recorder.__exit__(None, None, None)  # pop the recorder first: the flush records nothing
             try:
                 self.recorder.flush("end of lazy mode")
+                self.runner.end_step()
             finally:
                 self.recorder.host.__exit__(None, None, None)
 
