@@ -114,6 +114,7 @@ class LazyRecorder(TorchDispatchMode):
         self.on_sync = on_sync
         self.g = _Graph()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.layouts: dict = {}  # op and input layouts -> fake outputs (or the reason it cannot be recorded)
         self.host = _HostReads(self)
 
     # -- the flush -------------------------------------------------------------------------------------------
@@ -190,6 +191,19 @@ class LazyRecorder(TorchDispatchMode):
         return t in g.node_of or ptr in g.unfilled or ptr in g.written_storages or ptr in g.input_storages
 
     def _fake_out(self, target, flat, spec):
+        """The op's outputs as fake tensors: remembered per op and input layout, since a training loop issues
+        the same ops on the same layouts every step (running an op on fake tensors costs milliseconds)."""
+        key = _layout_key(target, flat, spec)
+        found = self.layouts.get(key) if key is not None else None
+        if found is None:
+            found = self._run_fake(target, flat, spec)
+            if key is not None:
+                if len(self.layouts) >= _LAYOUTS:
+                    self.layouts.clear()
+                self.layouts[key] = found
+        return found
+
+    def _run_fake(self, target, flat, spec):
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
         fake = [self._fake(a) if isinstance(a, torch.Tensor) else a for a in flat]
@@ -310,6 +324,24 @@ def _outputs(g: _Graph) -> tuple[list[torch.Tensor], list[torch.fx.Node]]:
                 fill.append(whole.set_(storage, 0, fake.shape, fake.stride()))
             outs.append(node)
     return fill, outs
+
+
+_LAYOUTS = 50_000  # remembered op layouts; the table is cleared when it holds this many
+
+
+def _layout_key(target, flat: list, spec) -> tuple | None:
+    """What an op's output layout depends on: the op, its argument structure and values, and each tensor's
+    shape, strides, offset, dtype and device. None when an argument has no stable hash."""
+    parts: list = [target, spec]
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device))
+        elif a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                         torch.memory_format)):
+            parts.append((type(a), a))
+        else:
+            return None
+    return tuple(parts)
 
 
 def _positional(schema, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
