@@ -22,13 +22,14 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.fx
 
 from ..capture.lazy import LazyRecorder, Pending
-from ..lowering import LoweringContext
-from ..serve.compiled import CompiledGraph, collect_recipes
+from ..lowering import LoweringContext, LoweringError
+from ..serve.compiled import CompiledGraph, boxed, collect_recipes
 from ..serve.keys import Unkeyable, program_key
 from ..serve.store import cache_config, store_for
 from ..settings import Settings
@@ -91,13 +92,24 @@ class LazyReport(list):
 _names = itertools.count()
 
 
+@dataclass(frozen=True)
+class _Eager:
+    """A lazy graph that could not be lowered: its FX graph, run as it is."""
+
+    ctx: LoweringContext
+    run: Callable[[list], list]
+
+    def __call__(self, args: list) -> list:
+        return self.run(args)
+
+
 class LazyRunner:
     """Runs cut graphs: structure → compiled graph (this process), else lowered and its recipe taken from the store."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
         self.store = store_for(cache_config(settings))
-        self.graphs: OrderedDict[str, tuple[CompiledGraph, list]] = OrderedDict()  # structure -> graph, summary
+        self.graphs: OrderedDict[str, tuple[CompiledGraph | _Eager, list]] = OrderedDict()  # structure -> graph, summary
         self.steps = LazyReport([Step(0)])
 
     def __call__(self, pending: Pending) -> list[torch.Tensor]:
@@ -119,15 +131,23 @@ class LazyRunner:
             self.graphs.move_to_end(structure)
         graph, summary = found
         step = self.steps[-1]
-        step.graphs.append(GraphRun(graph.ctx.name, pending.ops, pending.reason, pending.source,
-                                    graph.fixed.key if graph.fixed else None, compiled, new))
+        key = graph.fixed.key if isinstance(graph, CompiledGraph) and graph.fixed else None
+        step.graphs.append(GraphRun(graph.ctx.name, pending.ops, pending.reason, pending.source, key, compiled, new))
         return graph(list(pending.inputs))
 
-    def _build(self, pending: Pending) -> tuple[tuple[CompiledGraph, list], int]:
+    def _build(self, pending: Pending) -> tuple[tuple[CompiledGraph | _Eager, list], int]:
+        """The graph lowered (its recipe from the store, or compiled), or after a lowering failure its FX graph,
+        run as it is after one warning (an error in strict mode), as the backend does for Dynamo graphs."""
         name = f"lazy_graph_{next(_names):04d}"
         ctx = LoweringContext(settings=self.settings, name=name, kind="lazy", gm=pending.gm)
-        with collect_recipes() as taken:
-            graph = CompiledGraph.build(pending.gm, ctx, self.store, "new graph")
+        try:
+            with collect_recipes() as taken:
+                graph = CompiledGraph.build(pending.gm, ctx, self.store, "new graph")
+        except LoweringError as e:
+            if self.settings.strict:
+                raise
+            log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
+            return (_Eager(ctx, boxed(pending.gm)), _summary(pending.gm)), 0
         return (graph, _summary(pending.gm)), sum(not hit for _, _, hit in taken)
 
     def _why_new(self, gm: torch.fx.GraphModule) -> str:
