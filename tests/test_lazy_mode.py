@@ -4,8 +4,6 @@ recipe, with results equal to eager; the per-step report; PT_HPU_MAX_COMPOUND_OP
 from __future__ import annotations
 
 import json
-import os
-import textwrap
 
 import pytest
 import torch

@@ -114,7 +114,7 @@ class LazyRecorder(TorchDispatchMode):
         self.on_sync = on_sync
         self.g = _Graph()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-        self.layouts: dict = {}  # op and input layouts -> fake outputs (or the reason it cannot be recorded)
+        self.layouts: dict = {}  # op and input layouts -> its fake outputs
         self.host = _HostReads(self)
 
     # -- the flush -------------------------------------------------------------------------------------------
