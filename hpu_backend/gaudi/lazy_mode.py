@@ -37,6 +37,7 @@ from ..settings import Settings
 log = logging.getLogger(__name__)
 
 ENV_VAR = "PT_HPU_LAZY_MODE"
+KEPT_STEPS = 10_000  # the report keeps the latest steps of a long run
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Step:
 
 
 class LazyReport(list):
-    """The steps of a lazy-mode run, oldest first (``str()`` prints them)."""
+    """The steps of a lazy-mode run, oldest first (the latest ``KEPT_STEPS``; ``str()`` prints them)."""
 
     def __str__(self) -> str:
         return "\n".join(s.summary() for s in self)
@@ -113,27 +114,30 @@ class LazyRunner:
         self.steps = LazyReport([Step(0)])
 
     def __call__(self, pending: Pending) -> list[torch.Tensor]:
+        graph, compiled, new = self._graph_for(pending)
+        key = graph.fixed.key if isinstance(graph, CompiledGraph) and graph.fixed else None
+        self.steps[-1].graphs.append(GraphRun(graph.ctx.name, pending.ops, pending.reason, pending.source, key,
+                                              compiled, new))
+        return graph(list(pending.inputs))
+
+    def _graph_for(self, pending: Pending) -> tuple[CompiledGraph | _Eager, int, str]:
+        """The graph for this structure, with the recipes compiled for it now and why it is new ("": seen)."""
         try:
             structure = program_key(pending.gm, pending.inputs, self.settings).key
         except Unkeyable as e:
             log.info("hpu_backend: a lazy graph has no structural key (%s); it is lowered each time", e)
             structure = None
         found = self.graphs.get(structure) if structure else None
-        compiled, new = 0, ""
-        if found is None:
-            new = self._why_new(pending.gm)
-            found, compiled = self._build(pending)
-            if structure:
-                self.graphs[structure] = found
-                if len(self.graphs) > self.store.capacity:
-                    self.graphs.popitem(last=False)
-        else:
+        if found is not None:
             self.graphs.move_to_end(structure)
-        graph, summary = found
-        step = self.steps[-1]
-        key = graph.fixed.key if isinstance(graph, CompiledGraph) and graph.fixed else None
-        step.graphs.append(GraphRun(graph.ctx.name, pending.ops, pending.reason, pending.source, key, compiled, new))
-        return graph(list(pending.inputs))
+            return found[0], 0, ""
+        new = self._why_new(pending.gm)
+        found, compiled = self._build(pending)
+        if structure:
+            self.graphs[structure] = found
+            if len(self.graphs) > self.store.capacity:
+                self.graphs.popitem(last=False)
+        return found[0], compiled, new
 
     def _build(self, pending: Pending) -> tuple[tuple[CompiledGraph | _Eager, list], int]:
         """The graph lowered (its recipe from the store, or compiled), or after a lowering failure its FX graph,
@@ -166,6 +170,7 @@ class LazyRunner:
         step = self.steps[-1]
         if step.graphs or step.syncs:
             self.steps.append(Step(step.index + 1))
+            del self.steps[:-KEPT_STEPS]
 
 
 def _summary(gm: torch.fx.GraphModule) -> list:
