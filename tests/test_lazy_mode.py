@@ -172,6 +172,23 @@ def test_max_compound_op_size_caps_cluster_sizes_and_changes_the_key(monkeypatch
     assert "max_compound_op_size" not in Settings.from_options({}, env={}).key_fields()
 
 
+def test_max_compound_op_size_caps_lazy_graphs_too():
+    from hpu_backend.capture.lazy import LazyRecorder
+    from hpu_backend.gaudi.lazy_mode import LazyRunner
+
+    runner = LazyRunner(Settings.from_options({"max_compound_op_size": 3, "cache": False}))
+    recorder = LazyRecorder(runner, runner.sync)
+    x = torch.randn(8)
+    with collect_recipes() as found:
+        with recorder.host, recorder:
+            y = ((x.relu() * 2 + 1).sin() - 3).abs()
+        recorder.flush("test")
+    torch.testing.assert_close(y, ((x.relu() * 2 + 1).sin() - 3).abs())
+    (_, recipe, _), = found
+    sizes = recipe.facts["clusters"]["sizes"]
+    assert recipe.kind == "lazy" and max(sizes) <= 3 and sum(sizes) >= 6
+
+
 def test_lazy_recipes_read_like_any_other():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

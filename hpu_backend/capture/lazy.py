@@ -231,7 +231,8 @@ class LazyRecorder(TorchDispatchMode):
             [self._node_for(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
         node = g.graph.call_function(target, tuple(nargs), nkwargs)
         node.meta["val"] = fakes
-        node.meta["stack_trace"] = _trace(user_line())
+        node.meta["source"] = line = user_line()  # "file:line", for reports
+        node.meta["stack_trace"] = _trace(line)  # where capture reads a recipe node's source
         g.ops += 1
         g.seeded = g.seeded or torch.Tag.nondeterministic_seeded in func.tags
         if func._schema.is_mutable:

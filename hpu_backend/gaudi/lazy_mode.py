@@ -192,9 +192,8 @@ def _summary(gm: torch.fx.GraphModule) -> list:
         elif n.op == "output":
             out.append(("output", [arg(a) for a in n.args[0]], ""))
         elif n.op == "call_function":
-            source = (n.meta.get("stack_trace") or "").replace('File "', "").replace('", line ', ":").split(",")[0]
             out.append((str(n.target), [arg(a) for a in n.args] + [(k, arg(v)) for k, v in n.kwargs.items()],
-                        source))
+                        n.meta.get("source", "")))
     return out
 
 
