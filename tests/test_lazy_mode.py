@@ -3,6 +3,7 @@ recipe, with results equal to eager; the per-step report; PT_HPU_MAX_COMPOUND_OP
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -154,6 +155,25 @@ def test_views_in_place_updates_and_aliases_match_eager():
         torch.testing.assert_close(x, y)
 
 
+def test_gradient_accumulation_matches_eager():
+    def run(lazy: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        with gaudi.lazy() if lazy else contextlib.nullcontext():
+            for step in range(3):
+                for micro in range(2):  # gradients accumulate into .grad across backward calls
+                    x = torch.randn(4, 6)
+                    model(x.t().t()).sum().backward()  # a view of data as input
+                    gaudi.mark_step()
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+                gaudi.mark_step()
+        return model
+
+    _assert_same_params(run(lazy=True), run(lazy=False))
+
+
 def test_max_compound_op_size_caps_cluster_sizes_and_changes_the_key(monkeypatch):
     def f(x):
         for _ in range(5):
@@ -240,6 +260,18 @@ def test_a_second_process_runs_the_lazy_recipes_from_the_disk_cache(tmp_path):
     assert len(lazy) >= 2 and all(r["hits"] >= 1 for r in lazy), rows  # each one read back by the second process
     shown = cli_json("show", lazy[0]["key"], "--cache-dir", tmp_path / "cache")
     assert "lazy_graph_" in json.dumps(shown)
+
+
+def test_analyze_reports_a_model_files_lazy_graphs(tmp_path):
+    from cli_helpers import cli_json, tiny_model
+
+    doc = cli_json("analyze", tiny_model(tmp_path), "--train", "--lazy")
+    assert doc["lazy"] and [r["bucket"] for r in doc["buckets"]] == ["batch=2", "batch=8"]
+    for row in doc["buckets"]:
+        names = [g["name"] for g in row["graphs"]]
+        assert names and all(n.startswith("lazy_graph_") for n in names), names
+        assert row["time_s"] > 0 and row["graph_breaks"] == 0
+    assert cli_json("analyze", tiny_model(tmp_path), "--train")["buckets"][0]["graphs"][0]["name"].startswith("fx_graph")
 
 
 def test_a_graph_that_cannot_be_lowered_runs_as_recorded(monkeypatch):

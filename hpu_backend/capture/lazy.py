@@ -223,7 +223,14 @@ class LazyRecorder(TorchDispatchMode):
     def _fake(self, t: torch.Tensor):
         """A fake twin of ``t``: the one its node already has, else made (converting a tensor is not cheap)."""
         node = self.g.node_of.get(t)
-        return node.meta["val"] if node is not None else self.fake_mode.from_tensor(t, static_shapes=True)
+        return node.meta["val"] if node is not None else self._convert(t)
+
+    def _convert(self, t: torch.Tensor):
+        """A fake tensor with ``t``'s layout. Of a detached alias: the fake converter checks a view's autograd
+        metadata against its base's and trips over a base with a ``.grad`` (gradient accumulation)."""
+        with no_dispatch():
+            alias = t.detach()
+        return self.fake_mode.from_tensor(alias, static_shapes=True)
 
     def _add(self, func, target, flat, spec, fakes, mutated, viewing):
         g = self.g
@@ -292,7 +299,7 @@ class LazyRecorder(TorchDispatchMode):
         if node is not None:
             return node
         node = g.graph.placeholder(f"input_{len(g.inputs)}")
-        node.meta["val"] = self.fake_mode.from_tensor(t, static_shapes=True)
+        node.meta["val"] = self._convert(t)
         g.inputs[id(t)] = (t, node)
         g.input_storages.add(_storage(t))
         g.node_of[t] = node

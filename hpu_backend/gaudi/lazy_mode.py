@@ -234,10 +234,11 @@ class _Lazy:
         self.recorder: LazyRecorder | None = None
         self.depth = 0
 
-    def enter(self) -> None:
+    def enter(self, options: dict | None = None) -> None:
         if self.depth == 0:
-            if self.runner is None:
-                self.runner = LazyRunner(Settings.from_options({}))
+            settings = Settings.from_options(options) if options is not None else None
+            if self.runner is None or settings is not None and settings != self.runner.settings:
+                self.runner = LazyRunner(settings or Settings.from_options({}))
                 self.recorder = LazyRecorder(self.runner, self.runner.sync)
             self.recorder.host.__enter__()
             self.recorder.__enter__()
@@ -263,9 +264,12 @@ _state = _Lazy()
 
 
 @contextlib.contextmanager
-def lazy():
-    """Lazy mode for this block (this thread): ops accumulate into graphs cut at ``mark_step()`` and host reads."""
-    _state.enter()
+def lazy(options: dict | None = None):
+    """Lazy mode for this block (this thread): ops accumulate into graphs cut at ``mark_step()`` and host reads.
+
+    ``options`` are backend options (``target``, ``cache``, ...) for the graphs of this block; without them,
+    the environment's, read once. Nested blocks share the outer block's."""
+    _state.enter(options)
     try:
         yield
     finally:
