@@ -4,11 +4,14 @@ On Gaudi this script imports ``habana_frameworks.torch.core as htcore``; here ``
 Without lazy mode the same loop runs eagerly (``mark_step`` only counts), which is what the tests compare with.
 Run as a script (``PT_HPU_LAZY_MODE=1 python models/lazy_training.py [mnist|gpt] [steps]``) to train lazily
 and print the per-step report: graphs, recipes compiled and host syncs with their source lines.
+It is also a model file (``hpurecipe analyze models/lazy_training.py --lazy --train``): models/mnist.py's model.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
@@ -53,15 +56,24 @@ def gpt_run(gpt, steps: int, batch: int = 2, seq: int = 16, layers: int = 1, lr:
     return train(model, batches, lambda logits, targets: gpt.loss(logits, None, targets), optimizer, steps), model
 
 
-if __name__ == "__main__":
-    import importlib.util
-    from pathlib import Path
-
-    name = sys.argv[1] if len(sys.argv) > 1 else "mnist"
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+def _load(name: str):
+    """A sibling model file, as a module (model files are plain scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"lazy_training_{name}", Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+_mnist = _load("mnist")
+make_model, make_inputs, loss, MODEL_INPUTS = _mnist.make_model, _mnist.make_inputs, _mnist.loss, _mnist.MODEL_INPUTS
+AXES = {"batch": [4, 8]}
+COMPILE = {"options": {}}
+
+
+if __name__ == "__main__":
+    name = sys.argv[1] if len(sys.argv) > 1 else "mnist"
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    module = _load(name)
     run = mnist_run if name == "mnist" else gpt_run
     kwargs = {"log_interval": 5} if name == "mnist" else {}
     losses, _ = run(module, steps, **kwargs)

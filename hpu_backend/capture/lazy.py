@@ -8,9 +8,10 @@ shape, strides and dtype (computed on fake tensors); the flush runs the graph (`
 by the caller: lowered, cached and executed as a recipe) and writes each result into its tensor.
 
 - Graph inputs are the tensors that come from outside the pending graph (parameters, data, optimizer
-  state); outputs are the pending tensors still alive, and the final values of mutated inputs, which the
-  graph writes back with ``copy_`` (as AOTAutograd keeps input mutations), so an in-place update
-  (``param.add_``, gradient accumulation) lands in the real tensor.
+  state); outputs are the unfilled storages something still holds (a tensor, a view of one, autograd's
+  saved values: a weak reference to each storage tells). Mutated inputs are written back by the graph
+  with ``copy_`` (as AOTAutograd keeps input mutations), so an in-place update (``param.add_``, gradient
+  accumulation) lands in the real tensor.
 - An in-place op is recorded as its functional twin (``add_`` → ``add``); views are taken for real on
   the unfilled tensors (so they alias what the flush fills) and recorded too.
 - Whatever cannot go in a recipe (data-dependent shapes, ops outside the runtime allowlist, a
