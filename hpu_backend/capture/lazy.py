@@ -174,17 +174,20 @@ class LazyRecorder(TorchDispatchMode):
         if any(t._is_view() or not self.g.fresh.get(t, True) for t in mutated):
             raise _Unrecordable("writes through a view")
         fakes = self._fake_out(target, flat, spec)
-        if any(self._stale(t) for t in tensors):
-            self.flush(f"{func} reads a tensor that aliases one written in the graph", user_line())
+        stale = next((why for t in tensors if (why := self._stale(t))), "")
+        if stale:
+            self.flush(f"{func} reads {stale}", user_line())
         return self._add(func, target, flat, spec, fakes, mutated, viewing)
 
-    def _stale(self, t: torch.Tensor) -> bool:
-        """Read in this graph, it would see a value this graph has not written yet: cut first."""
+    def _stale(self, t: torch.Tensor) -> str:
+        """Why, read in this graph, ``t`` would miss a value the graph has not written yet ("": it would not)."""
         g = self.g
         if t in g.node_of:
-            return g.stale.get(t, False)
+            return "an alias of a tensor the graph wrote" if g.stale.get(t, False) else ""
         ptr = _storage(t)
-        return ptr in g.unfilled or ptr in g.written_storages
+        if ptr in g.unfilled:
+            return "a tensor made from a pending one (nn.Parameter(torch.empty(...)), .data)"
+        return "an alias of a tensor the graph wrote" if ptr in g.written_storages else ""
 
     def _touched(self, t: torch.Tensor) -> bool:
         g = self.g

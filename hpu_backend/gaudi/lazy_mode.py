@@ -161,7 +161,10 @@ class LazyRunner:
         if not known:
             return "the first graph"
         name, closest = max(known, key=lambda nk: _likeness(nk[1], summary))
-        return f"like {name} but {_difference(closest, summary)}"
+        same_ops, _ = _likeness(closest, summary)
+        if same_ops:  # the same ops: a constant, an argument or an input layout changed
+            return f"like {name} but {_difference(closest, summary)}"
+        return f"new ops ({len(summary)} nodes); the closest graph seen, {name}, differs: {_difference(closest, summary)}"
 
     def sync(self, what: str, source: str, cut: bool) -> None:
         self.steps[-1].syncs.append(Sync(what, source, cut))
