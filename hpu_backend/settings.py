@@ -1,7 +1,8 @@
 """Backend settings: one frozen dataclass, filled from defaults, the environment and ``options=``.
 
 Precedence: ``torch.compile(..., options={...})`` over environment variables over defaults.
-Every field marked ``key=True`` changes the recipe and is part of the recipe key.
+Every field marked ``key=True`` changes the recipe and is part of the recipe key; ``key="when_set"`` is part
+of it when it differs from its default (so that the keys of recipes made without it stay as they were).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class SettingsError(ValueError):
     """An unknown option or a value of the wrong form (raised by ``Settings.from_options``)."""
 
 
-def _key(default: Any, env: str, doc: str, key: bool = True):
+def _key(default: Any, env: str, doc: str, key: bool | str = True):
     return field(default=default, metadata={"env": env, "doc": doc, "key": key})
 
 
@@ -44,6 +45,9 @@ class Settings:
         "native", "HPU_BACKEND_DTYPE_POLICY",
         "storage dtypes of the plan and estimate: native (as traced) | fp8 (matmul operands, weights and KV "
         "cache in fp8; plans only, with execute=false)")
+    max_compound_op_size: int = _key(
+        0, "PT_HPU_MAX_COMPOUND_OP_SIZE",
+        "most nodes in one device cluster; a larger cluster is cut in schedule order (0: no limit)", key="when_set")
     cache: bool = _key(True, "HPU_BACKEND_CACHE", "use the recipe disk cache", key=False)
     cache_config: Any = _key(  # a CacheConfig, parsed once here from its string form; None: the defaults
         None, ENV_VAR, "disk cache: <path>,<delete_on_start>,<max_size_mb> (or a recipecache.CacheConfig)",
@@ -93,8 +97,10 @@ class Settings:
         """The settings that change a recipe, in a canonical plain form for the recipe key."""
         out = {}
         for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.metadata["key"] == "when_set" and v == f.default:
+                continue
             if f.metadata["key"]:
-                v = getattr(self, f.name)
                 out[f.name] = sorted(v) if isinstance(v, frozenset) else v
         return out
 

@@ -165,12 +165,17 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             cards: Annotated[Optional[int], typer.Option(
                 help="Capacity planning: tensor parallel over this many cards of one server (per-card plan; "
                      "a model file with PER_CARD).", show_default=False)] = None,
+            lazy: Annotated[bool, typer.Option(
+                "--lazy", help="Run the model eagerly in lazy mode (mark_step after each step) and report its "
+                "lazy graphs' recipes instead of torch.compile's.")] = False,
             timeout: Timeout = None, json: Json = False) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
     prefill and decode steps without weights, the largest batch and tokens/s. Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
+    if lazy and (input_len is not None or output_len is not None):
+        raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if input_len is None and output_len is None:
         if dtype is not None or batch is not None or cards is not None:
             raise UsageError("--dtype, --batch and --cards are for capacity planning: give --input-len and "
@@ -180,7 +185,7 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
         from .analysis import print_analysis
 
         with time_limit(timeout, model_file):
-            doc = analyze_spec(load_spec(model_file, axis), target, train)
+            doc = analyze_spec(load_spec(model_file, axis), target, train, lazy=lazy)
         render.emit_json(doc) if json else print_analysis(doc)
         return
     with time_limit(timeout, model_file):

@@ -18,11 +18,13 @@ from typing import Any
 from .. import metrics
 from .report import GraphReport
 from .modelfile import ModelSpec, point_label, user_call
-from .warm import PointResult, plan
+from .warm import PointResult, plan, plan_lazy
 
 
 
-def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
+def analyze_spec(spec: ModelSpec, target: str, train: bool, lazy: bool = False) -> dict[str, Any]:
+    if lazy:
+        return _analyze_lazy(spec, target, train)
     breaks = _graph_breaks(spec, train)
     seen = len(metrics.recompiles())
     points = plan(spec, train=train, target=target)
@@ -33,6 +35,15 @@ def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
             "hbm_bytes": hbm, "graph_break_reasons": breaks, "buckets": rows,
             "recompiles": recompiles,
             "max_batch": _max_batch(spec, points, hbm, train, target)}
+
+
+def _analyze_lazy(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
+    """The same report for the model run eagerly in lazy mode: its lazy graphs' recipes per point. Lazy graphs
+    are static (one recipe per shape), so no batch search, and neither graph breaks nor recompiles apply."""
+    rows = [_row(p) for p in plan_lazy(spec, train=train, target=target)]
+    return {"model": spec.name, "target": target, "mode": ("train" if train else "inference") + ", lazy", "lazy": True,
+            "hbm_bytes": hbm_bytes(target), "graph_break_reasons": [], "buckets": rows, "recompiles": [],
+            "max_batch": None}
 
 
 def _row(p: PointResult) -> dict[str, Any]:

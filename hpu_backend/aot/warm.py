@@ -10,6 +10,7 @@ and write a manifest (model → point → recipe keys) next to the cache's entri
 from __future__ import annotations
 
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, fields
@@ -147,11 +148,22 @@ def _step(model: Callable, spec: ModelSpec, inputs: tuple, train: bool):
     torch.manual_seed(0)  # the same dropout masks for the compiled model and eager
     if not train:
         with torch.no_grad():
-            return model(*spec.split(inputs))
+            out = model(*spec.split(inputs))
+        _end_lazy_step()
+        return out
     output = model(*spec.split(inputs))
     loss = spec.loss_of(output, inputs)
     loss.backward()
+    _end_lazy_step()
     return output.detach(), loss.detach()
+
+
+def _end_lazy_step() -> None:
+    """In lazy mode (``plan_lazy``), run the step's graph here, inside the point. Lazy mode can only be on if its
+    module was imported; importing it here would read PT_HPU_LAZY_MODE in every process that warms."""
+    lazy_mode = sys.modules.get("hpu_backend.gaudi.lazy_mode")
+    if lazy_mode is not None:
+        lazy_mode.mark_step()
 
 
 def _compare(result: PointResult, got: Any, want: Any) -> None:
@@ -238,6 +250,17 @@ def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None, rep
         spec = ModelSpec(**{**spec.__dict__, "options": dict(spec.options, target=target)})
     _, compiled = compile_spec(spec, None, execute=False, cache=False, train=train)
     return run_points(compiled, spec, [p for p in spec.points() for _ in range(repeat)], train=train)
+
+
+def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None) -> list[PointResult]:
+    """Each point's recipes from running the model file eagerly in lazy mode (``mark_step()`` after each step),
+    reading and writing no cache: what Gaudi's default mode makes of the model."""
+    from ..gaudi.lazy_mode import lazy
+
+    options = dict(spec.options, cache=False, **({"target": target} if target else {}))
+    model = spec.build_model().train(train)
+    with lazy(options):
+        return run_points(model, spec, spec.points(), train=train)
 
 
 # -- prebuild across processes ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from . import symexpr
 
 FORMAT_VERSION = 1
 
-KINDS = ("forward", "backward", "inference")
+KINDS = ("forward", "backward", "inference", "lazy")  # lazy: a lazy-mode graph (capture/lazy.py)
 
 
 class RecipeFormatError(ValueError):

@@ -11,10 +11,9 @@ weight_decay)``                                              foreach AdamW kerne
 ``core.mark_step()``                                         ``mark_step()``: see below
 ===========================================================  ==========================================
 
-``mark_step()`` ends a lazy-mode graph on Gaudi. Under ``torch.compile`` there is no lazy graph to
-end: here it is a graph boundary (Dynamo does not trace into it, so a compiled region ends there)
-and counts in ``metric_global("mark_step")``; eagerly it only counts. It synchronizes nothing,
-since the simulated device runs on the host.
+``mark_step()`` ends a lazy-mode graph, as on Gaudi: in lazy mode (``lazy_mode.py``) it runs the pending graph
+and starts the next step of the report. Under ``torch.compile`` it is a graph boundary (Dynamo does not
+trace into it, so a compiled region ends there). It counts in ``metric_global("mark_step")`` always.
 
 The optimizers step with torch's multi-tensor (foreach) kernels rather than its fused CPU kernel:
 Dynamo traces the former into a recipe and skips the latter, so a compiled step would run eagerly.
@@ -27,6 +26,7 @@ from typing import Iterable
 import torch
 
 from .. import metrics
+from . import lazy_mode
 
 
 class FusedAdamW(torch.optim.AdamW):
@@ -60,5 +60,7 @@ class FusedClipNorm:
 
 @torch._dynamo.disable
 def mark_step() -> None:
-    """A graph boundary under torch.compile; counted in ``metric_global("mark_step")``."""
+    """Run the pending lazy graph in lazy mode; a graph boundary under torch.compile; counted in
+    ``metric_global("mark_step")``."""
     metrics.record_mark_step()
+    lazy_mode.mark_step()

@@ -17,7 +17,7 @@ from ..settings import Settings
 class LoweringContext:
     settings: Settings
     name: str = "fx_graph"  # e.g. "fx_graph_0003_fw"
-    kind: str = "inference"  # "forward" | "backward" | "inference"
+    kind: str = "inference"  # "forward" | "backward" | "inference" | "lazy"
     guards: tuple[Any, ...] = ()  # sympy boolean expressions from the ShapeEnv
     bucket: Mapping[str, list[int]] = field(default_factory=dict)  # symbol -> [lo, hi] for bucket passes
     gm: Any = None  # the aten torch.fx.GraphModule of a graph's lowering (None for a bucket's, or from disk)

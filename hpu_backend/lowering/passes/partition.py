@@ -7,6 +7,11 @@ CPU node, so a path can only go from a cluster to a later one: the cluster graph
 construction, and the pass is linear in the graph (torch.fx's ``CapabilityBasedPartitioner``
 finds the same clusters here but grows quadratically with depth; see bench/lowering_bench.py).
 Host scalar ops and tuple elements belong to their level's cluster. Ids follow schedule order.
+
+``Settings.max_compound_op_size`` (``PT_HPU_MAX_COMPOUND_OP_SIZE``, 0: no limit) caps the nodes of one
+cluster, as the bridge caps the graphs it hands the graph compiler: a level's nodes are cut, in schedule
+order, into clusters of at most that many. A chunk reads only earlier chunks, so the cluster graph stays
+acyclic.
 """
 
 from __future__ import annotations
@@ -20,10 +25,16 @@ from ..values import node_refs, with_fields
 
 def partition(recipe: Recipe, ctx: LoweringContext) -> Recipe:
     levels = _levels(recipe)
-    ids: dict[int, int] = {}
+    cap = ctx.settings.max_compound_op_size
+    ids: dict[tuple[int, int], int] = {}
+    placed: dict[int, int] = {}  # level -> its device nodes so far
     nodes = []
     for n in recipe.nodes:
-        cluster = -1 if n.placement == "cpu" else ids.setdefault(levels[n.name], len(ids))
+        cluster = -1
+        if n.placement != "cpu":
+            level = levels[n.name]
+            count = placed[level] = placed.get(level, 0) + 1
+            cluster = ids.setdefault((level, (count - 1) // cap if cap else 0), len(ids))
         nodes.append(with_fields(n, cluster=cluster))
     sizes = [0] * len(ids)
     for n in nodes:

@@ -1,0 +1,429 @@
+"""Lazy graphs: aten ops recorded, not run, into an FX graph that is cut where the host needs a value.
+
+Gaudi's lazy mode accumulates the ops an eager-style script issues into a graph and runs it at
+``mark_step()`` or where the host reads a value. ``LazyRecorder`` does the same on the host: a
+TorchDispatchMode sees every aten op (forward, backward, optimizer) below autograd; an op that can run
+in a recipe is recorded into the pending FX graph and answered with an *unfilled* tensor of the right
+shape, strides and dtype (computed on fake tensors); the flush runs the graph (``run(pending)``, given
+by the caller: lowered, cached and executed as a recipe) and writes each result into its tensor.
+
+- Graph inputs are the tensors that come from outside the pending graph (parameters, data, optimizer
+  state); outputs are the unfilled storages something still holds (a tensor, a view of one, autograd's
+  saved values: a weak reference to each storage tells). Mutated inputs are written back by the graph
+  with ``copy_`` (as AOTAutograd keeps input mutations), so an in-place update (``param.add_``, gradient
+  accumulation) lands in the real tensor.
+- An in-place op is recorded as its functional twin (``add_`` → ``add``); views are taken for real on
+  the unfilled tensors (so they alias what the flush fills) and recorded too.
+- Whatever cannot go in a recipe (data-dependent shapes, ops outside the runtime allowlist, a
+  generator argument, a write through a view) cuts the graph if it touches it and runs eagerly.
+- A TorchFunctionMode sees host reads (``item``, ``tolist``, printing, ``bool()`` in control flow,
+  ``data_ptr``, ``cpu``, ``numpy``): each is a sync, reported with the user's source line, and cuts the
+  graph when it reads a pending value.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import sys
+import sysconfig
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._mode_utils import no_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..runtime import ops
+
+aten = torch.ops.aten
+
+# Tensor methods through which the host reads values (a device-to-host copy on Gaudi).
+HOST_READS = {getattr(torch.Tensor, name): name for name in (
+    "item", "tolist", "numpy", "__repr__", "__format__", "__bool__", "__int__", "__float__", "__index__",
+    "data_ptr", "cpu", "__array__")}
+
+# Files that are not the user's: torch, this package, the standard library.
+_NOT_USER = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def user_line() -> str:
+    """``file:line`` of the innermost caller outside torch, hpu_backend and the standard library."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_NOT_USER) and not name.startswith(_STDLIB) and not name.startswith("<frozen"):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+@dataclass
+class Pending:
+    """A cut graph, ready to run: ``run(inputs)`` must return one tensor per entry of ``fill``."""
+
+    gm: torch.fx.GraphModule
+    inputs: list[torch.Tensor]
+    fill: list[torch.Tensor]  # the tensors the outputs are written into, in output order
+    reason: str  # "mark_step" | "Tensor.item" | "op aten.nonzero.default" | ...
+    source: str  # the user's line that cut it
+    ops: int = 0
+
+
+@dataclass
+class _Graph:
+    """The graph being recorded, and what it knows of the tensors it touched."""
+
+    graph: torch.fx.Graph = field(default_factory=torch.fx.Graph)
+    node_of: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)  # tensor -> its current node
+    fresh: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)  # recorded tensor -> owns its storage
+    stale: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)  # aliases of a tensor written here
+    inputs: dict = field(default_factory=dict)  # id -> (tensor, placeholder), strongly held until the flush
+    written: dict = field(default_factory=dict)  # id(input) -> (input, placeholder, final node)
+    recorded: dict = field(default_factory=dict)  # storage pointer -> weakrefs of recorded tensors on it
+    unfilled: dict = field(default_factory=dict)  # storage pointer -> [weak storage, node of its value]
+    input_storages: set = field(default_factory=set)
+    written_storages: set = field(default_factory=set)  # storages of inputs this graph writes
+    seeded: bool = False  # holds a random op (it draws from the global generator at the flush)
+    ops: int = 0
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.numel() else 0
+
+
+class _Unrecordable(Exception):
+    """An op the pending graph cannot hold (it runs eagerly)."""
+
+
+class LazyRecorder(TorchDispatchMode):
+    """Records aten ops into the pending graph; ``run(Pending)`` executes a cut graph; ``on_sync(what, line,
+    cut)`` hears of every host read."""
+
+    def __init__(self, run: Callable[[Pending], list[torch.Tensor]], on_sync: Callable[[str, str, bool], None]):
+        super().__init__()
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.run = run
+        self.on_sync = on_sync
+        self.g = _Graph()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.layouts: dict = {}  # op and input layouts -> its fake outputs
+        self.host = _HostReads(self)
+
+    # -- the flush -------------------------------------------------------------------------------------------
+
+    def pending(self) -> bool:
+        return self.g.ops > 0
+
+    def flush(self, reason: str, source: str = "") -> bool:
+        """Run the pending graph (if any) and fill its tensors; True if a graph ran."""
+        g, self.g = self.g, _Graph()
+        if not g.ops:
+            return False
+        fill, outs = _outputs(g)
+        g.unfilled.clear()  # our references to the storages go with it
+        for _, placeholder, final in g.written.values():
+            g.graph.call_function(aten.copy_.default, (placeholder, final))
+        g.graph.output(tuple(outs))
+        gm = torch.fx.GraphModule(torch.nn.Module(), g.graph)
+        pending = Pending(gm, [t for t, _ in g.inputs.values()], fill, reason, source or user_line(), g.ops)
+        with no_dispatch(), torch.no_grad(), torch._C.DisableTorchFunction():
+            values = self.run(pending)
+            for t, v in zip(fill, values):
+                t.copy_(v)
+        return True
+
+    # -- recording -------------------------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunction():  # torch's own calls in here are no host reads of the user's
+            try:
+                return self._record(func, args, kwargs)
+            except _Unrecordable as e:
+                return self._eager(func, args, kwargs, str(e))
+
+    def _record(self, func, args, kwargs):
+        if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten":
+            raise _Unrecordable("not an aten op")
+        schema = func._schema
+        writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        target = _functional(func, writes) if writes else func
+        name = ops.op_name(target)
+        if name is None or not ops.is_allowed(name):
+            raise _Unrecordable("outside the runtime allowlist")
+        if target is not func:  # the twin may default an argument differently (bernoulli_'s p): pass all
+            args, kwargs = _positional(schema, args, kwargs)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if any(isinstance(a, (torch.Generator, torch.SymInt, torch.SymFloat, torch.UntypedStorage)) for a in flat):
+            raise _Unrecordable("takes a generator, storage or symbolic value")
+        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        viewing = not writes and any(r.alias_info is not None for r in schema.returns)
+        if viewing and not any(self._touched(t) for t in tensors):
+            with no_dispatch():
+                return func(*args, **kwargs)  # a view of real values is real: nothing to record
+        mutated = _written_args(schema, writes, args, kwargs)
+        if any(t._is_view() or not self.g.fresh.get(t, True) for t in mutated):
+            raise _Unrecordable("writes through a view")
+        fakes = self._fake_out(target, flat, spec)
+        stale = next((why for t in tensors if (why := self._stale(t))), "")
+        if stale:
+            self.flush(f"{func} reads {stale}", user_line())
+        return self._add(func, target, flat, spec, fakes, mutated, viewing)
+
+    def _stale(self, t: torch.Tensor) -> str:
+        """Why, read in this graph, ``t`` would miss a value the graph has not written yet ("": it would not)."""
+        g = self.g
+        if t in g.node_of:
+            return "an alias of a tensor the graph wrote" if g.stale.get(t, False) else ""
+        ptr = _storage(t)
+        if ptr in g.unfilled:
+            return "a tensor made from a pending one (nn.Parameter(torch.empty(...)), .data)"
+        return "an alias of a tensor the graph wrote" if ptr in g.written_storages else ""
+
+    def _touched(self, t: torch.Tensor) -> bool:
+        g = self.g
+        ptr = _storage(t)
+        return t in g.node_of or ptr in g.unfilled or ptr in g.written_storages or ptr in g.input_storages
+
+    def _fake_out(self, target, flat, spec):
+        """The op's outputs as fake tensors: remembered per op and input layout, since a training loop issues
+        the same ops on the same layouts every step (running an op on fake tensors costs milliseconds)."""
+        key = _layout_key(target, flat, spec)
+        found = self.layouts.get(key) if key is not None else None
+        if found is None:
+            found = self._run_fake(target, flat, spec)
+            if key is not None:
+                if len(self.layouts) >= _LAYOUTS:
+                    self.layouts.clear()
+                self.layouts[key] = found
+        return found
+
+    def _run_fake(self, target, flat, spec):
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+        fake = [self._fake(a) if isinstance(a, torch.Tensor) else a for a in flat]
+        fargs, fkwargs = pytree.tree_unflatten(fake, spec)
+        try:
+            with self.fake_mode:
+                out = target(*fargs, **fkwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise _Unrecordable("its result's shape depends on values") from e
+        except (NotImplementedError, RuntimeError, TypeError) as e:
+            raise _Unrecordable(f"no shape function ({type(e).__name__}: {e})") from e
+        leaves = pytree.tree_leaves(out)
+        if any(not isinstance(x, torch.Tensor) and x is not None for x in leaves):
+            raise _Unrecordable("returns a host value")
+        return out
+
+    def _fake(self, t: torch.Tensor):
+        """A fake twin of ``t``: the one its node already has, else made (converting a tensor is not cheap)."""
+        node = self.g.node_of.get(t)
+        return node.meta["val"] if node is not None else self._convert(t)
+
+    def _convert(self, t: torch.Tensor):
+        """A fake tensor with ``t``'s layout. Of a detached alias: the fake converter checks a view's autograd
+        metadata against its base's and trips over a base with a ``.grad`` (gradient accumulation)."""
+        with no_dispatch():
+            alias = t.detach()
+        return self.fake_mode.from_tensor(alias, static_shapes=True)
+
+    def _add(self, func, target, flat, spec, fakes, mutated, viewing):
+        g = self.g
+        nargs, nkwargs = pytree.tree_unflatten(
+            [self._node_for(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
+        node = g.graph.call_function(target, tuple(nargs), nkwargs)
+        node.meta["val"] = fakes
+        node.meta["source"] = line = user_line()  # "file:line", for reports
+        node.meta["stack_trace"] = _trace(line)  # where capture reads a recipe node's source
+        g.ops += 1
+        g.seeded = g.seeded or torch.Tag.nondeterministic_seeded in func.tags
+        if func._schema.is_mutable:
+            values = [self._item(node, i, f) for i, f in enumerate(fakes)] if isinstance(fakes, (list, tuple)) \
+                else [node]
+            for t, v in zip(mutated, values):
+                self._write(t, v)
+            return pytree.tree_unflatten(flat, spec)[0][0] if func._schema.returns else None
+        if viewing:
+            with no_dispatch():
+                args, kwargs = pytree.tree_unflatten(flat, spec)
+                real = func(*args, **kwargs)
+        else:
+            real = pytree.tree_map(_unfilled, fakes)
+        self._bind(real, node, fresh=not viewing)
+        return real
+
+    def _write(self, t: torch.Tensor, value: torch.fx.Node) -> None:
+        """``t`` now holds ``value``: aliases of its storage read in this graph are stale; an input is written
+        back at the end of the graph."""
+        g = self.g
+        ptr = _storage(t)
+        sharing = [r() for r in g.recorded.get(ptr, ())] + [x for x, _ in g.inputs.values() if _storage(x) == ptr]
+        for other in sharing:
+            if other is not None and other is not t:
+                g.stale[other] = True
+        if ptr in g.unfilled:
+            g.unfilled[ptr][1] = value
+        if id(t) in g.inputs:
+            g.written[id(t)] = (t, g.inputs[id(t)][1], value)
+            if ptr:
+                g.written_storages.add(ptr)
+        g.node_of[t] = value
+
+    def _item(self, node, i, fake):
+        item = self.g.graph.call_function(operator.getitem, (node, i))
+        item.meta["val"] = fake
+        return item
+
+    def _bind(self, real, node, fresh: bool) -> None:
+        g = self.g
+        if isinstance(real, torch.Tensor):
+            g.node_of[real] = node
+            g.fresh[real] = fresh
+            ptr = _storage(real)
+            g.recorded.setdefault(ptr, []).append(weakref.ref(real))
+            if fresh and ptr:  # (an address seen before in this graph was freed: its storage is gone)
+                g.unfilled[ptr] = [StorageWeakRef(real.untyped_storage()), node]
+            return
+        for i, r in enumerate(real):
+            if r is not None:
+                self._bind(r, self._item(node, i, node.meta["val"][i]), fresh)
+
+    def _node_for(self, t: torch.Tensor) -> torch.fx.Node:
+        g = self.g
+        node = g.node_of.get(t)
+        if node is not None:
+            return node
+        node = g.graph.placeholder(f"input_{len(g.inputs)}")
+        node.meta["val"] = self._convert(t)
+        g.inputs[id(t)] = (t, node)
+        g.input_storages.add(_storage(t))
+        g.node_of[t] = node
+        return node
+
+    # -- ops that run eagerly --------------------------------------------------------------------------------
+
+    def _eager(self, func, args, kwargs, why: str):
+        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        seeded = isinstance(func, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in func.tags
+        if self.pending() and (any(self._touched(t) for t in tensors) or seeded and self.g.seeded):
+            source = user_line()
+            self.flush(f"{func} runs on the host: {why}", source)
+            self.on_sync(f"{func} ({why})", source, True)
+        with no_dispatch():
+            return func(*args, **kwargs)
+
+
+def _outputs(g: _Graph) -> tuple[list[torch.Tensor], list[torch.fx.Node]]:
+    """Each unfilled storage something still holds (a tensor, a view or alias of it, autograd's saved values),
+    as a tensor over all of it, with the node whose value fills it."""
+    fill, outs = [], []
+    order = {n: i for i, n in enumerate(g.graph.nodes)}  # storage addresses are reused: order by the graph
+    for ref, node in sorted(g.unfilled.values(), key=lambda entry: order[entry[1]]):
+        if not ref.expired():
+            fake = node.meta["val"]
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            with no_dispatch():
+                whole = torch.empty(0, dtype=fake.dtype, device=fake.device)
+                fill.append(whole.set_(storage, 0, fake.shape, fake.stride()))
+            outs.append(node)
+    return fill, outs
+
+
+_LAYOUTS = 50_000  # remembered op layouts; the table is cleared when it holds this many
+
+
+def _layout_key(target, flat: list, spec) -> tuple | None:
+    """What an op's output layout depends on: the op, its argument structure and values, and each tensor's
+    shape, strides, offset, dtype and device. None when an argument has no stable hash."""
+    parts: list = [target, spec]
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            parts.append((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device))
+        elif a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                         torch.memory_format)):
+            parts.append((type(a), a))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _positional(schema, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``args`` with every positional argument of the schema present (defaults filled in), and the keywords."""
+    full = list(args)
+    for a in schema.arguments[len(args):]:
+        if a.kwarg_only:
+            break
+        full.append(kwargs[a.name] if a.name in kwargs else a.default_value)
+    return tuple(full), {k: v for k, v in kwargs.items() if k not in {a.name for a in schema.arguments[:len(full)]}}
+
+
+def _written_args(schema, writes: list[int], args, kwargs) -> list[torch.Tensor]:
+    found = [args[i] if i < len(args) else kwargs[schema.arguments[i].name] for i in writes]
+    return [t for m in found for t in (m if isinstance(m, (list, tuple)) else [m])]
+
+
+class _HostReads(TorchFunctionMode):
+    """Host reads of tensor values: a sync each; cut the pending graph when they read it."""
+
+    def __init__(self, recorder: LazyRecorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        what = HOST_READS.get(func)
+        if what is not None:
+            r = self.recorder
+            tensors = [a for a in pytree.tree_leaves((args, kwargs or {})) if isinstance(a, torch.Tensor)]
+            cut = r.pending() and any(r._touched(t) for t in tensors)
+            source = user_line()
+            if cut:
+                r.flush(f"Tensor.{what}", source)
+            r.on_sync(f"Tensor.{what}", source, cut)
+        return func(*args, **(kwargs or {}))
+
+
+
+
+# In-place ops whose functional twin has another name or overload.
+TWINS = {"bernoulli_.float": aten.bernoulli.p, "normal_.default": aten.normal_functional.default}
+
+
+def _functional(func, writes: list[int]):
+    """The functional twin of an in-place op (``add_.Tensor`` → ``add.Tensor``) writing only its first argument."""
+    schema = func._schema
+    if writes != [0]:
+        raise _Unrecordable(f"{func} writes more than its first argument")
+    packet = schema.name.split("::", 1)[1]
+    named = TWINS.get(f"{packet}.{func._overloadname}")
+    if named is not None:
+        return named
+    if not packet.endswith("_") or packet.startswith("_") and not packet.startswith("_foreach"):
+        raise _Unrecordable(f"{func} has no functional twin")
+    twin = getattr(getattr(aten, packet[:-1], None), func._overloadname, None)
+    if twin is None or twin._schema.is_mutable:
+        raise _Unrecordable(f"{func} has no functional twin")
+    return twin
+
+
+def _unfilled(fake: Any) -> Any:
+    if not isinstance(fake, torch.Tensor):
+        return fake
+    with no_dispatch():
+        return torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=fake.device)
+
+
+def _trace(line: str) -> str:
+    """A user line in the form FX stack traces use (what capture records as a node's source)."""
+    if not line:
+        return ""
+    path, _, number = line.rpartition(":")
+    return f'File "{path}", line {number}, in <lazy>'
