@@ -11,11 +11,13 @@ point (bucket passes) — the same passes and recipes as ``torch.compile(backend
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.utils._pytree as pytree
@@ -27,7 +29,7 @@ from ..lowering import LoweringContext, LoweringError, constant_of, lower_bucket
 from .modelfile import ModelSpec, point_label
 from ..formats.package import GraphInput, Package, PackageError, toolchain
 from ..runtime.packaged import load_package
-from ..formats.recipe import Recipe
+from ..formats.recipe import Constant, Recipe
 from ..settings import Settings
 
 @dataclass
@@ -59,7 +61,7 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     with torch.no_grad():
         ep = decompose(export_model(model, examples, spec, settings))
     template, ctx = lower_exported(ep, settings, f"{spec.name}_package")
-    inputs = graph_inputs(ep)
+    inputs = _tied_to_first_name(graph_inputs(ep), model)
     recipes, points = _bucket_recipes(template, ctx, inputs, examples, spec)
     package = Package(
         model=spec.name, toolchain=toolchain(), inputs=inputs,
@@ -67,18 +69,19 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
         out_spec=pytree.treespec_dumps(ep.call_spec.out_spec),
         ranges=_ranges(ep, template), recipes=recipes,
         constants={name: constant_of(t) for name, t in ep.constants.items() if isinstance(t, torch.Tensor)},
-        weights={name: constant_of(t) for name, t in ep.state_dict.items()} if with_weights else {},
+        weights=_weights(ep, inputs) if with_weights else {},
         axes=spec.axes)
     package.check()
-    path = _write(Path(out), package.to_bytes())
+    path = Path(out)
+    with _staged(path, package.to_bytes()) as staged:
+        checked = _check(staged, None if with_weights else model, model, examples, spec) if check else []
+        size = staged.stat().st_size
     report = PackageReport(
-        path=str(path), model=spec.name, size_bytes=path.stat().st_size,
+        path=str(path), model=spec.name, size_bytes=size, checked=checked,
         symbols={s: f"{inputs[slot].target} dim {dim}" for s, (slot, dim) in
                  zip(template.symbols, template.symbol_sources)},
         ranges=package.ranges, with_weights=with_weights,
         buckets=[{"bucket": r.bucket, "points": ps} for r, ps in zip(recipes, points)])
-    if check:
-        report.checked = _check(path, None if with_weights else model, model, examples, spec)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -168,15 +171,37 @@ def _check(path: Path, weights_from: torch.nn.Module | None, model: torch.nn.Mod
     return checked
 
 
-def _write(path: Path, data: bytes) -> Path:
-    """Write atomically (a temporary file in the same directory, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def _staged(path: Path, data: bytes) -> Iterator[Path]:
+    """A temporary file holding ``data`` in ``path``'s directory, renamed to ``path`` when the block succeeds
+    and removed when it fails: a failed check or write leaves no package behind."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(data)
+        yield tmp
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise PackageError(f"{path}: cannot write the package: {e.strerror or e}") from None
-    return path
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _tied_to_first_name(inputs: list[GraphInput], model: torch.nn.Module) -> list[GraphInput]:
+    """Each parameter or buffer named as ``named_parameters()``/``named_buffers()`` name it: a tensor shared
+    under several names (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) is listed once, under its
+    first name, so the loader finds it in any copy of the model and a package stores it once."""
+    first: dict[str, str] = {}
+    for named in (model.named_parameters, model.named_buffers):
+        seen: dict[int, str] = {}
+        for name, tensor in named(remove_duplicate=False):
+            first[name] = seen.setdefault(id(tensor), name)
+    return [dataclasses.replace(gi, target=first.get(gi.target, gi.target)) if gi.kind in ("parameter", "buffer")
+            else gi for gi in inputs]
+
+
+def _weights(ep: ExportedProgram, inputs: list[GraphInput]) -> dict[str, Constant]:
+    """The parameters and buffers the graph reads, once per tensor (``--with-weights``)."""
+    state = {**ep.constants, **ep.state_dict}  # non-persistent buffers are among the constants
+    return {gi.target: constant_of(state[gi.target]) for gi in inputs if gi.kind in ("parameter", "buffer")}
