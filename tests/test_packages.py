@@ -263,3 +263,52 @@ def test_a_failed_package_leaves_no_file_behind(tmp_path):
     result = cli("package", tiny_model(tmp_path, "noisy", NOISY), "-o", out / "noisy.hpkg", code=1)
     assert "does not match eager" in result.output
     assert list(out.iterdir()) == []
+
+
+STRIDED_CNN = '''
+import torch
+import torch.nn as nn
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+
+def make_inputs(batch, size, seed=0):
+    return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed)),)
+
+AXES = {"batch": [2], "size": SIZES}
+COMPILE = {"dynamic": True, "options": {"buckets": "exp:2"}}
+'''
+
+
+def _strided_cnn(tmp_path, sizes, extra=""):
+    return tiny_model(tmp_path, "cnn", STRIDED_CNN.replace("SIZES", repr(sizes)) + extra)
+
+
+def test_a_strided_cnn_packages_from_the_bottom_of_its_smallest_bucket(tmp_path):
+    # from 1, export fails: the convolutions need 7 pixels and specialize 7-10; the points' buckets start at 17
+    path = tmp_path / "cnn.hpkg"
+    cli("package", _strided_cnn(tmp_path, [32, 64]), "-o", path)
+    assert read_package(path).ranges == {"s0": [17, 64]}
+    module = load_model(tmp_path / "cnn.py")
+    model = module.make_model().eval()
+    served = load_package(path, model)
+    with torch.no_grad():
+        for size in (17, 40):
+            torch.testing.assert_close(served(*module.make_inputs(2, size)), model(*module.make_inputs(2, size)))
+    with pytest.raises(PackageError, match="dim 2 = 16 is outside the packaged buckets"):
+        served(*module.make_inputs(2, 16))
+
+
+def test_the_model_file_sets_an_axis_smallest_packaged_size(tmp_path):
+    path = tmp_path / "cnn.hpkg"
+    cli("package", _strided_cnn(tmp_path, [32, 64], 'AXES_MIN = {"size": 24}\n'), "-o", path, "--no-check")
+    assert read_package(path).ranges == {"s0": [24, 64]}
+
+
+def test_an_unexportable_axis_passes_on_torchs_whole_reason_and_what_to_do(tmp_path):
+    result = cli("package", _strided_cnn(tmp_path, [4, 8]), "-o", tmp_path / "cnn.hpkg", code=1)
+    assert "Constraints violated" in result.output and "Suggested fixes" in result.output  # beyond its first line
+    assert "narrowest bounds tried: size 4-8" in result.output and 'AXES_MIN = {"size": N}' in result.output
+    assert not (tmp_path / "cnn.hpkg").exists()

@@ -4,15 +4,16 @@ Why torch.export rather than the Dynamo graphs: a package must serve without Dyn
 whole-model graph whose inputs are named (parameters, buffers, constants, user inputs) and whose
 call layout is a pytree spec — exactly what an ExportedProgram is. Each varying input dimension is
 matched to the model file's axis whose values it follows across the points (a shared ``Dim``, so
-inputs that share an axis share a symbol), from 1 up to the axis's largest value. The exported graph
-is decomposed with the HPU table, lowered once (graph passes), then lowered for the bucket of every
-point (bucket passes) — the same passes and recipes as ``torch.compile(backend="hpu_backend")``.
+inputs that share an axis share a symbol), from 1 (or the smallest size the model takes) up to the top
+of the largest value's bucket. The exported graph is decomposed with the HPU table, lowered once (graph
+passes), then lowered for the bucket of every point (bucket passes) — the same passes and recipes as ``torch.compile(backend="hpu_backend")``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -91,23 +92,35 @@ def export_model(model: torch.nn.Module, examples: list[tuple], spec: ModelSpec,
     """torch.export at the last point, each varying dimension dynamic along its axis (the last point
     has the largest sizes when axes list them in order; a size of 1 would make export specialize).
 
-    Each dimension ranges up to the top of its largest value's bucket, so the package serves every
-    size of the buckets it holds; if the model's code bounds it lower, up to the largest value.
+    Each dimension ranges from 1 up to the top of its largest value's bucket, so the package serves every
+    size of the buckets it holds. Where the model's code needs narrower bounds (a strided convolution
+    needs a smallest image), the bounds shrink to the buckets of the points, then to the points
+    themselves; the model file's ``AXES_MIN`` sets an axis's smallest size outright. PackageError with
+    torch's whole reason if no bounds export.
     """
-    error = ""
-    for widen in (True, False):
+    layout, varying = _varying_dims(examples, spec)
+    error: Exception | None = None
+    for bounds in _candidate_bounds(varying, spec, settings):
         try:
-            shapes = _dynamic_shapes(examples, spec, settings, widen)
+            dims = {name: Dim(name, min=lo, max=hi) for name, (lo, hi) in bounds.items()}
+            shapes = tuple({d: dims[name] for d, name in per_dim.items()} or None for per_dim in layout)
             return torch.export.export(model, examples[-1], dynamic_shapes=shapes, strict=False)
         except Exception as e:  # export reports unsupported Python, data-dependent shapes, violated constraints
-            error = error or (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise PackageError(f"{spec.path}: torch.export cannot export the model over its axes: {error}")
+            error = e
+    tried = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in bounds.items())
+    reason = str(error).strip() or type(error).__name__
+    raise PackageError(
+        f"{spec.path}: torch.export cannot export the model over its axes (narrowest bounds tried: {tried}):\n"
+        f"{reason}\n"
+        f"To fix: list in AXES only sizes the model takes, or give an axis its smallest size in the model file "
+        f"(AXES_MIN = {{\"{next(iter(bounds), 'axis')}\": N}}, as torch's suggested fixes above say).")
 
 
-def _dynamic_shapes(examples: list[tuple], spec: ModelSpec, settings: Settings, widen: bool) -> tuple:
-    """Per input, ``{dim: Dim}`` for each dimension whose size changes across the points."""
+def _varying_dims(examples: list[tuple], spec: ModelSpec) -> tuple[list[dict[int, str]], dict[str, list[int]]]:
+    """Per input, ``{dim: name}`` for each dimension whose size changes across the points (named after the
+    axis whose values it follows), and each name's sizes, in order of first appearance (= s0, s1, ...)."""
     points = spec.points()
-    varying: dict[str, list[int]] = {}  # Dim name -> sizes, in order of first appearance (= s0, s1, ...)
+    varying: dict[str, list[int]] = {}
     layout = []
     for i, value in enumerate(examples[0]):
         per_dim = {}
@@ -118,10 +131,23 @@ def _dynamic_shapes(examples: list[tuple], spec: ModelSpec, settings: Settings, 
                 varying.setdefault(axis, sizes)
                 per_dim[d] = axis
         layout.append(per_dim)
-    policies = policies_for(settings.buckets, [f"s{k}" for k in range(len(varying))])
-    dims = {name: Dim(name, min=1, max=policy.bucket(max(sizes))[1] if widen else max(sizes))
-            for (name, sizes), policy in zip(varying.items(), policies)}
-    return tuple({d: dims[name] for d, name in per_dim.items()} or None for per_dim in layout)
+    return layout, varying
+
+
+def _candidate_bounds(varying: dict[str, list[int]], spec: ModelSpec,
+                      settings: Settings) -> Iterator[dict[str, tuple[int, int]]]:
+    """Each dimension's (min, max) to export with, widest first: from 1, from the bottom of the smallest
+    point's bucket, from the smallest point; each up to the top of the largest point's bucket, then up to
+    the largest point. ``spec.axes_min`` fixes an axis's min."""
+    policies = dict(zip(varying, policies_for(settings.buckets, [f"s{k}" for k in range(len(varying))])))
+    lows = {name: [1, max(1, policies[name].bucket(min(sizes))[0]), min(sizes)] for name, sizes in varying.items()}
+    highs = {name: [policies[name].bucket(max(sizes))[1], max(sizes)] for name, sizes in varying.items()}
+    tried = []
+    for low, high in itertools.product(range(3), range(2)):
+        bounds = {name: (spec.axes_min.get(name, lows[name][low]), highs[name][high]) for name in varying}
+        if bounds not in tried:
+            tried.append(bounds)
+            yield bounds
 
 
 def _ranges(ep: ExportedProgram, template: Recipe) -> dict[str, list[int]]:
