@@ -66,6 +66,48 @@ def test_warm_check_compares_with_eager(tmp_path, tiny_file):
     assert doc["mismatches"] == 0 and all(p["max_abs_diff"] is not None for p in doc["points"])
 
 
+PYTREE_OUTPUT = """
+import torch
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return OUTPUT
+
+def make_model():
+    torch.manual_seed(0)
+    return Net()
+
+def make_inputs(batch, seed=0):
+    return (torch.randn(batch, 8, generator=torch.Generator().manual_seed(seed)),)
+
+def loss(output, x):
+    return LOSS
+
+AXES = {"batch": [2, 4]}
+COMPILE = {"dynamic": True, "options": {}}
+"""
+
+
+@pytest.mark.parametrize("output, loss", [
+    ("(self.a(x), {'aux': self.b(x)})", "output[0].sum() + output[1]['aux'].pow(2).sum()"),
+    ("{'logits': self.a(x), 'pair': (self.b(x), x)}", "output['logits'].sum() + output['pair'][0].sum()"),
+    ("SequenceClassifierOutput(logits=self.a(x), hidden_states=(self.b(x),))",
+     "output.logits.pow(2).sum() + output.hidden_states[0].sum()"),
+], ids=["tuple", "dict", "ModelOutput"])
+def test_warm_and_analyze_train_take_any_pytree_of_outputs(tmp_path, output, loss):
+    path = tiny_model(tmp_path, "pytree", PYTREE_OUTPUT.replace("OUTPUT", output).replace("LOSS", loss))
+    doc = cli_json("warm", path, "-d", tmp_path / "c", "--train", "--check")
+    assert doc["mismatches"] == 0 and doc["compiled"] >= 2
+    assert all(p["max_abs_diff"] is not None for p in doc["points"])
+    rows = cli_json("analyze", path, "--train")["buckets"]
+    assert len(rows) == 2 and all(r["recipes"] >= 2 for r in rows)  # forward and backward at each point
+
+
 def test_warm_train_caches_forward_and_backward(tmp_path, tiny_file):
     cache = tmp_path / "c"
     doc = cli_json("warm", tiny_file, "-d", cache, "--train", "--check")

@@ -13,7 +13,7 @@ import typer
 from hpurecipe.errors import mapped
 from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
 
-from cli_helpers import cli, cli_json, tiny_model
+from cli_helpers import TINY, cli, cli_json, tiny_model
 
 HEAD = 'import torch\nAXES = {"batch": [2]}\nCOMPILE = {"dynamic": False, "options": {}}\n'
 LINEAR = "def make_model():\n    return torch.nn.Linear(4, 4)\n"
@@ -101,6 +101,17 @@ def test_an_unexpected_failure_is_one_line_with_the_way_to_the_traceback(capsys,
     monkeypatch.setenv("HPURECIPE_TRACEBACK", "1")
     with pytest.raises(KeyError):
         mapped(lambda: {}["missing"])()
+
+
+def test_the_traceback_switch_shows_where_a_model_file_failed(tmp_path, monkeypatch):
+    path = tiny_model(tmp_path, "broken", TINY.replace("def make_model():", "def make_model():\n    deep_failure()")
+                      + "\ndef deep_failure():\n    raise RuntimeError('boom')\n")
+    monkeypatch.delenv("HPURECIPE_TRACEBACK", raising=False)
+    quiet = cli("warm", path, "-d", tmp_path / "c", code=1).output
+    assert "make_model() raised RuntimeError: boom" in quiet and "Traceback" not in quiet
+    monkeypatch.setenv("HPURECIPE_TRACEBACK", "1")
+    loud = cli("warm", path, "-d", tmp_path / "c", code=1).output
+    assert "Traceback" in loud and "in deep_failure" in loud and "make_model() raised RuntimeError: boom" in loud
 
 
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
+import torch.utils._pytree as pytree
 
 from recipecache import CacheConfig
 
 from .. import metrics
 from ..serve.compiled import Event, listen
-from .modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
+from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
 
 
 @dataclass(frozen=True)
@@ -140,18 +141,22 @@ def _run_point(compiled, spec, point, train, eager) -> PointResult:
 
 
 def _run_model(model: Callable, spec: ModelSpec, inputs: tuple, train: bool, point: Mapping[str, int]):
-    return user_call(spec.path, f"the model at {point_label(point)}", _step, model, spec, inputs, train)
+    """The model's output at one point (with ``train``: (output, loss) after the backward pass), detached.
 
-
-def _step(model: Callable, spec: ModelSpec, inputs: tuple, train: bool):
+    Only the model file's code is wrapped as its failure (user_call); the output may be any pytree
+    (a tensor, tuple, dict or Hugging Face ModelOutput)."""
     torch.manual_seed(0)  # the same dropout masks for the compiled model and eager
+    where = f"the model at {point_label(point)}"
     if not train:
         with torch.no_grad():
-            return model(*spec.split(inputs))
-    output = model(*spec.split(inputs))
+            return user_call(spec.path, where, model, *spec.split(inputs))
+    output = user_call(spec.path, where, model, *spec.split(inputs))
     loss = spec.loss_of(output, inputs)
-    loss.backward()
-    return output.detach(), loss.detach()
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ModelFileError(f"{spec.path}: loss() must return a one-element tensor, got "
+                             f"{type(loss).__name__}{list(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+    user_call(spec.path, f"the backward pass at {point_label(point)}", loss.backward)
+    return _tensors(output), loss.detach()
 
 
 def _compare(result: PointResult, got: Any, want: Any) -> None:
@@ -166,13 +171,15 @@ def _compare(result: PointResult, got: Any, want: Any) -> None:
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of any pytree of outputs (registered containers, and other mappings and sequences), detached."""
     if isinstance(value, torch.Tensor):
         return [value.detach()]
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     if isinstance(value, Mapping):
         return [t for v in value.values() for t in _tensors(v)]
-    return []
+    leaves = pytree.tree_leaves(value)
+    return [] if len(leaves) == 1 and leaves[0] is value else _tensors(leaves)
 
 
 def as_spec(spec: Any) -> ModelSpec:
