@@ -108,6 +108,39 @@ def test_warm_and_analyze_train_take_any_pytree_of_outputs(tmp_path, output, los
     assert len(rows) == 2 and all(r["recipes"] >= 2 for r in rows)  # forward and backward at each point
 
 
+def test_warm_says_when_the_cache_is_too_small_and_how_large_it_must_be(tmp_path, tiny_file, monkeypatch):
+    small = tmp_path / "small"
+    monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{small},false,0.004")
+    fit = cli_json("warm", tiny_file, "-d", small)["cache_fit"]  # a warning only: exit 0
+    assert not fit["fits"] and fit["evicted"] and fit["needed"] == 3 and fit["needed_bytes"] > 0.004 * 2**20
+    out = cli("warm", tiny_file, "-d", small, "--check", code=1).output
+    assert "the cache is too small" in out and f"at least {fit['suggested_mb']:g} MiB" in out
+    gate = cli("coverage", tiny_file, "-d", small, code=1).output  # not "run: hpurecipe warm" again
+    assert "not fully cached because the cache is too small" in gate and "run: hpurecipe warm" not in gate
+    large = tmp_path / "large"  # the size it asked for is enough
+    monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{large},false,{fit['suggested_mb']}")
+    assert cli_json("warm", tiny_file, "-d", large, "--check")["cache_fit"] == dict(
+        fit, fits=True, evicted=[], limit_bytes=int(fit["suggested_mb"] * 2**20))
+
+
+@pytest.mark.parametrize("command", ["analyze", "coverage"])
+def test_long_commands_show_progress_on_a_terminal_only(tiny_file, monkeypatch, command):
+    from rich.console import Console
+
+    from hpurecipe import render
+
+    def stderr_of(*args, terminal: bool) -> str:
+        err = io.StringIO()
+        monkeypatch.setattr(render, "err_console", Console(file=err, force_terminal=terminal, width=100))
+        cli(command, tiny_file, *args, code=None)
+        return err.getvalue()
+
+    shown = stderr_of(terminal=True)
+    assert "buckets" in shown and "2/2" in shown and "batch=8" in shown
+    assert stderr_of(terminal=False) == ""  # piped
+    assert stderr_of("--json", terminal=True) == ""
+
+
 def test_warm_train_caches_forward_and_backward(tmp_path, tiny_file):
     cache = tmp_path / "c"
     doc = cli_json("warm", tiny_file, "-d", cache, "--train", "--check")

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 @contextlib.contextmanager
 def progress(total: int, quiet: bool) -> Iterator:
-    """A progress bar on stderr showing the last bucket done (compiled or hit, time), and its callback."""
-    if quiet:
+    """A progress bar on stderr showing the last bucket done (compiled or hit, time), and its callback; on a
+    terminal only (the bar is gone when done), and not with ``quiet`` (--json)."""
+    if quiet or not render.err_console.is_terminal:
         yield None
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -44,7 +45,8 @@ def progress(total: int, quiet: bool) -> Iterator:
 
 
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
-         check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch.")] = False,
+         check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
+                                             "if the cache is too small to keep what it built.")] = False,
          json: Json = False) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
@@ -96,8 +98,21 @@ def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool
         render.note("{} shape points using {} distinct recipes: {} compiled, {} reused (from the cache or "
                     "an earlier point), in {}. Manifest: {}", s["buckets"], s["recipes"], s["compiled"], s["hits"],
                     render.duration(s["seconds"]), path or "not written")
+    if report.fit is not None and not report.fit.fits:
+        too_small = f"{_too_small(report.fit, config)}, and warm again"
+        if check:
+            raise fail(too_small)
+        render.warn(too_small)
     if report.summary()["mismatches"]:
         raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
+
+
+def _too_small(fit, config) -> str:
+    """The cache is too small for what the buckets use: how many entries went, and the size it needs."""
+    mb = f"{fit.suggested_mb:g}"
+    return (f"the cache is too small: {len(fit.evicted)} of the {fit.needed} entries these buckets use were "
+            f"evicted (limit {render.size(fit.limit_bytes)}; they take {render.size(fit.needed_bytes)}). "
+            f"Give it at least {mb} MiB, e.g. {ENV_VAR}={config.resolved_path()},false,{mb}")
 
 
 def _print_report(report: WarmReport, check: bool) -> None:
@@ -114,26 +129,24 @@ def _print_report(report: WarmReport, check: bool) -> None:
 def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
              json: Json = False) -> None:
     """Which buckets have all their recipes in the cache; exit 1 if any is missing (a deployment gate)."""
-    from hpu_backend.aot.warm import plan
+    from hpu_backend.aot.coverage import coverage as coverage_of
 
     spec = load_spec(model_file, axis)
     cache = open_cache(cache_dir, quiet=True)
-    points = plan(spec, train=train)
-    rows = [{"bucket": p.label, "recipes": len(p.keys),
-             "missing": [k for k in p.keys + p.programs if cache is None or not cache.contains(k)]}
-            for p in points]
-    uncovered = [r["bucket"] for r in rows if r["missing"]]
+    with progress(len(spec.points()), json) as on_point:
+        report = coverage_of(spec, cache, train=train, on_point=on_point)
     if json:
-        render.emit_json({"model": spec.name, "buckets": len(rows), "covered": len(rows) - len(uncovered),
-                          "uncovered": uncovered, "points": rows})
+        render.emit_json(report.to_dict())
     else:
         render.table(["bucket", "recipes", "missing", "status"],
                      ([r["bucket"], r["recipes"], len(r["missing"]), "missing" if r["missing"] else "ok"]
-                      for r in rows), right=("recipes", "missing"))
-        render.note("{} of {} buckets covered in {}.", len(rows) - len(uncovered), len(rows),
+                      for r in report.points), right=("recipes", "missing"))
+        render.note("{} of {} buckets covered in {}.", len(report.points) - len(report.uncovered), len(report.points),
                     config_for(cache_dir).resolved_path())
-    if uncovered:
-        raise fail(f"{len(uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
+    if report.fit is not None:
+        raise fail(f"{len(report.uncovered)} buckets are not fully cached because {_too_small(report.fit, cache.config)}")
+    if report.uncovered:
+        raise fail(f"{len(report.uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
 
 
 DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without importing torch at start-up
@@ -166,7 +179,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
         from .analysis import print_analysis
 
-        doc = analyze_spec(load_spec(model_file, axis), target, train)
+        spec = load_spec(model_file, axis)
+        with progress(len(spec.points()), json) as on_point:
+            doc = analyze_spec(spec, target, train, on_point)
         render.emit_json(doc) if json else print_analysis(doc)
         return
     _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, json)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 
 from .report import GraphReport
@@ -20,9 +20,11 @@ from .warm import PointResult, plan
 
 
 
-def analyze_spec(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
+def analyze_spec(spec: ModelSpec, target: str, train: bool,
+                 on_point: Callable[[PointResult], None] | None = None) -> dict[str, Any]:
+    """The analysis of every point of ``spec`` on ``target``; ``on_point`` is called as each point is planned."""
     breaks = _graph_breaks(spec, train)
-    points = plan(spec, train=train, target=target)
+    points = plan(spec, train=train, target=target, on_point=on_point)
     rows = [_row(p) for p in points]
     hbm = hbm_bytes(target)
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",

@@ -18,10 +18,11 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 import torch.utils._pytree as pytree
 
-from recipecache import CacheConfig
+from recipecache import CacheConfig, RecipeCache
 
 from .. import metrics
 from ..serve.compiled import Event, listen
+from .cachefit import CacheFit, cache_fit
 from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
 
 
@@ -71,6 +72,7 @@ class WarmReport:
     mode: str  # "inference" | "train"
     points: list[PointResult]
     seconds: float
+    fit: CacheFit | None = None  # whether the cache kept what the points use (warm and prebuild)
 
     def summary(self) -> dict[str, Any]:
         keys = {k for p in self.points for k in p.keys}
@@ -80,7 +82,8 @@ class WarmReport:
                 "mismatches": sum(bool(p.check_error) for p in self.points)}
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.summary(), "points": [p.to_dict() for p in self.points]}
+        return {**self.summary(), "points": [p.to_dict() for p in self.points],
+                **({"cache_fit": self.fit.to_dict()} if self.fit else {})}
 
 
 def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str]]:
@@ -225,25 +228,34 @@ def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = Fal
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
     eager = model if check else None
     points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
-    flush(cache_config)
-    return WarmReport(spec.name, _mode(train), points, time.perf_counter() - start)
+    return _fitted(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), cache_config)
 
 
-def flush(cache_config: CacheConfig | None) -> None:
-    """Wait until every recipe put into the cache is on disk (None: the default configuration)."""
+def flush(cache_config: CacheConfig | None) -> RecipeCache | None:
+    """Wait until every recipe put into the cache is on disk (None: the default configuration); the cache."""
     from ..serve.store import default_config, store_for
 
     store = store_for(cache_config if cache_config is not None else default_config())
     if store.disk is not None:
         store.disk.flush()
+    return store.disk
 
 
-def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None) -> list[PointResult]:
+def _fitted(report: WarmReport, cache_config: CacheConfig | None) -> WarmReport:
+    """The report, once the cache is flushed, with whether the cache kept what its points use."""
+    cache = flush(cache_config)
+    if cache is not None:
+        report.fit = cache_fit(report, cache)
+    return report
+
+
+def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None,
+         on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
     """Each point's recipes and keys from a compile-only run that reads and writes no cache (coverage, analyze)."""
     if target is not None:
         spec = ModelSpec(**{**spec.__dict__, "options": dict(spec.options, target=target)})
     _, compiled = compile_spec(spec, None, execute=False, cache=False, train=train)
-    return run_points(compiled, spec, spec.points(), train=train)
+    return run_points(compiled, spec, spec.points(), train=train, on_point=on_point)
 
 
 # -- prebuild across processes ---------------------------------------------------------------------------
@@ -280,7 +292,7 @@ def prebuild(spec: ModelSpec, cache_config: CacheConfig | None, *, jobs: int = 1
                 if on_point is not None:
                     on_point(result)
     ordered = [r for i in range(len(parts)) for r in done[i]]
-    return WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start)
+    return _fitted(WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start), cache_config)
 
 
 def _start_method():
