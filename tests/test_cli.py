@@ -141,6 +141,16 @@ def test_long_commands_show_progress_on_a_terminal_only(tiny_file, monkeypatch, 
     assert stderr_of("--json", terminal=True) == ""
 
 
+def test_analyze_shows_the_point_and_the_bucket_end_it_was_planned_at(tmp_path):
+    path = tiny_model(tmp_path, "wide", TINY.replace('"exp:2"', '"exp:16"'))  # batch 2 and 8 share bucket 0-16
+    rows = cli_json("analyze", path)["buckets"]
+    assert [(r["point"], r["planned_at"]) for r in rows] == [({"batch": 2}, {"batch": 16}), ({"batch": 8}, {"batch": 16})]
+    assert rows[0]["peak_hbm_bytes"] == rows[1]["peak_hbm_bytes"]  # one plan, at batch 16
+    out = cli("analyze", path).output
+    assert "planned at" in out and "upper end of each point's bucket" in out
+    assert any(line.split()[:2] == ["batch=2", "batch=16"] for line in out.splitlines())
+
+
 def test_warm_train_caches_forward_and_backward(tmp_path, tiny_file):
     cache = tmp_path / "c"
     doc = cli_json("warm", tiny_file, "-d", cache, "--train", "--check")

@@ -123,6 +123,11 @@ def bucket(b: Mapping[str, Any] | None) -> str:
     return " ".join(f"{s}={r[0]}-{r[1]}" if r[0] != r[1] else f"{s}={r[0]}" for s, r in b.items())
 
 
+def point(values: Mapping[str, int]) -> str:
+    """{'batch': 16, 'seq': 128} → 'batch=16 seq=128' (as model files' points are labelled)."""
+    return " ".join(f"{k}={v}" for k, v in values.items())
+
+
 def plural(n: int, word: str) -> str:
     """'1 entry', '2 entries', '3 manifests'."""
     if n == 1:

@@ -36,13 +36,27 @@ def _row(p: PointResult) -> dict[str, Any]:
     graphs = [GraphReport.from_recipe(u.recipe) for u in p.used]
     frames = {g.name.rsplit("_", 1)[0] for g in graphs}
     new_frames = {u.graph.rsplit("_", 1)[0] for u in p.used if u.compiled_for == "guard failure"}
-    return {"bucket": p.label, "point": p.point, "recipes": len(p.keys),
+    return {"bucket": p.label, "point": p.point, "planned_at": planned_at(p), "recipes": len(p.keys),
             "fallbacks": sum(len(g.fallbacks) for g in graphs),
             "fallback_ops": sorted({fb["op"] for g in graphs for fb in g.fallbacks}),
             "graphs": [asdict(g) for g in graphs], "graph_breaks": max(len(frames) - 1, 0),
             "recompilations": len(new_frames), "time_s": sum(g.est_time_s for g in graphs),
             "peak_hbm_bytes": max((g.est_peak_bytes for g in graphs), default=0),
             "fits_hbm": all(g.fits_hbm for g in graphs)}
+
+
+def planned_at(p: PointResult) -> dict[str, int]:
+    """The point a row's estimates are planned at: each recipe is planned at its bucket's upper end, so an
+    axis whose value a shape symbol carries reads that symbol's planned value (the largest over the graphs);
+    an axis no symbol carries alone (static, or shared with another axis's value) keeps the point's value."""
+    planned = dict(p.point)
+    for u in p.used:
+        for sym, value in u.env.items():
+            axes = [a for a, v in p.point.items() if v == value]
+            at = u.recipe.facts.get("plan_at", {}).get(sym)
+            if len(axes) == 1 and at is not None:
+                planned[axes[0]] = max(at, planned[axes[0]])
+    return planned
 
 
 def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
