@@ -81,9 +81,10 @@ def _enabled(config, command: str):
 def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
     doc = manifest(report, spec)
     if config.remote:  # the fleet tier gets the manifest too, so that other hosts can pull just these keys
-        from .shipcmds import push_manifest
+        from hpu_backend.aot.fleet import send_manifest
 
-        push_manifest(config, doc)
+        if not send_manifest(config, doc):
+            render.warn(f"could not send the manifest to {config.remote}; hosts will compile to learn the keys")
     try:
         path = write_manifest(config.resolved_path(), doc)
     except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing

@@ -40,12 +40,6 @@ def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = Fa
     return RecipeCache(config, remote_namespace=toolchain_id())
 
 
-def require_remote(cache: RecipeCache) -> None:
-    """CliError unless the cache has a fleet tier."""
-    if cache.remote is None:
-        raise CliError("no remote cache configured: set HPU_RECIPE_CACHE_REMOTE=redis://host:port/db or pass --remote")
-
-
 def resolve_key(cache: RecipeCache | None, prefix: str, infos: list[EntryInfo] | None = None) -> str:
     """The one key starting with ``prefix`` (CliError if none or several)."""
     infos = (cache.entries() if cache is not None else []) if infos is None else infos
