@@ -151,6 +151,20 @@ def test_analyze_shows_the_point_and_the_bucket_end_it_was_planned_at(tmp_path):
     assert any(line.split()[:2] == ["batch=2", "batch=16"] for line in out.splitlines())
 
 
+def test_warm_shows_cpu_fallbacks(tmp_path):
+    text = TINY.replace("torch.nn.ReLU()", "Digamma()").replace("def make_model():", """class Digamma(torch.nn.Module):
+    def forward(self, x):
+        return torch.special.digamma(x.abs().bfloat16() + 0.5).float()
+
+def make_model():""")
+    path = tiny_model(tmp_path, "fallback", text)
+    doc = cli_json("warm", path, "-d", tmp_path / "c", "--check")
+    assert doc["fallback_ops"] == ["aten::digamma"] and all(p["fallback_ops"] == ["aten::digamma"] for p in doc["points"])
+    out = cli("warm", path, "-d", tmp_path / "c").output
+    assert "fallbacks" in out.splitlines()[0] and "CPU fallback ops: aten::digamma" in out
+    assert "CPU fallback" not in cli("warm", tiny_model(tmp_path), "-d", tmp_path / "c").output
+
+
 def test_warm_train_caches_forward_and_backward(tmp_path, tiny_file):
     cache = tmp_path / "c"
     doc = cli_json("warm", tiny_file, "-d", cache, "--train", "--check")

@@ -99,6 +99,9 @@ def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool
         render.note("{} shape points using {} distinct recipes: {} compiled, {} reused (from the cache or "
                     "an earlier point), in {}. Manifest: {}", s["buckets"], s["recipes"], s["compiled"], s["hits"],
                     render.duration(s["seconds"]), path or "not written")
+        if s["fallback_ops"]:
+            render.note("CPU fallback ops: {} (they run on the host, not the device)",
+                        ", ".join(s["fallback_ops"]))
     if report.fit is not None and not report.fit.fits:
         too_small = f"{_too_small(report.fit, config)}, and warm again"
         if check:
@@ -117,14 +120,15 @@ def _too_small(fit, config) -> str:
 
 
 def _print_report(report: WarmReport, check: bool) -> None:
-    columns = ["bucket", "status", "recipes", "compiled", "hits", "time"] + (["max |diff|", "check"] if check else [])
+    columns = ["bucket", "status", "recipes", "compiled", "hits", "fallbacks", "time"] + (
+        ["max |diff|", "check"] if check else [])
     rows = []
     for p in report.points:
-        row = [p.label, p.status, len(p.keys), p.compiled, p.hits, render.duration(p.seconds)]
+        row = [p.label, p.status, len(p.keys), p.compiled, p.hits, len(p.fallback_ops), render.duration(p.seconds)]
         if check:
             row += [f"{p.max_abs_diff:.2e}" if p.max_abs_diff is not None else "-", p.check_error or "ok"]
         rows.append(row)
-    render.table(columns, rows, right=("recipes", "compiled", "hits", "time", "max |diff|"))
+    render.table(columns, rows, right=("recipes", "compiled", "hits", "fallbacks", "time", "max |diff|"))
 
 
 def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,

@@ -49,6 +49,7 @@ class PointResult:
     max_abs_diff: float | None = None  # vs eager, with check=True
     check_error: str = ""
     programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
+    fallback_ops: list[str] = field(default_factory=list)  # ops its recipes run on the CPU (placement fallbacks)
     used: list[UsedRecipe] = field(default_factory=list, repr=False)  # live recipes, for analysis; not in JSON
 
     @property
@@ -79,7 +80,8 @@ class WarmReport:
         return {"model": self.model, "mode": self.mode, "buckets": len(self.points),
                 "compiled": sum(p.compiled for p in self.points), "hits": sum(p.hits for p in self.points),
                 "recipes": len(keys), "seconds": round(self.seconds, 3),
-                "mismatches": sum(bool(p.check_error) for p in self.points)}
+                "mismatches": sum(bool(p.check_error) for p in self.points),
+                "fallback_ops": sorted({op for p in self.points for op in p.fallback_ops})}
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "points": [p.to_dict() for p in self.points],
@@ -112,6 +114,11 @@ def keys_of(used: list[UsedRecipe]) -> list[str]:
     return sorted({u.key for u in used if u.key})
 
 
+def fallback_ops(used: list[UsedRecipe]) -> list[str]:
+    """The ops the recipes run on the CPU instead of the device, as their placement recorded them."""
+    return sorted({fb["op"] for u in used for fb in u.recipe.facts.get("placement", {}).get("fallbacks", [])})
+
+
 def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str, int]], *,
                train: bool = False, eager: torch.nn.Module | None = None,
                on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
@@ -137,7 +144,7 @@ def _run_point(compiled, spec, point, train, eager) -> PointResult:
         out, used, programs = _tracked(lambda: _run_model(compiled, spec, inputs, train, point))
     built = dict(gc.stats())["TotalNumber"]
     result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start,
-                         programs=programs, used=used)
+                         programs=programs, fallback_ops=fallback_ops(used), used=used)
     if eager is not None:
         _compare(result, out, _run_model(eager, spec, inputs, train, point))
     return result
