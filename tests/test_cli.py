@@ -456,3 +456,20 @@ def test_signed_bundles_with_a_key_and_refusals_without_a_match(tmp_path, warmed
                                              tmp_path / "d", code=1).output
     monkeypatch.delenv("HPURECIPE_BUNDLE_KEY")
     assert cli_json("import", signed, "-d", tmp_path / "e")["signature_checked"] is False  # no key: not checked
+
+
+def test_version():
+    from hpu_backend.version import __version__
+
+    assert cli("--version").output.startswith(f"hpurecipe {__version__} ")
+
+
+def test_units_are_spelled_one_way(warmed, tiny_file):
+    import re
+
+    key = keys_of(warmed)[0]
+    outputs = [cli(*args).output for args in (["ls", "-d", warmed], ["stats", "-d", warmed], ["show", key, "-d", warmed],
+                                              ["analyze", tiny_file])]
+    text = "\n".join(line for out in outputs for line in out.splitlines() if "sources" not in line)  # quoted specs
+    assert re.search(r"\d (KiB|MiB|GiB)\b", text) and "µs" in text
+    assert not re.search(r"\d (KB|MB|GB|TB|us)\b", text), text

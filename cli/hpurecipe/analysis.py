@@ -39,7 +39,7 @@ def print_analysis(doc: dict[str, Any]) -> None:
 def _time(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else render.duration(seconds)
+    return render.duration(seconds)
 
 
 def print_capacity(doc: dict[str, Any]) -> None:
