@@ -40,6 +40,11 @@ def _row(info: EntryInfo) -> dict:
             "last_used": info.last_used, "hits": info.hits}
 
 
+def _bucket(info: EntryInfo) -> str:
+    """A recipe's bucket; '-' for a program (one per Dynamo graph, covering all its buckets)."""
+    return "-" if info.meta.get("kind") == "program" else render.bucket(info.meta.get("bucket"))
+
+
 def ls(package: PackageFile = None, cache_dir: CacheDir = None,
        sort: Annotated[SortBy, typer.Option(help="Sort order (largest/newest first).")] = SortBy.used,
        model: Model = None, json: Json = False) -> None:
@@ -57,9 +62,9 @@ def ls(package: PackageFile = None, cache_dir: CacheDir = None,
         return render.note("No entries{} in the recipe cache at {}.", f" for model {model}" if model else "",
                            cache.path)
     now = time.time()
-    render.table(["key", "graph", "model", "bucket", "size", "created", "last used", "hits"],
-                 ([i.key[:12], i.meta.get("graph", ""), i.meta.get("model", "") or "-",
-                   render.bucket(i.meta.get("bucket")), render.size(i.size), render.ago(i.created, now),
+    render.table(["key", "kind", "graph", "model", "bucket", "size", "created", "last used", "hits"],
+                 ([i.key[:12], i.meta.get("kind", "") or "-", i.meta.get("graph", ""), i.meta.get("model", "") or "-",
+                   _bucket(i), render.size(i.size), render.ago(i.created, now),
                    render.ago(i.last_used, now), i.hits] for i in infos), right=("size", "hits"))
     render.note("{} entries, {} in {}", len(infos), render.size(sum(i.size for i in infos)), cache.path)
 
@@ -226,9 +231,9 @@ def _print_plan(plan: list[EntryInfo], verb: str, json: bool) -> None:
     if not plan:
         return render.note("Nothing to {}.", verb)
     now = time.time()
-    render.table(["key", "graph", "model", "bucket", "size", "last used"],
-                 ([i.key[:12], i.meta.get("graph", ""), i.meta.get("model", "") or "-",
-                   render.bucket(i.meta.get("bucket")), render.size(i.size), render.ago(i.last_used, now)]
+    render.table(["key", "kind", "graph", "model", "bucket", "size", "last used"],
+                 ([i.key[:12], i.meta.get("kind", "") or "-", i.meta.get("graph", ""), i.meta.get("model", "") or "-",
+                   _bucket(i), render.size(i.size), render.ago(i.last_used, now)]
                   for i in plan), title=f"Would {verb} {render.plural(len(plan), 'entry')} ({render.size(sum(i.size for i in plan))}):",
                  right=("size",))
 

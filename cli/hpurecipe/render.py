@@ -63,6 +63,8 @@ def ago(t: float, now: float | None = None) -> str:
 
 def duration(seconds: float) -> str:
     """A time in µs, ms, s or min (one spelling everywhere in the CLI's output)."""
+    if seconds == 0:
+        return "0 s"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
     if seconds < 1:
