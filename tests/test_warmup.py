@@ -92,3 +92,17 @@ def test_a_warm_of_some_axis_values_adds_to_the_manifest(tmp_path):
     cli("warm", path, "-d", tmp_path / "c", "--axis", "batch=3")
     (doc,) = read_manifests(tmp_path / "c")
     assert set(doc["buckets"]) == {"batch=2", "batch=3", "batch=8"}
+
+
+def test_the_library_warm_writes_the_manifest_and_checks_the_cache_kept_it(tmp_path):
+    from hpu_backend.aot.manifests import read_manifests
+    from hpu_backend.aot.warm import warm
+    from recipecache import CacheConfig
+
+    spec = load_model_file(tiny_model(tmp_path))
+    report = warm(spec, CacheConfig(path=tmp_path / "c", max_size_mb=64))
+    (doc,) = read_manifests(tmp_path / "c")
+    assert report.manifest == str(tmp_path / "c" / "manifests" / "tiny.inference.json") and not report.warnings
+    assert sorted({k for ks in doc["buckets"].values() for k in ks}) == sorted(
+        {k for p in report.points for k in p.keys + p.programs})
+    assert report.fit.fits and report.fit.needed == 3

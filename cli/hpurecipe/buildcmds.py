@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hpu_backend.aot.manifests import manifest, write_manifest
-from hpu_backend.aot.modelfile import ModelSpec
 from hpu_backend.settings import TARGETS
 from recipecache.config import ENV_VAR
 
@@ -55,7 +53,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
     config = _enabled(config_for(cache_dir), "warm")
     with progress(len(spec.points()), json) as on_point:
         report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
-    _finish(report, spec, config, json, check)
+    _finish(report, config, json, check)
 
 
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
@@ -68,7 +66,7 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     config = _enabled(config_for(cache_dir), "prebuild")
     with progress(len(spec.points()), json) as on_point:
         report = prebuild_spec(spec, config, jobs=jobs, train=train, on_point=on_point)
-    _finish(report, spec, config, json, False)
+    _finish(report, config, json, False)
 
 
 def _enabled(config, command: str):
@@ -78,19 +76,10 @@ def _enabled(config, command: str):
     return config
 
 
-def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
-    doc = manifest(report, spec)
-    if config.remote:  # the fleet tier gets the manifest too, so that other hosts can pull just these keys
-        from hpu_backend.aot.fleet import send_manifest
-
-        if not send_manifest(config, doc):
-            render.warn(f"could not send the manifest to {config.remote}; hosts will compile to learn the keys")
-    try:
-        path = write_manifest(config.resolved_path(), doc)
-    except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing
-        path = None
-        render.warn(f"cannot write the manifest ({e.strerror or e}); recipes that could be stored are in the "
-                    f"cache, but coverage and export will not know this run")
+def _finish(report: WarmReport, config, json: bool, check: bool) -> None:
+    for warning in report.warnings:
+        render.warn(warning)
+    path = report.manifest
     if json:
         render.emit_json({**report.to_dict(), "manifest": str(path)})
     else:

@@ -23,6 +23,8 @@ from recipecache import CacheConfig, RecipeCache
 from .. import metrics
 from ..serve.compiled import Event, listen
 from .cachefit import CacheFit, cache_fit
+from .fleet import send_manifest
+from .manifests import manifest, write_manifest
 from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
 
 
@@ -74,6 +76,8 @@ class WarmReport:
     points: list[PointResult]
     seconds: float
     fit: CacheFit | None = None  # whether the cache kept what the points use (warm and prebuild)
+    manifest: str | None = None  # the manifest warm and prebuild wrote (None: it could not be written)
+    warnings: list[str] = field(default_factory=list)  # what went wrong around the run (the run itself is fine)
 
     def summary(self) -> dict[str, Any]:
         keys = {k for p in self.points for k in p.keys}
@@ -230,12 +234,13 @@ def compile_spec(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: 
 
 def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,
          on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
-    """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk."""
+    """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk, check
+    that the cache kept what the points use, write the manifest and send it to the fleet tier if there is one."""
     start = time.perf_counter()
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
     eager = model if check else None
     points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
-    return _fitted(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), cache_config)
+    return _recorded(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), spec, cache_config)
 
 
 def flush(cache_config: CacheConfig | None) -> RecipeCache | None:
@@ -248,11 +253,22 @@ def flush(cache_config: CacheConfig | None) -> RecipeCache | None:
     return store.disk
 
 
-def _fitted(report: WarmReport, cache_config: CacheConfig | None) -> WarmReport:
-    """The report, once the cache is flushed, with whether the cache kept what its points use."""
+def _recorded(report: WarmReport, spec: ModelSpec, cache_config: CacheConfig | None) -> WarmReport:
+    """The report, once the cache is flushed: whether the cache kept what its points use, and the manifest
+    written into the cache and sent to its fleet tier (failures to do so are warnings: the run is fine)."""
     cache = flush(cache_config)
-    if cache is not None:
-        report.fit = cache_fit(report, cache)
+    if cache is None:
+        return report
+    report.fit = cache_fit(report, cache)
+    doc = manifest(report, spec)
+    if cache.config.remote and not send_manifest(cache.config, doc):  # so that other hosts pull just these keys
+        report.warnings.append(f"could not send the manifest to {cache.config.remote}; hosts will compile to "
+                               "learn the keys")
+    try:
+        report.manifest = str(write_manifest(cache.config.resolved_path(), doc))
+    except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing
+        report.warnings.append(f"cannot write the manifest ({e.strerror or e}); recipes that could be stored are in "
+                               "the cache, but coverage and export will not know this run")
     return report
 
 
@@ -299,7 +315,7 @@ def prebuild(spec: ModelSpec, cache_config: CacheConfig | None, *, jobs: int = 1
                 if on_point is not None:
                     on_point(result)
     ordered = [r for i in range(len(parts)) for r in done[i]]
-    return _fitted(WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start), cache_config)
+    return _recorded(WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start), spec, cache_config)
 
 
 def _start_method():
