@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from hpu_backend.aot.cachepolicy import config_to_fill
 from hpu_backend.settings import TARGETS
 from recipecache.config import ENV_VAR
 
@@ -50,7 +51,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
     from hpu_backend.aot.warm import warm as warm_spec
 
     spec = load_spec(model_file, axis)
-    config = _enabled(config_for(cache_dir), "warm")
+    config = config_to_fill(cache_dir, "warm")
     with progress(len(spec.points()), json) as on_point:
         report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
     _finish(report, config, json, check)
@@ -63,17 +64,10 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     from hpu_backend.aot.warm import prebuild as prebuild_spec
 
     spec = load_spec(model_file, axis)
-    config = _enabled(config_for(cache_dir), "prebuild")
+    config = config_to_fill(cache_dir, "prebuild")
     with progress(len(spec.points()), json) as on_point:
         report = prebuild_spec(spec, config, jobs=jobs, train=train, on_point=on_point)
     _finish(report, config, json, False)
-
-
-def _enabled(config, command: str):
-    if config.max_size_mb == 0:
-        raise UsageError(f"the recipe cache is disabled (max_size_mb 0), so {command} has nowhere to store "
-                         f"recipes; give it a size in {ENV_VAR}")
-    return config
 
 
 def _finish(report: WarmReport, config, json: bool, check: bool) -> None:

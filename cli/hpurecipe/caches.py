@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from hpu_backend.aot.cachepolicy import config_for
 from hpu_backend.formats.keyparts import toolchain_id
-from recipecache import CacheConfig, EntryInfo, RecipeCache
-from recipecache.config import ENV_VAR, recorded
+from recipecache import EntryInfo, RecipeCache
+from recipecache.config import ENV_VAR
 
 from .errors import CliError
 from .render import note
-
-
-def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig:
-    """The backend's cache configuration (its environment variable, ENV_VAR), at ``cache_dir`` if given.
-
-    The size limit and eviction policy are the variable's when it names this directory,
-    else those recorded in the directory by the processes that filled it (else the defaults). The
-    command line never deletes on start: that is for serving processes that ask for it.
-    """
-    base = CacheConfig.from_env()
-    path = Path(cache_dir or base.path).expanduser()
-    if os.environ.get(ENV_VAR, "").strip() and path == Path(base.path):
-        return CacheConfig(path=path, max_size_mb=base.max_size_mb, policy=base.policy, remote=remote or "")
-    return CacheConfig(path=path, remote=remote or "", **(recorded(path) or {}))
 
 
 def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = False,
