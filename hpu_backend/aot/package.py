@@ -6,7 +6,8 @@ call layout is a pytree spec — exactly what an ExportedProgram is. Each varyin
 matched to the model file's axis whose values it follows across the points (a shared ``Dim``, so
 inputs that share an axis share a symbol), from 1 (or the smallest size the model takes) up to the top
 of the largest value's bucket. The exported graph is decomposed with the HPU table, lowered once (graph
-passes), then lowered for the bucket of every point (bucket passes) — the same passes and recipes as ``torch.compile(backend="hpu_backend")``.
+passes), then lowered for the bucket of every point (bucket passes) — the same passes and recipes as
+``torch.compile(backend="hpu_backend")``.
 """
 
 from __future__ import annotations
@@ -107,13 +108,23 @@ def export_model(model: torch.nn.Module, examples: list[tuple], spec: ModelSpec,
             return torch.export.export(model, examples[-1], dynamic_shapes=shapes, strict=False)
         except Exception as e:  # export reports unsupported Python, data-dependent shapes, violated constraints
             error = e
-    tried = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in bounds.items())
+            if not _bounds_violated(e):
+                break  # narrower bounds cannot help
+    tried = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in bounds.items()) or "static shapes"
     reason = str(error).strip() or type(error).__name__
     raise PackageError(
         f"{spec.path}: torch.export cannot export the model over its axes (narrowest bounds tried: {tried}):\n"
         f"{reason}\n"
         f"To fix: list in AXES only sizes the model takes, or give an axis its smallest size in the model file "
         f"(AXES_MIN = {{\"{next(iter(bounds), 'axis')}\": N}}, as torch's suggested fixes above say).")
+
+
+def _bounds_violated(e: Exception) -> bool:
+    """Whether torch.export refused the dimensions' bounds (the model needs narrower ones)."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    return isinstance(e, UserError) and e.error_type in (UserErrorType.CONSTRAINT_VIOLATION,
+                                                         UserErrorType.DYNAMIC_DIM)
 
 
 def _varying_dims(examples: list[tuple], spec: ModelSpec) -> tuple[list[dict[int, str]], dict[str, list[int]]]:
