@@ -83,8 +83,8 @@ def _keys(env: dict, tmp: str) -> dict[str, str]:
 
 def normalised(text: str) -> str:
     """The session with what changes between identical runs replaced: times, ages, keys."""
+    text = re.sub(r"\b(just now|\d+ (s|min|h|d) ago)\b", "<ago>", text)  # before times: "46 s ago"
     text = re.sub(r"\b\d+(\.\d+)? (µs|ms|s|min)\b", "<time>", text)
-    text = re.sub(r"\b(just now|\d+ (s|min|h|d) ago)\b", "<ago>", text)
     text = re.sub(r"\b[0-9a-f]{12,32}\b", "<key>", text)
     text = re.sub(r"^(\$ hpurecipe (show|evict --key|explain)) .*$", r"\1 <keys>", text, flags=re.M)
     return re.sub(r"[ \t]+", " ", text)  # column widths follow the widest time
