@@ -77,6 +77,6 @@ def maybe_plot(name: str, labels: list[str], series: dict[str, list[float]], yla
         ax.bar([x + i * width for x in range(len(labels))], values, width, label=label)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels)
     ax.set_ylabel(ylabel)
-    ax.legend()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png")

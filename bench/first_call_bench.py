@@ -141,11 +141,17 @@ def main() -> None:
                 ["model", "case", "first (s)", "/aot_eager", *[f"{p} ms" for p in PHASES]], rows)
     path = write_results("first_call_bench" + ("_quick" if args.quick else ""),
                          {"repeat": repeat, "results": results})
+    plot({"results": results})
+    print(f"wrote {path}")
+
+
+def plot(doc: dict) -> None:
+    """bench/results/first_call_bench.png from the results (as written to the JSON)."""
+    results = doc["results"]
     labels = list(dict.fromkeys(label for by_case in results.values() for label in by_case))
     maybe_plot("first_call_bench", list(results),
                {label: [results[c].get(label, {}).get("ratio_to_aot_eager", 0.0) for c in results]
                 for label in labels}, "time to first result / aot_eager")
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

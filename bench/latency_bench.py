@@ -99,9 +99,16 @@ def main() -> None:
     print_table("per-call latency (µs) and ratio to eager", ["case", "kind", *backends,
                 *[f"{b}/eager" for b in backends[1:]]], rows)
     path = write_results("latency_bench" + ("_quick" if args.quick else ""), {"cases": results})
-    maybe_plot("latency_bench", list(results), {b: [results[c]["ratio_to_eager"][b] for c in results]
-                                               for b in backends}, "time / eager")
+    plot({"cases": results})
     print(f"wrote {path}")
+
+
+def plot(doc: dict) -> None:
+    """bench/results/latency_bench.png from the cases (as written to the JSON)."""
+    results = doc["cases"]
+    backends = list(dict.fromkeys(b for c in results.values() for b in c["ratio_to_eager"]))
+    maybe_plot("latency_bench", list(results), {b: [results[c]["ratio_to_eager"].get(b, 0.0) for c in results]
+                                               for b in backends}, "time / eager")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from .config import CacheConfig
 from .disk import DiskStore, FileItem, discard, identity
 from .entry import EntryInfo, decode_entry
 from .errors import CorruptEntry, VersionMismatch
-from .eviction import TRIM_RATIO, Candidate, EvictionLog, log_removal, plan_trim
+from .eviction import EVICTIONS_LOG, TRIM_RATIO, Candidate, EvictionLog, log_removal, plan_trim
 from .ledger import Ledger, LedgerFile
 from .locks import DirLock
 from .memory import MemoryTier
@@ -37,7 +37,7 @@ class Accounting:
         self.policy = config.policy
         self.lock = DirLock(disk.root / "eviction.lock", config.lock_timeout_s)
         self.ledger = LedgerFile(disk.root / "size.json")
-        self.evictions = EvictionLog(disk.root / "evictions.log", self.limit)
+        self.evictions = EvictionLog(disk.root / EVICTIONS_LOG, self.limit)
 
     def maintain(self) -> None:
         """Sweep temp files of killed writers and confirm the ledger when it is missing or old."""

@@ -15,6 +15,7 @@ logger = logging.getLogger("recipecache")
 
 # Cleanup trims below the limit so that it does not run again on the very next store.
 TRIM_RATIO = 0.99
+EVICTIONS_LOG = "evictions.log"  # in the cache directory
 _LOG_ROTATE_BYTES = 8 * 1024 * 1024
 
 
@@ -75,13 +76,18 @@ class EvictionLog:
 
     def keys(self) -> set[str]:
         """Every key the log (and its rotated predecessor) records as removed."""
-        found = set()
+        return set(self.sizes())
+
+    def sizes(self) -> dict[str, int]:
+        """Each removed key's size in bytes, as the log (and its rotated predecessor) records it."""
+        found: dict[str, int] = {}
         for path in (self.path.with_name(self.path.name + ".1"), self.path):
             try:
                 lines = read_small(path).decode(errors="replace").splitlines()
             except OSError:  # missing, or not a regular file
                 continue
-            found.update(parts[3] for parts in map(str.split, lines) if len(parts) == 5)
+            found.update((parts[3], int(parts[4])) for parts in map(str.split, lines)
+                         if len(parts) == 5 and parts[4].isdigit())
         return found
 
 

@@ -66,6 +66,105 @@ def test_warm_check_compares_with_eager(tmp_path, tiny_file):
     assert doc["mismatches"] == 0 and all(p["max_abs_diff"] is not None for p in doc["points"])
 
 
+PYTREE_OUTPUT = """
+import torch
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return OUTPUT
+
+def make_model():
+    torch.manual_seed(0)
+    return Net()
+
+def make_inputs(batch, seed=0):
+    return (torch.randn(batch, 8, generator=torch.Generator().manual_seed(seed)),)
+
+def loss(output, x):
+    return LOSS
+
+AXES = {"batch": [2, 4]}
+COMPILE = {"dynamic": True, "options": {}}
+"""
+
+
+@pytest.mark.parametrize("output, loss", [
+    ("(self.a(x), {'aux': self.b(x)})", "output[0].sum() + output[1]['aux'].pow(2).sum()"),
+    ("{'logits': self.a(x), 'pair': (self.b(x), x)}", "output['logits'].sum() + output['pair'][0].sum()"),
+    ("SequenceClassifierOutput(logits=self.a(x), hidden_states=(self.b(x),))",
+     "output.logits.pow(2).sum() + output.hidden_states[0].sum()"),
+], ids=["tuple", "dict", "ModelOutput"])
+def test_warm_and_analyze_train_take_any_pytree_of_outputs(tmp_path, output, loss):
+    path = tiny_model(tmp_path, "pytree", PYTREE_OUTPUT.replace("OUTPUT", output).replace("LOSS", loss))
+    doc = cli_json("warm", path, "-d", tmp_path / "c", "--train", "--check")
+    assert doc["mismatches"] == 0 and doc["compiled"] >= 2
+    assert all(p["max_abs_diff"] is not None for p in doc["points"])
+    rows = cli_json("analyze", path, "--train")["buckets"]
+    assert len(rows) == 2 and all(r["recipes"] >= 2 for r in rows)  # forward and backward at each point
+
+
+def test_warm_says_when_the_cache_is_too_small_and_how_large_it_must_be(tmp_path, tiny_file, monkeypatch):
+    small = tmp_path / "small"
+    monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{small},false,0.004")
+    fit = cli_json("warm", tiny_file, "-d", small)["cache_fit"]  # a warning only: exit 0
+    assert not fit["fits"] and fit["evicted"] and fit["needed"] == 3 and fit["needed_bytes"] > 0.004 * 2**20
+    out = cli("warm", tiny_file, "-d", small, "--check", code=1).output
+    assert "the cache is too small" in out and f"at least {fit['suggested_mb']:g} MiB" in out
+    gate = cli("coverage", tiny_file, "-d", small, code=1).output  # not "run: hpurecipe warm" again
+    assert "not fully cached because the cache is too small" in gate and "run: hpurecipe warm" not in gate
+    large = tmp_path / "large"  # the size it asked for is enough
+    monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{large},false,{fit['suggested_mb']}")
+    assert cli_json("warm", tiny_file, "-d", large, "--check")["cache_fit"] == dict(
+        fit, fits=True, evicted=[], limit_bytes=int(fit["suggested_mb"] * 2**20))
+
+
+@pytest.mark.parametrize("command", ["analyze", "coverage"])
+def test_long_commands_show_progress_on_a_terminal_only(tiny_file, monkeypatch, command):
+    from rich.console import Console
+
+    from hpurecipe import render
+
+    def stderr_of(*args, terminal: bool) -> str:
+        err = io.StringIO()
+        monkeypatch.setattr(render, "err_console", Console(file=err, force_terminal=terminal, width=100))
+        cli(command, tiny_file, *args, code=None)
+        return err.getvalue()
+
+    shown = stderr_of(terminal=True)
+    assert "buckets" in shown and "2/2" in shown and "batch=8" in shown
+    assert stderr_of(terminal=False) == ""  # piped
+    assert stderr_of("--json", terminal=True) == ""
+
+
+def test_analyze_shows_the_point_and_the_bucket_end_it_was_planned_at(tmp_path):
+    path = tiny_model(tmp_path, "wide", TINY.replace('"exp:2"', '"exp:16"'))  # batch 2 and 8 share bucket 0-16
+    rows = cli_json("analyze", path)["buckets"]
+    assert [(r["point"], r["planned_at"]) for r in rows] == [({"batch": 2}, {"batch": 16}), ({"batch": 8}, {"batch": 16})]
+    assert rows[0]["peak_hbm_bytes"] == rows[1]["peak_hbm_bytes"]  # one plan, at batch 16
+    out = cli("analyze", path).output
+    assert "planned at" in out and "upper end of each point's bucket" in out
+    assert any(line.split()[:2] == ["batch=2", "batch=16"] for line in out.splitlines())
+
+
+def test_warm_shows_cpu_fallbacks(tmp_path):
+    text = TINY.replace("torch.nn.ReLU()", "Digamma()").replace("def make_model():", """class Digamma(torch.nn.Module):
+    def forward(self, x):
+        return torch.special.digamma(x.abs().bfloat16() + 0.5).float()
+
+def make_model():""")
+    path = tiny_model(tmp_path, "fallback", text)
+    doc = cli_json("warm", path, "-d", tmp_path / "c", "--check")
+    assert doc["fallback_ops"] == ["aten::digamma"] and all(p["fallback_ops"] == ["aten::digamma"] for p in doc["points"])
+    out = cli("warm", path, "-d", tmp_path / "c").output
+    assert "fallbacks" in out.splitlines()[0] and "CPU fallback ops: aten::digamma" in out
+    assert "CPU fallback" not in cli("warm", tiny_model(tmp_path), "-d", tmp_path / "c").output
+
+
 def test_warm_train_caches_forward_and_backward(tmp_path, tiny_file):
     cache = tmp_path / "c"
     doc = cli_json("warm", tiny_file, "-d", cache, "--train", "--check")
@@ -357,3 +456,20 @@ def test_signed_bundles_with_a_key_and_refusals_without_a_match(tmp_path, warmed
                                              tmp_path / "d", code=1).output
     monkeypatch.delenv("HPURECIPE_BUNDLE_KEY")
     assert cli_json("import", signed, "-d", tmp_path / "e")["signature_checked"] is False  # no key: not checked
+
+
+def test_version():
+    from hpu_backend.version import __version__
+
+    assert cli("--version").output.startswith(f"hpurecipe {__version__} ")
+
+
+def test_units_are_spelled_one_way(warmed, tiny_file):
+    import re
+
+    key = keys_of(warmed)[0]
+    outputs = [cli(*args).output for args in (["ls", "-d", warmed], ["stats", "-d", warmed], ["show", key, "-d", warmed],
+                                              ["analyze", tiny_file])]
+    text = "\n".join(line for out in outputs for line in out.splitlines() if "sources" not in line)  # quoted specs
+    assert re.search(r"\d (KiB|MiB|GiB)\b", text) and "µs" in text
+    assert not re.search(r"\d (KB|MB|GB|TB|us)\b", text), text

@@ -13,7 +13,7 @@ import typer
 from hpurecipe.errors import mapped
 from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
 
-from cli_helpers import cli, cli_json, tiny_model
+from cli_helpers import TINY, cli, cli_json, tiny_model
 
 HEAD = 'import torch\nAXES = {"batch": [2]}\nCOMPILE = {"dynamic": False, "options": {}}\n'
 LINEAR = "def make_model():\n    return torch.nn.Linear(4, 4)\n"
@@ -103,6 +103,17 @@ def test_an_unexpected_failure_is_one_line_with_the_way_to_the_traceback(capsys,
         mapped(lambda: {}["missing"])()
 
 
+def test_the_traceback_switch_shows_where_a_model_file_failed(tmp_path, monkeypatch):
+    path = tiny_model(tmp_path, "broken", TINY.replace("def make_model():", "def make_model():\n    deep_failure()")
+                      + "\ndef deep_failure():\n    raise RuntimeError('boom')\n")
+    monkeypatch.delenv("HPURECIPE_TRACEBACK", raising=False)
+    quiet = cli("warm", path, "-d", tmp_path / "c", code=1).output
+    assert "make_model() raised RuntimeError: boom" in quiet and "Traceback" not in quiet
+    monkeypatch.setenv("HPURECIPE_TRACEBACK", "1")
+    loud = cli("warm", path, "-d", tmp_path / "c", code=1).output
+    assert "Traceback" in loud and "in deep_failure" in loud and "make_model() raised RuntimeError: boom" in loud
+
+
 
 def test_the_cli_uses_the_limit_the_cache_was_filled_with(tmp_path, monkeypatch):
     cache = tmp_path / "c"
@@ -122,6 +133,6 @@ def test_push_and_pull_without_a_remote_tier_are_one_line(tmp_path, monkeypatch)
     monkeypatch.setenv("HPU_RECIPE_CACHE_REMOTE", "none")
     model = tiny_model(tmp_path)
     cli("warm", model, "-d", tmp_path / "c")
-    for args in (["push", "-d", tmp_path / "c"], ["pull", model, "-d", tmp_path / "d"], ["stats", "--remote", "-d",
-                                                                                          tmp_path / "c"]):
+    for args in (["push", "-d", tmp_path / "c"], ["pull", model, "-d", tmp_path / "d"]):
         assert "no remote cache configured" in one_line(cli(*args, code=1))
+    assert "remote" not in cli_json("stats", "-d", tmp_path / "c")  # stats counts a fleet tier only if there is one

@@ -16,7 +16,7 @@ import pytest
 
 from recipecache import CacheConfig, RecipeCache, encode_entry
 
-from cli_helpers import tiny_model
+from cli_helpers import cli, cli_json, tiny_model
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="needs redis-server (.ci/run installs it: apt-get install "
@@ -155,14 +155,31 @@ def test_ci_warms_and_pushes_a_fresh_host_pulls_what_its_buckets_need(tmp_path, 
     doc = _hpurecipe("push", "-d", tmp_path / "ci", "--remote", url, env_extra=local_only)
     pushed = doc["pushed"]
     assert pushed > 0 and doc["manifests"] == 1 and client.dbsize() == pushed + 1  # the entries and the manifest
-    stats = _hpurecipe("stats", "-d", tmp_path / "ci", "--remote", env_extra={"HPU_RECIPE_CACHE_REMOTE": url})
+    stats = _hpurecipe("stats", "-d", tmp_path / "ci", "--remote", url, env_extra=local_only)  # as push and pull
     assert stats["remote"]["entries"] == pushed and stats["remote"]["bytes"] > 0
+    with pytest.MonkeyPatch.context() as env:  # or from the environment, in-process
+        env.setenv("HPU_RECIPE_CACHE_REMOTE", url)
+        assert cli_json("stats", "-d", tmp_path / "ci")["remote"] == stats["remote"]
     pulled = _hpurecipe("pull", model, "-d", tmp_path / "host", "--remote", url, env_extra=local_only)
     assert pulled["missing"] == [] and pulled["pulled"] == pulled["needed"] > 0
     assert _hpurecipe("warm", model, "-d", tmp_path / "host", env_extra=local_only)["compiled"] == 0
     client.delete(*client.keys("*:doc:*"))  # without the manifest, pull learns the keys by compiling
     again = _hpurecipe("pull", model, "-d", tmp_path / "host2", "--remote", url, env_extra=local_only)
     assert again["missing"] == [] and again["needed"] == pulled["needed"]
+
+
+def test_fleet_commands_with_the_server_down_say_it_is_unreachable(tmp_path, server):
+    url, proc, _ = server
+    model = tiny_model(tmp_path)
+    cli("warm", model, "-d", tmp_path / "ci")
+    proc.kill()
+    proc.wait(5)
+    closed = f"redis://127.0.0.1:{_free_port()}/0"
+    for down in (url, closed):  # a server that died, and a port nothing listens on
+        for args in (["pull", model, "-d", tmp_path / "host"], ["push", "-d", tmp_path / "ci"],
+                     ["stats", "-d", tmp_path / "ci"]):
+            out = cli(*args, "--remote", down, code=1).output
+            assert "server unreachable" in out and "missing" not in out, (args, out)
 
 
 def test_the_tier_is_retried_after_its_back_off_not_on_every_call(tmp_path, server):

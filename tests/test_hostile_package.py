@@ -26,7 +26,7 @@ from hpu_backend import PackageError, load_package
 from hpu_backend.aot import build_package
 from hpu_backend.aot.modelfile import load_model_file
 from hpu_backend.formats import symexpr
-from hpu_backend.formats.package import HEADER_BYTES, MAGIC, UNSIGNED, Package, read_package
+from hpu_backend.formats.package import HEADER_BYTES, MAGIC, UNSIGNED, read_package
 from recipecache.signing import KEY_ENV
 
 KEY = "team-secret"

@@ -21,7 +21,7 @@ from conftest import MODELS as MODEL_DIR
 from conftest import load_model_file, run_python
 from hpu_backend import PackageError, load_package
 from hpu_backend.aot.modelfile import load_model_file as load_model
-from hpu_backend.formats.package import HEADER_BYTES, MAGIC, UNSIGNED
+from hpu_backend.formats.package import HEADER_BYTES, MAGIC, UNSIGNED, read_package
 
 MODELS = ("mnist", "gpt", "bert", "resnet")
 
@@ -164,3 +164,151 @@ def test_show_ls_and_verify_read_a_package(packages):
     listed = cli_json("ls", path)
     assert [b["bucket"]["s1"] for b in listed] == [[0, 16], [17, 32], [33, 64], [65, 128]]
     assert "all 4 recipes load" in cli("verify", path).output
+
+
+HF_GPT2 = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+def make_model():
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2, use_cache=False,
+                        bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+def make_inputs(batch, seq, seed=0):
+    return (torch.randint(0, 64, (batch, seq), generator=torch.Generator().manual_seed(seed)),)
+
+AXES = {"batch": [2], "seq": [8, 16]}
+COMPILE = {"dynamic": True, "options": {"buckets": "exp:8"}}
+'''
+
+TIED = '''
+import torch
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 8)
+        self.head = torch.nn.Linear(8, 32, bias=False)
+        self.head.weight = self.embed.weight  # one tensor, two names
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.embed(tokens)))
+
+def make_model():
+    torch.manual_seed(0)
+    return Tied()
+
+def make_inputs(batch, seed=0):
+    return (torch.randint(0, 32, (batch, 4), generator=torch.Generator().manual_seed(seed)),)
+
+AXES = {"batch": [2, 8]}
+COMPILE = {"dynamic": True, "options": {"buckets": "exp:2"}}
+'''
+
+
+def _serves_tied_weights(path, module, inputs, tied):
+    """The package follows the model's shared tensor (changed under one name), and stored weights serve alone."""
+    model = module.make_model().eval()
+    served = load_package(path, model)
+    with torch.no_grad():
+        torch.testing.assert_close(served(*inputs), model(*inputs))
+        tied(model).mul_(1.5)
+        torch.testing.assert_close(served(*inputs), model(*inputs))
+
+
+def test_a_model_with_tied_weights_packages_with_and_without_weights(tmp_path):
+    path = tmp_path / "tied.hpkg"
+    cli("package", tiny_model(tmp_path, "tied", TIED), "-o", path)
+    module = load_model(tmp_path / "tied.py")
+    _serves_tied_weights(path, module, module.make_inputs(5, seed=2), lambda m: m.head.weight)
+    cli("package", tmp_path / "tied.py", "-o", path, "--with-weights")
+    model, inputs = module.make_model().eval(), module.make_inputs(6, seed=4)
+    with torch.no_grad():
+        torch.testing.assert_close(load_package(path)(*inputs), model(*inputs))
+    assert list(read_package(path).weights) == ["embed.weight"]  # the shared tensor is stored once
+
+
+def test_hugging_face_gpt2_packages_its_tied_lm_head(tmp_path):
+    path = tmp_path / "gpt2.hpkg"
+    result = cli("package", tiny_model(tmp_path, "gpt2", HF_GPT2), "-o", path, "--with-weights")
+    assert "matches eager at 2 points" in result.output
+    module = load_model(tmp_path / "gpt2.py")
+    inputs = module.make_inputs(2, 12, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(load_package(path)(*inputs).logits, module.make_model().eval()(*inputs).logits)
+    _serves_tied_weights(path, module, inputs, lambda m: m.lm_head.weight)
+
+
+NOISY = '''
+import torch
+
+def make_model():
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.rand_like(x)  # never matches eager
+    return Noisy()
+
+def make_inputs(batch, seed=0):
+    return (torch.randn(batch, 8, generator=torch.Generator().manual_seed(seed)),)
+
+AXES = {"batch": [2, 8]}
+COMPILE = {"dynamic": True, "options": {}}
+'''
+
+
+def test_a_failed_package_leaves_no_file_behind(tmp_path):
+    out = tmp_path / "out"
+    result = cli("package", tiny_model(tmp_path, "noisy", NOISY), "-o", out / "noisy.hpkg", code=1)
+    assert "does not match eager" in result.output
+    assert list(out.iterdir()) == []
+
+
+STRIDED_CNN = '''
+import torch
+import torch.nn as nn
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+
+def make_inputs(batch, size, seed=0):
+    return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed)),)
+
+AXES = {"batch": [2], "size": SIZES}
+COMPILE = {"dynamic": True, "options": {"buckets": "exp:2"}}
+'''
+
+
+def _strided_cnn(tmp_path, sizes, extra=""):
+    return tiny_model(tmp_path, "cnn", STRIDED_CNN.replace("SIZES", repr(sizes)) + extra)
+
+
+def test_a_strided_cnn_packages_from_the_bottom_of_its_smallest_bucket(tmp_path):
+    # from 1, export fails: the convolutions need 7 pixels and specialize 7-10; the points' buckets start at 17
+    path = tmp_path / "cnn.hpkg"
+    cli("package", _strided_cnn(tmp_path, [32, 64]), "-o", path)
+    assert read_package(path).ranges == {"s0": [17, 64]}
+    module = load_model(tmp_path / "cnn.py")
+    model = module.make_model().eval()
+    served = load_package(path, model)
+    with torch.no_grad():
+        for size in (17, 40):
+            torch.testing.assert_close(served(*module.make_inputs(2, size)), model(*module.make_inputs(2, size)))
+    with pytest.raises(PackageError, match="dim 2 = 16 is outside the packaged buckets"):
+        served(*module.make_inputs(2, 16))
+
+
+def test_the_model_file_sets_an_axis_smallest_packaged_size(tmp_path):
+    path = tmp_path / "cnn.hpkg"
+    cli("package", _strided_cnn(tmp_path, [32, 64], 'AXES_MIN = {"size": 24}\n'), "-o", path, "--no-check")
+    assert read_package(path).ranges == {"s0": [24, 64]}
+
+
+def test_an_unexportable_axis_passes_on_torchs_whole_reason_and_what_to_do(tmp_path):
+    result = cli("package", _strided_cnn(tmp_path, [4, 8]), "-o", tmp_path / "cnn.hpkg", code=1)
+    assert "Constraints violated" in result.output and "Suggested fixes" in result.output  # beyond its first line
+    assert "narrowest bounds tried: size 4-8" in result.output and 'AXES_MIN = {"size": N}' in result.output
+    assert not (tmp_path / "cnn.hpkg").exists()

@@ -42,6 +42,8 @@ def test_selector_names_an_object_holding_the_spec(tmp_path):
     (lambda t: t.replace('{"batch": [2, 8]}', '{"batch": []}'), "AXES must map"),
     (lambda t: t.replace("def make_inputs(batch, seed=0)", "def make_inputs(size, seed=0)"), "must accept the axes"),
     (lambda t: t + "\nraise RuntimeError('boom')\n", "failed to import: RuntimeError: boom"),
+    (lambda t: t + '\nAXES_MIN = {"batch": 3}\n', "AXES_MIN must map axes"),  # above the axis's smallest value
+    (lambda t: t + '\nAXES_MIN = {"size": 1}\n', "AXES_MIN must map axes"),
 ])
 def test_a_bad_model_file_is_one_line_naming_the_problem(tmp_path, edit, message):
     path = tiny_model(tmp_path, "bad", edit(TINY))
@@ -90,3 +92,17 @@ def test_a_warm_of_some_axis_values_adds_to_the_manifest(tmp_path):
     cli("warm", path, "-d", tmp_path / "c", "--axis", "batch=3")
     (doc,) = read_manifests(tmp_path / "c")
     assert set(doc["buckets"]) == {"batch=2", "batch=3", "batch=8"}
+
+
+def test_the_library_warm_writes_the_manifest_and_checks_the_cache_kept_it(tmp_path):
+    from hpu_backend.aot.manifests import read_manifests
+    from hpu_backend.aot.warm import warm
+    from recipecache import CacheConfig
+
+    spec = load_model_file(tiny_model(tmp_path))
+    report = warm(spec, CacheConfig(path=tmp_path / "c", max_size_mb=64))
+    (doc,) = read_manifests(tmp_path / "c")
+    assert report.manifest == str(tmp_path / "c" / "manifests" / "tiny.inference.json") and not report.warnings
+    assert sorted({k for ks in doc["buckets"].values() for k in ks}) == sorted(
+        {k for p in report.points for k in p.keys + p.programs})
+    assert report.fit.fits and report.fit.needed == 3

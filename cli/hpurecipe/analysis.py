@@ -9,12 +9,17 @@ from . import render
 
 
 def print_analysis(doc: dict[str, Any]) -> None:
-    render.table(["bucket", "recipes", "fallbacks", "graph breaks", "recompilations", "est. time", "peak HBM"],
-                 ([r["bucket"], r["recipes"], r["fallbacks"], r["graph_breaks"], r["recompilations"],
+    render.table(["point", "planned at", "recipes", "fallbacks", "graph breaks", "recompilations", "est. time",
+                  "peak HBM"],
+                 ([r["bucket"], render.point(r["planned_at"]), r["recipes"], r["fallbacks"], r["graph_breaks"],
+                   r["recompilations"],
                    _time(r["time_s"]), render.size(r["peak_hbm_bytes"]) + ("" if r["fits_hbm"] else " (does not fit)")]
                   for r in doc["buckets"]),
                  title=f"{doc['model']} ({doc['mode']}) on {doc['target']}, {render.size(doc['hbm_bytes'])} HBM",
                  right=("recipes", "fallbacks", "graph breaks", "recompilations", "est. time", "peak HBM"))
+    if any(r["planned_at"] != r["point"] for r in doc["buckets"]):
+        render.note("Estimates are planned at the upper end of each point's bucket ('planned at'): the recipe that "
+                    "serves every size in the bucket.")
     ops = sorted({op for r in doc["buckets"] for op in r["fallback_ops"]})
     if ops:
         render.note("CPU fallback ops: {}", ", ".join(ops))
@@ -51,7 +56,7 @@ def print_advice(doc: dict[str, Any]) -> None:
 def _time(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else render.duration(seconds)
+    return render.duration(seconds)
 
 
 def print_capacity(doc: dict[str, Any]) -> None:

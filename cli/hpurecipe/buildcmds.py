@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hpu_backend.aot.manifests import manifest, write_manifest
-from hpu_backend.aot.modelfile import ModelSpec, time_limit
+from hpu_backend.aot.cachepolicy import config_to_fill
+from hpu_backend.aot.modelfile import time_limit
 from hpu_backend.settings import TARGETS
 from recipecache.config import ENV_VAR
 
 from . import render
-from .caches import config_for, open_cache, recipe_problem
+from .caches import config_for, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train
 from .specs import load_spec
@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 @contextlib.contextmanager
 def progress(total: int, quiet: bool) -> Iterator:
-    """A progress bar on stderr showing the last bucket done (compiled or hit, time), and its callback."""
-    if quiet:
+    """A progress bar on stderr showing the last bucket done (compiled or hit, time), and its callback; on a
+    terminal only (the bar is gone when done), and not with ``quiet`` (--json)."""
+    if quiet or not render.err_console.is_terminal:
         yield None
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -44,17 +45,18 @@ def progress(total: int, quiet: bool) -> Iterator:
 
 
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
-         check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch.")] = False,
+         check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
+                                             "if the cache is too small to keep what it built.")] = False,
          timeout: Timeout = None, json: Json = False) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
-        config = _enabled(config_for(cache_dir), "warm")
+        config = config_to_fill(cache_dir, "warm")
         with progress(len(spec.points()), json) as on_point:
             report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
-    _finish(report, spec, config, json, check)
+    _finish(report, config, json, check)
 
 
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
@@ -64,31 +66,16 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     from hpu_backend.aot.warm import prebuild as prebuild_spec
 
     spec = load_spec(model_file, axis)
-    config = _enabled(config_for(cache_dir), "prebuild")
+    config = config_to_fill(cache_dir, "prebuild")
     with progress(len(spec.points()), json) as on_point:
         report = prebuild_spec(spec, config, jobs=jobs, train=train, on_point=on_point)
-    _finish(report, spec, config, json, False)
+    _finish(report, config, json, False)
 
 
-def _enabled(config, command: str):
-    if config.max_size_mb == 0:
-        raise UsageError(f"the recipe cache is disabled (max_size_mb 0), so {command} has nowhere to store "
-                         f"recipes; give it a size in {ENV_VAR}")
-    return config
-
-
-def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool) -> None:
-    doc = manifest(report, spec)
-    if config.remote:  # the fleet tier gets the manifest too, so that other hosts can pull just these keys
-        from .shipcmds import push_manifest
-
-        push_manifest(config, doc)
-    try:
-        path = write_manifest(config.resolved_path(), doc)
-    except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing
-        path = None
-        render.warn(f"cannot write the manifest ({e.strerror or e}); recipes that could be stored are in the "
-                    f"cache, but coverage and export will not know this run")
+def _finish(report: WarmReport, config, json: bool, check: bool) -> None:
+    for warning in report.warnings:
+        render.warn(warning)
+    path = report.manifest
     if json:
         render.emit_json({**report.to_dict(), "manifest": str(path)})
     else:
@@ -97,52 +84,60 @@ def _finish(report: WarmReport, spec: ModelSpec, config, json: bool, check: bool
         render.note("{} shape points using {} distinct recipes: {} compiled, {} reused (from the cache or "
                     "an earlier point), in {}. Manifest: {}", s["buckets"], s["recipes"], s["compiled"], s["hits"],
                     render.duration(s["seconds"]), path or "not written")
+        if s["fallback_ops"]:
+            render.note("CPU fallback ops: {} (they run on the host, not the device)",
+                        ", ".join(s["fallback_ops"]))
+    if report.fit is not None and not report.fit.fits:
+        too_small = f"{_too_small(report.fit, config)}, and warm again"
+        if check:
+            raise fail(too_small)
+        render.warn(too_small)
     if report.summary()["mismatches"]:
         raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
 
 
+def _too_small(fit, config) -> str:
+    """The cache is too small for what the buckets use: how many entries went, and the size it needs."""
+    mb = f"{fit.suggested_mb:g}"
+    return (f"the cache is too small: {len(fit.evicted)} of the {fit.needed} entries these buckets use were "
+            f"evicted (limit {render.size(fit.limit_bytes)}; they take {render.size(fit.needed_bytes)}). "
+            f"Give it at least {mb} MiB, e.g. {ENV_VAR}={config.resolved_path()},false,{mb}")
+
+
 def _print_report(report: WarmReport, check: bool) -> None:
-    columns = ["bucket", "status", "recipes", "compiled", "hits", "time"] + (["max |diff|", "check"] if check else [])
+    columns = ["bucket", "status", "recipes", "compiled", "hits", "fallbacks", "time"] + (
+        ["max |diff|", "check"] if check else [])
     rows = []
     for p in report.points:
-        row = [p.label, p.status, len(p.keys), p.compiled, p.hits, render.duration(p.seconds)]
+        row = [p.label, p.status, len(p.keys), p.compiled, p.hits, len(p.fallback_ops), render.duration(p.seconds)]
         if check:
             row += [f"{p.max_abs_diff:.2e}" if p.max_abs_diff is not None else "-", p.check_error or "ok"]
         rows.append(row)
-    render.table(columns, rows, right=("recipes", "compiled", "hits", "time", "max |diff|"))
+    render.table(columns, rows, right=("recipes", "compiled", "hits", "fallbacks", "time", "max |diff|"))
 
 
 def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
              timeout: Timeout = None, json: Json = False) -> None:
     """Which buckets have all their recipes in the cache; exit 1 if any is missing (a deployment gate)."""
-    from hpu_backend.aot.warm import plan
+    from hpu_backend.aot.coverage import coverage as coverage_of
 
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         cache = open_cache(cache_dir, quiet=True, inspect=True)
-        points = plan(spec, train=train)
-    rows = [{"bucket": p.label, "recipes": len(p.keys),
-             "missing": [k for k in p.keys + p.programs if not _usable(cache, k)]}
-            for p in points]
-    uncovered = [r["bucket"] for r in rows if r["missing"]]
+        with progress(len(spec.points()), json) as on_point:
+            report = coverage_of(spec, cache, train=train, on_point=on_point)
     if json:
-        render.emit_json({"model": spec.name, "buckets": len(rows), "covered": len(rows) - len(uncovered),
-                          "uncovered": uncovered, "points": rows})
+        render.emit_json(report.to_dict())
     else:
         render.table(["bucket", "recipes", "missing", "status"],
                      ([r["bucket"], r["recipes"], len(r["missing"]), "missing" if r["missing"] else "ok"]
-                      for r in rows), right=("recipes", "missing"))
-        render.note("{} of {} buckets covered in {}.", len(rows) - len(uncovered), len(rows),
+                      for r in report.points), right=("recipes", "missing"))
+        render.note("{} of {} buckets covered in {}.", len(report.points) - len(report.uncovered), len(report.points),
                     config_for(cache_dir).resolved_path())
-    if uncovered:
-        raise fail(f"{len(uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
-
-
-def _usable(cache, key: str) -> bool:
-    """Whether the cache holds an intact entry under key that serving can use (a damaged or malformed one
-    counts as missing: serving would quarantine it)."""
-    entry = cache.peek(key) if cache is not None else None
-    return entry is not None and recipe_problem(entry.payload) is None
+    if report.fit is not None:
+        raise fail(f"{len(report.uncovered)} buckets are not fully cached because {_too_small(report.fit, cache.config)}")
+    if report.uncovered:
+        raise fail(f"{len(report.uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
 
 
 DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without importing torch at start-up
@@ -185,7 +180,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
         from .analysis import print_analysis
 
         with time_limit(timeout, model_file):
-            doc = analyze_spec(load_spec(model_file, axis), target, train, lazy=lazy)
+            spec = load_spec(model_file, axis)
+            with progress(len(spec.points()), json) as on_point:
+                doc = analyze_spec(spec, target, train, on_point, lazy=lazy)
         render.emit_json(doc) if json else print_analysis(doc)
         return
     with time_limit(timeout, model_file):

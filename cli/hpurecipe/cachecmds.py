@@ -12,12 +12,13 @@ import typer
 from hpu_backend.formats.program import parse_payload
 from hpu_backend.formats.recipe import RecipeFormatError
 from hpu_backend.formats.keyparts import explain as explain_keys
+from hpu_backend.aot.cachepolicy import recipe_problem
 from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, render
-from .caches import open_cache, recipe_problem, require_remote, resolve_key
+from .caches import open_cache, resolve_key
 from .errors import CliError
-from .options import CacheDir, DryRun, Json, Key, Model, Yes
+from .options import CacheDir, DryRun, Json, Key, Model, Remote, Yes
 from .packagecmds import PackageFile
 from .units import parse_age, parse_size
 
@@ -40,6 +41,11 @@ def _row(info: EntryInfo) -> dict:
             "last_used": info.last_used, "hits": info.hits}
 
 
+def _bucket(info: EntryInfo) -> str:
+    """A recipe's bucket; '-' for a program (one per Dynamo graph, covering all its buckets)."""
+    return "-" if info.meta.get("kind") == "program" else render.bucket(info.meta.get("bucket"))
+
+
 def ls(package: PackageFile = None, cache_dir: CacheDir = None,
        sort: Annotated[SortBy, typer.Option(help="Sort order (largest/newest first).")] = SortBy.used,
        model: Model = None, json: Json = False) -> None:
@@ -57,9 +63,9 @@ def ls(package: PackageFile = None, cache_dir: CacheDir = None,
         return render.note("No entries{} in the recipe cache at {}.", f" for model {model}" if model else "",
                            cache.path)
     now = time.time()
-    render.table(["key", "graph", "model", "bucket", "size", "created", "last used", "hits"],
-                 ([i.key[:12], i.meta.get("graph", ""), i.meta.get("model", "") or "-",
-                   render.bucket(i.meta.get("bucket")), render.size(i.size), render.ago(i.created, now),
+    render.table(["key", "kind", "graph", "model", "bucket", "size", "created", "last used", "hits"],
+                 ([i.key[:12], i.meta.get("kind", "") or "-", i.meta.get("graph", ""), i.meta.get("model", "") or "-",
+                   _bucket(i), render.size(i.size), render.ago(i.created, now),
                    render.ago(i.last_used, now), i.hits] for i in infos), right=("size", "hits"))
     render.note("{} entries, {} in {}", len(infos), render.size(sum(i.size for i in infos)), cache.path)
 
@@ -88,25 +94,31 @@ def show(key: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
 
 def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
           "--zero", "-z", help="Zero the counters after printing them.")] = False,
-          remote: Annotated[bool, typer.Option("--remote", help="Also count the fleet tier's entries and bytes "
-                                               "(HPU_RECIPE_CACHE_REMOTE).")] = False, json: Json = False) -> None:
-    """Size and limit, entries, hits, misses, evictions, corrupt entries, compile time saved."""
-    cache = open_cache(cache_dir, quiet=json, inspect=True)
+          remote: Remote = None, json: Json = False) -> None:
+    """Size and limit, entries, hits, misses, evictions, corrupt entries, compile time saved; with a fleet tier
+    (--remote URL or HPU_RECIPE_CACHE_REMOTE), also its entries and bytes."""
+    from hpu_backend.aot.fleet import FleetUnreachable, remote_stats
+
+    cache = open_cache(cache_dir, quiet=json, remote=remote, inspect=True)
     if cache is None:
         return render.emit_json({"entries": 0, "total_bytes": 0}) if json else None
-    doc = cache.stats()
-    if remote:
-        require_remote(cache)
+    doc, unreachable = cache.stats(), None
+    if cache.remote is not None:
         try:
-            doc["remote"] = {"url": cache.remote.url, **cache.remote.stats()}
-        except ConnectionError as e:
-            raise CliError(str(e)) from None
+            doc["remote"] = remote_stats(cache)
+        except FleetUnreachable as e:
+            doc["remote"], unreachable = {"url": cache.remote.url, "error": "server unreachable"}, e
     if zero:
         cache.reset_stats()
-    if json:
-        return render.emit_json(doc)
+    render.emit_json(doc) if json else _print_stats(doc, zero)
+    if unreachable is not None:
+        raise CliError(str(unreachable))
+
+
+def _print_stats(doc: dict, zero: bool) -> None:
     limit = "unbounded" if doc["limit_bytes"] < 0 else render.size(doc["limit_bytes"])
     lookups = doc["hits"] + doc["misses"]
+    fleet = doc.get("remote")
     render.pairs({
         "path": doc["path"], "size": f"{render.size(doc['total_bytes'])} in entries + "
                                      f"{render.size(doc['metadata_bytes'])} other files, of {limit}",
@@ -116,8 +128,9 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
         "misses": doc["misses"], "evictions": f"{doc['evictions']} ({render.size(doc['bytes_evicted'])})",
         "corrupt": doc["corrupt"], "written": render.size(doc["bytes_written"]),
         "compile time saved": render.duration(doc["compile_time_saved_s"]),
-        **({"fleet tier": f"{doc['remote']['entries']} entries, {render.size(doc['remote']['bytes'])} at "
-                          f"{doc['remote']['url']}; {doc['remote_hits']} hits from it"} if remote else {})})
+        **({"fleet tier": f"{fleet['url']}: server unreachable" if "error" in fleet else
+            f"{fleet['entries']} entries, {render.size(fleet['bytes'])} at {fleet['url']}; "
+            f"{doc['remote_hits']} hits from it"} if fleet else {})})
     if zero:
         render.note("Counters zeroed.")
 
@@ -210,9 +223,9 @@ def _print_plan(plan: list[EntryInfo], verb: str, json: bool) -> None:
     if not plan:
         return render.note("Nothing to {}.", verb)
     now = time.time()
-    render.table(["key", "graph", "model", "bucket", "size", "last used"],
-                 ([i.key[:12], i.meta.get("graph", ""), i.meta.get("model", "") or "-",
-                   render.bucket(i.meta.get("bucket")), render.size(i.size), render.ago(i.last_used, now)]
+    render.table(["key", "kind", "graph", "model", "bucket", "size", "last used"],
+                 ([i.key[:12], i.meta.get("kind", "") or "-", i.meta.get("graph", ""), i.meta.get("model", "") or "-",
+                   _bucket(i), render.size(i.size), render.ago(i.last_used, now)]
                   for i in plan), title=f"Would {verb} {render.plural(len(plan), 'entry')} ({render.size(sum(i.size for i in plan))}):",
                  right=("size",))
 

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from hpu_backend.aot.cachepolicy import config_for
 from hpu_backend.formats.keyparts import toolchain_id
-from recipecache import CacheConfig, EntryInfo, RecipeCache, open_cache as open_recipe_cache
-from recipecache.config import ENV_VAR, recorded
+from recipecache import EntryInfo, RecipeCache, open_cache as open_recipe_cache
+from recipecache.config import ENV_VAR
 from recipecache.disk import holds_cache
 
 from .errors import CliError
 from .render import note
-
-
-def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig:
-    """The backend's cache configuration (its environment variable, ENV_VAR), at ``cache_dir`` if given.
-
-    The size limit and eviction policy are the variable's when it names this directory,
-    else those recorded in the directory by the processes that filled it (else the defaults). The
-    command line never deletes on start: that is for serving processes that ask for it.
-    """
-    base = CacheConfig.from_env()
-    path = Path(cache_dir or base.path).expanduser()
-    if os.environ.get(ENV_VAR, "").strip() and path == Path(base.path):
-        return CacheConfig(path=path, max_size_mb=base.max_size_mb, policy=base.policy, remote=remote or "")
-    return CacheConfig(path=path, remote=remote or "", **(recorded(path) or {}))
 
 
 def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = False,
@@ -40,25 +26,6 @@ def open_cache(cache_dir: Path | None, *, create: bool = False, quiet: bool = Fa
             note("No recipe cache at {} yet. Fill it with: hpurecipe warm MODEL.py", config.resolved_path())
         return None
     return open_recipe_cache(config, remote_namespace=toolchain_id(), inspect=inspect and not create)
-
-
-def recipe_problem(payload: bytes) -> str | None:
-    """Why an intact entry's payload is not a usable recipe or program of this format, or None (the checks
-    serving makes when it reads one: schema, references, buckets, guards)."""
-    from hpu_backend.formats.program import parse_payload
-    from hpu_backend.formats.recipe import RecipeFormatError
-
-    try:
-        parse_payload(payload)
-    except RecipeFormatError as e:
-        return f"not a recipe: {e}"
-    return None
-
-
-def require_remote(cache: RecipeCache) -> None:
-    """CliError unless the cache has a fleet tier."""
-    if cache.remote is None:
-        raise CliError("no remote cache configured: set HPU_RECIPE_CACHE_REMOTE=redis://host:port/db or pass --remote")
 
 
 def resolve_key(cache: RecipeCache | None, prefix: str, infos: list[EntryInfo] | None = None) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import traceback
 from typing import Callable
 
 import typer
@@ -52,7 +54,8 @@ def mapped(fn: Callable) -> Callable:
     """Run a command, turning our named errors into one line and an exit code instead of a traceback.
 
     Anything else is a bug of ours (or an environment we did not foresee): still one line, with the
-    way to get the traceback (``HPURECIPE_TRACEBACK=1``) for a report.
+    way to get the traceback (``HPURECIPE_TRACEBACK=1``) for a report. With that switch, named errors
+    also print their traceback (and their cause's: a model file's own exception) before their line.
     """
 
     @functools.wraps(fn)
@@ -60,8 +63,10 @@ def mapped(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except CliError as e:
+            _traceback(e)
             raise fail(str(e), e.code) from None
         except tuple(cls for cls, _ in EXIT_CODES) as e:
+            _traceback(e)  # with the model's own exception it wraps, if any
             code = next(c for cls, c in EXIT_CODES if isinstance(e, cls))
             raise fail(str(e), code) from None
         except (typer.Exit, typer.Abort):
@@ -76,3 +81,9 @@ def mapped(fn: Callable) -> Callable:
             raise fail(f"unexpected {one_line(e)} (run with {TRACEBACK_ENV}=1 to see where)") from None
 
     return run
+
+
+def _traceback(e: BaseException) -> None:
+    """With HPURECIPE_TRACEBACK=1, the traceback of a named error (and of what caused it) before its one line."""
+    if os.environ.get(TRACEBACK_ENV):
+        traceback.print_exception(e, file=sys.stderr)

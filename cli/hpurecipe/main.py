@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
 import typer
 
+from hpu_backend.version import __version__
+from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
 from . import buildcmds, cachecmds, packagecmds, shipcmds
@@ -26,6 +29,18 @@ COMMANDS = [
 ]
 for _name, _fn in COMMANDS:
     app.command(_name)(mapped(_fn))
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"hpurecipe {__version__} (hpu_backend {__version__}; recipe entry format {FORMAT_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """Prebuild, warm, inspect, evict, verify and ship the hpu_backend recipe cache."""
 
 
 def main() -> None:

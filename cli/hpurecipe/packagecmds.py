@@ -115,4 +115,4 @@ def verify(path: Path, json: bool) -> None:
 
 
 def _seconds(s: float | None) -> str:
-    return "-" if s is None else f"{s * 1e6:.1f} us"
+    return "-" if s is None else render.duration(s)

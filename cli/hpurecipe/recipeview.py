@@ -135,7 +135,7 @@ def _fmt(name: str, v: Any) -> str:
     if isinstance(v, (int, float)) and name.endswith("bytes"):
         return render.size(v)
     if isinstance(v, float) and (name.endswith("_s") or name.endswith("time")):
-        return render.duration(v) if v >= 1e-3 else f"{v * 1e6:.2f} µs"
+        return render.duration(v)
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, list) and len(v) > 8:

@@ -35,17 +35,17 @@ def _width(stream) -> int | None:
 console = Console(highlight=False, width=_width(sys.stdout))
 err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
-_UNITS = ("B", "KB", "MB", "GB", "TB")
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def size(n: float) -> str:
-    """1536 → '1.5 KB' (powers of 1024, as the cache limit is counted)."""
+    """1536 → '1.5 KiB' (powers of 1024, as the cache limit is counted, with their IEC names)."""
     n = float(n)
     for unit in _UNITS:
         if abs(n) < 1024 or unit == _UNITS[-1]:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} TB"
+    return f"{n:.1f} TiB"
 
 
 def ago(t: float, now: float | None = None) -> str:
@@ -62,6 +62,11 @@ def ago(t: float, now: float | None = None) -> str:
 
 
 def duration(seconds: float) -> str:
+    """A time in µs, ms, s or min (one spelling everywhere in the CLI's output)."""
+    if seconds == 0:
+        return "0 s"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
     if seconds < 1:
         return f"{seconds * 1e3:.0f} ms"
     if seconds < 120:
@@ -121,6 +126,11 @@ def bucket(b: Mapping[str, Any] | None) -> str:
     if not b:
         return "static"
     return " ".join(f"{s}={r[0]}-{r[1]}" if r[0] != r[1] else f"{s}={r[0]}" for s, r in b.items())
+
+
+def point(values: Mapping[str, int]) -> str:
+    """{'batch': 16, 'seq': 128} → 'batch=16 seq=128' (as model files' points are labelled)."""
+    return " ".join(f"{k}={v}" for k, v in values.items())
 
 
 def plural(n: int, word: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 
 from .. import metrics
@@ -22,12 +22,14 @@ from .warm import PointResult, plan, plan_lazy
 
 
 
-def analyze_spec(spec: ModelSpec, target: str, train: bool, lazy: bool = False) -> dict[str, Any]:
+def analyze_spec(spec: ModelSpec, target: str, train: bool,
+                 on_point: Callable[[PointResult], None] | None = None, lazy: bool = False) -> dict[str, Any]:
+    """The analysis of every point of ``spec`` on ``target``; ``on_point`` is called as each point is planned."""
     if lazy:
-        return _analyze_lazy(spec, target, train)
+        return _analyze_lazy(spec, target, train, on_point)
     breaks = _graph_breaks(spec, train)
     seen = len(metrics.recompiles())
-    points = plan(spec, train=train, target=target)
+    points = plan(spec, train=train, target=target, on_point=on_point)
     recompiles = metrics.recompiles()[seen:]
     rows = [_row(p) for p in points]
     hbm = hbm_bytes(target)
@@ -37,10 +39,11 @@ def analyze_spec(spec: ModelSpec, target: str, train: bool, lazy: bool = False) 
             "max_batch": _max_batch(spec, points, hbm, train, target)}
 
 
-def _analyze_lazy(spec: ModelSpec, target: str, train: bool) -> dict[str, Any]:
+def _analyze_lazy(spec: ModelSpec, target: str, train: bool,
+                  on_point: Callable[[PointResult], None] | None = None) -> dict[str, Any]:
     """The same report for the model run eagerly in lazy mode: its lazy graphs' recipes per point. Lazy graphs
     are static (one recipe per shape), so no batch search, and neither graph breaks nor recompiles apply."""
-    rows = [_row(p) for p in plan_lazy(spec, train=train, target=target)]
+    rows = [_row(p) for p in plan_lazy(spec, train=train, target=target, on_point=on_point)]
     return {"model": spec.name, "target": target, "mode": ("train" if train else "inference") + ", lazy", "lazy": True,
             "hbm_bytes": hbm_bytes(target), "graph_break_reasons": [], "buckets": rows, "recompiles": [],
             "max_batch": None}
@@ -50,13 +53,27 @@ def _row(p: PointResult) -> dict[str, Any]:
     graphs = [GraphReport.from_recipe(u.recipe) for u in p.used]
     frames = {g.name.rsplit("_", 1)[0] for g in graphs}
     new_frames = {u.graph.rsplit("_", 1)[0] for u in p.used if u.compiled_for == "guard failure"}
-    return {"bucket": p.label, "point": p.point, "recipes": len(p.keys),
+    return {"bucket": p.label, "point": p.point, "planned_at": planned_at(p), "recipes": len(p.keys),
             "fallbacks": sum(len(g.fallbacks) for g in graphs),
             "fallback_ops": sorted({fb["op"] for g in graphs for fb in g.fallbacks}),
             "graphs": [asdict(g) for g in graphs], "graph_breaks": max(len(frames) - 1, 0),
             "recompilations": len(new_frames), "time_s": sum(g.est_time_s for g in graphs),
             "peak_hbm_bytes": max((g.est_peak_bytes for g in graphs), default=0),
             "fits_hbm": all(g.fits_hbm for g in graphs)}
+
+
+def planned_at(p: PointResult) -> dict[str, int]:
+    """The point a row's estimates are planned at: each recipe is planned at its bucket's upper end, so an
+    axis whose value a shape symbol carries reads that symbol's planned value (the largest over the graphs);
+    an axis no symbol carries alone (static, or shared with another axis's value) keeps the point's value."""
+    planned = dict(p.point)
+    for u in p.used:
+        for sym, value in u.env.items():
+            axes = [a for a, v in p.point.items() if v == value]
+            at = u.recipe.facts.get("plan_at", {}).get(sym)
+            if len(axes) == 1 and at is not None:
+                planned[axes[0]] = max(at, planned[axes[0]])
+    return planned
 
 
 def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:

@@ -4,10 +4,12 @@ A model file defines ``make_model()`` (returns the module), ``make_inputs(**axes
 of example inputs for one shape), ``AXES = {axis: [values]}`` (the shapes to cover; one recipe set per
 point of their cartesian product) and ``COMPILE = {"dynamic": ..., "options": {...}}`` (the
 ``torch.compile`` arguments). Optional: ``MODEL_INPUTS`` (how many leading inputs feed the model; the
-default is all of them), ``loss(output, *inputs)`` (needed to warm training graphs) and ``DECODE`` (a
-generative model's decode step: a holder of the same names, missing ones taken from the file), ``LAYERS``
-(the number of identical decoder layers) and ``PER_CARD(cards, group, layers)`` (a holder of one card's
-tensor-parallel shard, its collectives over the process group ``group``, with ``layers`` layers). With
+default is all of them), ``loss(output, *inputs)`` (needed to warm training graphs), ``AXES_MIN =
+{axis: size}`` (the smallest size a package serves on an axis, for models that cannot take smaller ones,
+such as strided convolutions), ``DECODE`` (a generative model's decode step: a holder of the same names,
+missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers) and
+``PER_CARD(cards, group, layers)`` (a holder of one card's tensor-parallel shard, its collectives over the
+process group ``group``, with ``layers`` layers). With
 ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
 """
 
@@ -65,6 +67,7 @@ class ModelSpec:
     decode: "ModelSpec | None" = None  # a generative model's decode step (this spec being its prefill step)
     per_card: Callable[..., Any] | None = None  # PER_CARD(cards=, group=, layers=): one card's shard
     layers: int | None = None  # LAYERS: identical decoder layers (capacity across cards extrapolates over them)
+    axes_min: dict[str, int] = field(default_factory=dict)  # AXES_MIN: an axis's smallest packaged size
 
     def points(self) -> list[dict[str, int]]:
         """Every shape to cover: the cartesian product of the axes, in file order."""
@@ -192,7 +195,8 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
         raise ModelFileError(f"{where}: LAYERS must be a positive integer, got {layers!r}")
     return ModelSpec(name, where, get("make_model"), get("make_inputs"), axes, dynamic, options, model_inputs,
-                     get("loss"), source_hash, decode, per_card, layers)
+                     get("loss"), source_hash, decode, per_card, layers,
+                     _check_axes_min(get("AXES_MIN"), axes, where))
 
 
 def _getter(holder: Any) -> Callable[..., Any]:
@@ -236,6 +240,18 @@ def _check_axes(axes: Any, where: str) -> dict[str, list[int]]:
         raise ModelFileError(f"{where}: AXES must map axis names to non-empty lists of sizes, "
                              f'e.g. {{"batch": [1, 8]}}; got {axes!r}')
     return {k: list(v) for k, v in axes.items()}
+
+
+def _check_axes_min(axes_min: Any, axes: dict, where: str) -> dict[str, int]:
+    if axes_min is None:
+        return {}
+    ok = isinstance(axes_min, Mapping) and all(
+        k in axes and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= min(axes[k])
+        for k, v in axes_min.items())
+    if not ok:
+        raise ModelFileError(f"{where}: AXES_MIN must map axes ({', '.join(axes)}) to a smallest size from 1 up to "
+                             f"the axis's smallest value, e.g. {{\"{next(iter(axes))}\": 16}}; got {axes_min!r}")
+    return dict(axes_min)
 
 
 def _check_compile(compile_args: Any, where: str) -> tuple[Any, dict]:

@@ -17,12 +17,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
+import torch.utils._pytree as pytree
 
-from recipecache import CacheConfig
+from recipecache import CacheConfig, RecipeCache
 
 from .. import metrics
 from ..serve.compiled import Event, listen
-from .modelfile import ModelSpec, load_model_file, point_label, spec_from, user_call
+from .cachefit import CacheFit, cache_fit
+from .fleet import send_manifest
+from .manifests import manifest, write_manifest
+from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class PointResult:
     max_abs_diff: float | None = None  # vs eager, with check=True
     check_error: str = ""
     programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
+    fallback_ops: list[str] = field(default_factory=list)  # ops its recipes run on the CPU (placement fallbacks)
     used: list[UsedRecipe] = field(default_factory=list, repr=False)  # live recipes, for analysis; not in JSON
 
     @property
@@ -71,16 +76,21 @@ class WarmReport:
     mode: str  # "inference" | "train"
     points: list[PointResult]
     seconds: float
+    fit: CacheFit | None = None  # whether the cache kept what the points use (warm and prebuild)
+    manifest: str | None = None  # the manifest warm and prebuild wrote (None: it could not be written)
+    warnings: list[str] = field(default_factory=list)  # what went wrong around the run (the run itself is fine)
 
     def summary(self) -> dict[str, Any]:
         keys = {k for p in self.points for k in p.keys}
         return {"model": self.model, "mode": self.mode, "buckets": len(self.points),
                 "compiled": sum(p.compiled for p in self.points), "hits": sum(p.hits for p in self.points),
                 "recipes": len(keys), "seconds": round(self.seconds, 3),
-                "mismatches": sum(bool(p.check_error) for p in self.points)}
+                "mismatches": sum(bool(p.check_error) for p in self.points),
+                "fallback_ops": sorted({op for p in self.points for op in p.fallback_ops})}
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.summary(), "points": [p.to_dict() for p in self.points]}
+        return {**self.summary(), "points": [p.to_dict() for p in self.points],
+                **({"cache_fit": self.fit.to_dict()} if self.fit else {})}
 
 
 def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str]]:
@@ -109,6 +119,11 @@ def keys_of(used: list[UsedRecipe]) -> list[str]:
     return sorted({u.key for u in used if u.key})
 
 
+def fallback_ops(used: list[UsedRecipe]) -> list[str]:
+    """The ops the recipes run on the CPU instead of the device, as their placement recorded them."""
+    return sorted({fb["op"] for u in used for fb in u.recipe.facts.get("placement", {}).get("fallbacks", [])})
+
+
 def run_points(compiled: Callable, spec: ModelSpec, points: Iterable[Mapping[str, int]], *,
                train: bool = False, eager: torch.nn.Module | None = None,
                on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
@@ -134,28 +149,32 @@ def _run_point(compiled, spec, point, train, eager) -> PointResult:
         out, used, programs = _tracked(lambda: _run_model(compiled, spec, inputs, train, point))
     built = dict(gc.stats())["TotalNumber"]
     result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start,
-                         programs=programs, used=used)
+                         programs=programs, fallback_ops=fallback_ops(used), used=used)
     if eager is not None:
         _compare(result, out, _run_model(eager, spec, inputs, train, point))
     return result
 
 
 def _run_model(model: Callable, spec: ModelSpec, inputs: tuple, train: bool, point: Mapping[str, int]):
-    return user_call(spec.path, f"the model at {point_label(point)}", _step, model, spec, inputs, train)
+    """The model's output at one point (with ``train``: (output, loss) after the backward pass), detached.
 
-
-def _step(model: Callable, spec: ModelSpec, inputs: tuple, train: bool):
+    Only the model file's code is wrapped as its failure (user_call); the output may be any pytree
+    (a tensor, tuple, dict or Hugging Face ModelOutput)."""
     torch.manual_seed(0)  # the same dropout masks for the compiled model and eager
+    where = f"the model at {point_label(point)}"
     if not train:
         with torch.no_grad():
-            out = model(*spec.split(inputs))
+            out = user_call(spec.path, where, model, *spec.split(inputs))
         _end_lazy_step()
         return out
-    output = model(*spec.split(inputs))
+    output = user_call(spec.path, where, model, *spec.split(inputs))
     loss = spec.loss_of(output, inputs)
-    loss.backward()
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ModelFileError(f"{spec.path}: loss() must return a one-element tensor, got "
+                             f"{type(loss).__name__}{list(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+    user_call(spec.path, f"the backward pass at {point_label(point)}", loss.backward)
     _end_lazy_step()
-    return output.detach(), loss.detach()
+    return _tensors(output), loss.detach()
 
 
 def _end_lazy_step() -> None:
@@ -178,13 +197,15 @@ def _compare(result: PointResult, got: Any, want: Any) -> None:
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of any pytree of outputs (registered containers, and other mappings and sequences), detached."""
     if isinstance(value, torch.Tensor):
         return [value.detach()]
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     if isinstance(value, Mapping):
         return [t for v in value.values() for t in _tensors(v)]
-    return []
+    leaves = pytree.tree_leaves(value)
+    return [] if len(leaves) == 1 and leaves[0] is value else _tensors(leaves)
 
 
 def as_spec(spec: Any) -> ModelSpec:
@@ -225,34 +246,57 @@ def compile_spec(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: 
 
 def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,
          on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
-    """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk."""
+    """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk, check
+    that the cache kept what the points use, write the manifest and send it to the fleet tier if there is one."""
     start = time.perf_counter()
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
     eager = model if check else None
     points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
-    flush(cache_config)
-    return WarmReport(spec.name, _mode(train), points, time.perf_counter() - start)
+    return _recorded(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), spec, cache_config)
 
 
-def flush(cache_config: CacheConfig | None) -> None:
-    """Wait until every recipe put into the cache is on disk (None: the default configuration)."""
+def flush(cache_config: CacheConfig | None) -> RecipeCache | None:
+    """Wait until every recipe put into the cache is on disk (None: the default configuration); the cache."""
     from ..serve.store import default_config, store_for
 
     store = store_for(cache_config if cache_config is not None else default_config())
     if store.disk is not None:
         store.disk.flush()
+    return store.disk
 
 
-def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None, repeat: int = 1) -> list[PointResult]:
+def _recorded(report: WarmReport, spec: ModelSpec, cache_config: CacheConfig | None) -> WarmReport:
+    """The report, once the cache is flushed: whether the cache kept what its points use, and the manifest
+    written into the cache and sent to its fleet tier (failures to do so are warnings: the run is fine)."""
+    cache = flush(cache_config)
+    if cache is None:
+        return report
+    report.fit = cache_fit(report, cache)
+    doc = manifest(report, spec)
+    if cache.config.remote and not send_manifest(cache.config, doc):  # so that other hosts pull just these keys
+        report.warnings.append(f"could not send the manifest to {cache.config.remote}; hosts will compile to "
+                               "learn the keys")
+    try:
+        report.manifest = str(write_manifest(cache.config.resolved_path(), doc))
+    except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing
+        report.warnings.append(f"cannot write the manifest ({e.strerror or e}); recipes that could be stored are in "
+                               "the cache, but coverage and export will not know this run")
+    return report
+
+
+def plan(spec: ModelSpec, *, train: bool = False, target: str | None = None, repeat: int = 1,
+         on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
     """Each point's recipes and keys from a compile-only run that reads and writes no cache (coverage, analyze);
     ``repeat`` runs each point that many times in a row (a steady loop compiles nothing after its first step)."""
     if target is not None:
         spec = ModelSpec(**{**spec.__dict__, "options": dict(spec.options, target=target)})
     _, compiled = compile_spec(spec, None, execute=False, cache=False, train=train)
-    return run_points(compiled, spec, [p for p in spec.points() for _ in range(repeat)], train=train)
+    return run_points(compiled, spec, [p for p in spec.points() for _ in range(repeat)], train=train,
+                      on_point=on_point)
 
 
-def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None) -> list[PointResult]:
+def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None,
+              on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
     """Each point's recipes from running the model file eagerly in lazy mode (``mark_step()`` after each step),
     reading and writing no cache: what Gaudi's default mode makes of the model."""
     from ..gaudi.lazy_mode import lazy
@@ -260,7 +304,7 @@ def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None
     options = dict(spec.options, cache=False, **({"target": target} if target else {}))
     model = spec.build_model().train(train)
     with lazy(options):
-        return run_points(model, spec, spec.points(), train=train)
+        return run_points(model, spec, spec.points(), train=train, on_point=on_point)
 
 
 # -- prebuild across processes ---------------------------------------------------------------------------
@@ -297,7 +341,7 @@ def prebuild(spec: ModelSpec, cache_config: CacheConfig | None, *, jobs: int = 1
                 if on_point is not None:
                     on_point(result)
     ordered = [r for i in range(len(parts)) for r in done[i]]
-    return WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start)
+    return _recorded(WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start), spec, cache_config)
 
 
 def _start_method():
