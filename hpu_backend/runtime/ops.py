@@ -94,12 +94,25 @@ _BINDINGS = (torch._C._VariableFunctions, torch._C._nn)
 _TENSOR_METHODS = frozenset({"view", "expand"})
 
 
+# Argument types the generated bindings parse differently from the schema: a binding refuses
+# ``None`` in an index list (``x[:, idx]`` is ``index(x, [None, idx])``), the dispatcher does not.
+_SCHEMA_ONLY_TYPES = frozenset({"List[Optional[Tensor]]"})
+
+
+def standard_callable(name: str):
+    """The op as the dispatcher runs it (OpOverload's own entry): what a failed fast path falls back to."""
+    op = resolve(name)
+    return op._op if isinstance(op, torch._ops.OpOverload) else op
+
+
 @functools.cache
 def fast_callable(name: str):
     """The quickest callable for an allowlisted op: its generated binding if it has one."""
     op = resolve(name)
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return op
+    if any(str(a.type) in _SCHEMA_ONLY_TYPES for a in op._schema.arguments):
+        return op._op
     packet = op._schema.name.split("::", 1)[1]
     if packet in _TENSOR_METHODS and op._overloadname == "default":
         return getattr(torch.Tensor, packet)
