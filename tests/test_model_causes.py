@@ -5,12 +5,16 @@ maths on symbolic sizes under dynamic shapes in strict mode. Each compared with 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from hpu_backend.runtime import build_callable, executor, ops
 from hpu_backend.serve.compiled import collect_recipes
+from conftest import ROOT
 
 STRICT = {"strict": True, "cache": False}
 
@@ -63,3 +67,69 @@ def test_a_genuine_op_error_still_raises_from_the_standard_call():
     run = build_callable(found[0][1])
     with pytest.raises(IndexError, match="out of bounds"):
         run([torch.ones(3), torch.tensor([7])])
+
+
+CUSTOM_OP = '''
+import sys, torch
+from hpu_backend.serve.compiled import collect_recipes
+
+@torch.library.custom_op("hpu_test_lib::scaled_relu", mutates_args=())
+def scaled_relu(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp_min(0) * 1.5
+
+@scaled_relu.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh())
+x = torch.randn(4, 6)
+def f(x):
+    return torch.ops.hpu_test_lib.scaled_relu(model(x)) @ model[0].weight
+options = {"strict": True, "cache_config": sys.argv[1] + ",false,64"}
+with collect_recipes() as found, torch.no_grad():
+    out = torch.compile(f, backend="hpu_backend", options=options)(x)
+torch.testing.assert_close(out, f(x))
+(recipe, hit), = [(r, h) for _, r, h in found]
+fb, = recipe.facts["placement"]["fallbacks"]
+print("HIT" if hit else "MISS", fb["op"], recipe.facts["cost"]["transfer_s"] > 0, recipe.facts["cost"]["cpu_s"] > 0)
+'''
+
+UNREGISTERED = '''
+import sys
+from recipecache import CacheConfig, RecipeCache
+from hpu_backend.runtime import build_callable
+from hpu_backend.serve.store import RecipeStore
+from hpu_backend.formats.recipe import Recipe, RecipeFormatError
+cache = RecipeCache(CacheConfig.parse(sys.argv[1] + ",false,64"))
+def is_recipe(key):
+    try:
+        return Recipe.from_bytes(cache.get(key)) is not None
+    except RecipeFormatError:
+        return False  # the stored program of the Dynamo graph
+key, = [k for k in cache.keys() if is_recipe(k)]
+loaded = RecipeStore(cache).load(key, build_callable)
+cache.flush()  # the quarantine runs in the background
+print("LOADED" if loaded else "MISS", cache.contains(key),
+      "hpu_test_lib" in sys.modules)
+'''
+
+
+def _python(code: str, *args: str, path: str = "") -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_a_library_custom_op_is_a_cpu_fallback_node_that_a_second_process_loads_from_the_cache(tmp_path):
+    cache = str(tmp_path / "cache")
+    # Strict mode accepts it (a library op has no device kernel); it is named with its own namespace and
+    # costed as a CPU fallback with host transfers; a second process runs the stored recipe.
+    assert _python(CUSTOM_OP, cache) == "MISS hpu_test_lib::scaled_relu True True"
+    assert _python(CUSTOM_OP, cache) == "HIT hpu_test_lib::scaled_relu True True"
+    # A process that has not registered the op: the stored recipe is a miss (quarantined), and a module
+    # named like the op's namespace, on the path, is never imported to resolve it.
+    (tmp_path / "hpu_test_lib.py").write_text("raise SystemExit('imported by name')\n")
+    assert _python(UNREGISTERED, cache, path=str(tmp_path)) == "MISS False False"

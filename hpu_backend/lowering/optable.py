@@ -57,7 +57,10 @@ class OpTable:
         self.records: Mapping[str, OpSupport] = MappingProxyType({r.op: r for r in records})
 
     def lookup(self, op_name: str) -> OpSupport | None:
-        """The record for a recipe op name (``aten::add.Tensor``) or packet name (``add``)."""
+        """The record for a recipe op name (``aten::add.Tensor``) or packet name (``add``). The table
+        describes ATen ops: a library's op that shares an ATen name (``mylib::relu``) has no record."""
+        if "::" in op_name and not op_name.startswith(("aten::", "prims::")):
+            return None
         return self.records.get(packet_name(op_name))
 
     def capable(self, op_name: str, dtypes: Iterable[str]) -> bool:
@@ -85,6 +88,18 @@ def packet_name(op_name: str) -> str:
 def is_host_op(op_name: str) -> bool:
     return op_name.startswith(HOST_NAMESPACES) or (
         op_name.startswith("aten::") and packet_name(op_name) in HOST_ATEN)
+
+
+def is_library_op(op_name: str) -> bool:
+    """A library's custom op (``transformers::grouped_mm_fallback.default``), registered through torch.library:
+    the device has no kernel for it, so it runs on the CPU, as the bridge runs an op it does not know."""
+    return "::" in op_name and not op_name.startswith(("aten::", "prims::")) and not is_host_op(op_name)
+
+
+def qualified_name(op_name: str) -> str:
+    """``aten::add.Tensor`` → ``aten::add``; ``mylib::relu.default`` → ``mylib::relu`` (a bare packet: aten)."""
+    namespace = op_name.split("::", 1)[0] if "::" in op_name else "aten"
+    return f"{namespace}::{packet_name(op_name)}"
 
 
 @functools.cache

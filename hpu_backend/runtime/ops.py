@@ -1,7 +1,10 @@
 """The runtime's op allowlist: the only way an op name in a recipe becomes a callable.
 
-A name resolves when it is a registered ATen or prims schema (asked of the dispatcher before any
-attribute lookup), the op is functional (it mutates nothing, except the input writes in
+A name resolves when it is a registered ATen or prims schema, or a library's custom op (a
+``torch.library`` op in a namespace of its own) that the running process has registered — asked of
+the dispatcher before any attribute lookup, so a name never imports anything and an op the process
+has not registered is refused. Torch's own other namespaces (``TORCH_NAMESPACES``: profiler,
+distributed, quantized, ... ops) are refused. The op must be functional (it mutates nothing, except the input writes in
 ``MUTATING_ALLOWED``), it returns a value (an op run only for its effect, such as ``aten::save``,
 ``aten::_print`` or ``aten::manual_seed``, is refused unless it is a check in ``EFFECT_ALLOWED``),
 it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state);
@@ -36,6 +39,14 @@ DENY_ATEN = frozenset({"from_file", "_debug_has_internal_overlap", "set_", "_set
 # Ops with no result that graphs legitimately contain: shape and value checks.
 EFFECT_ALLOWED = frozenset({"_assert_async", "_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range",
                             "sym_constrain_range_for_size", "_linalg_check_errors", "_sink_tokens"})
+
+# Namespaces torch itself registers besides aten and prims: process, profiler, distributed, quantized and
+# internal ops, never a library's custom op. Any other registered namespace is a library's (torch.library).
+TORCH_NAMESPACES = frozenset({
+    "prim", "quantized", "_quantized", "quantization", "symm_mem", "static_runtime", "c10d", "_c10d_functional",
+    "_c10d_functional_autograd", "onednn", "mkldnn", "mkldnn_prepacked", "mkl", "profiler", "sparse", "inductor",
+    "inductor_prims", "_test", "onnx", "debugprims", "_dtensor", "rngprims", "_native", "export", "debug_mode_ops",
+    "higher_order", "fsdp", "_inductor_test", "streams", "_quantized_decomposed", "quantized_decomposed"})
 
 _FILE_ARGS = frozenset({"filename", "file", "path", "f"})
 
@@ -110,7 +121,7 @@ def fast_callable(name: str):
     """The quickest callable for an allowlisted op: its generated binding if it has one."""
     op = resolve(name)
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
-        return op
+        return standard_callable(name)
     if any(str(a.type) in _SCHEMA_ONLY_TYPES for a in op._schema.arguments):
         return op._op
     packet = op._schema.name.split("::", 1)[1]
@@ -130,11 +141,13 @@ def resolve(name: str):
         return SYM_OPS[name]
     namespace, _, rest = name.partition("::")
     packet_name, _, overload = rest.rpartition(".")
-    if (namespace not in ("aten", "prims") or packet_name in DENY_ATEN or not packet_name
-            or not _registered(f"{namespace}::{packet_name}", overload)):
+    if (not namespace.isidentifier() or namespace in TORCH_NAMESPACES or packet_name in DENY_ATEN
+            or not packet_name or not _registered(f"{namespace}::{packet_name}", overload)):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)
     op = getattr(packet, overload)
+    if not isinstance(op, torch._ops.OpOverload):
+        raise OpNotAllowed(name)
     schema = op._schema
     if schema.is_mutable and packet_name not in MUTATING_ALLOWED:
         raise OpNotAllowed(name)

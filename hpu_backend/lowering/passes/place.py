@@ -1,8 +1,9 @@
 """Place: every node on the HPU (with its engine) or the CPU, as the bridge decides from the op table.
 
 An op falls back to the CPU when the table does not list it, when a dtype it reads or writes is
-not supported, or when the user names it in ``place_on_cpu`` (``PT_HPU_PLACE_ON_CPU``). Strict
-mode turns a fallback into a LoweringError naming the op and dtype. Symbolic-int ops run on the
+not supported, when the user names it in ``place_on_cpu`` (``PT_HPU_PLACE_ON_CPU``), or when it is a
+library's custom op (``torch.library``; named with its own namespace). Strict mode turns a fallback
+into a LoweringError naming the op and dtype, except a library op's: that is a known fallback. Symbolic-int ops run on the
 host while the recipe launches; they are not fallbacks.
 """
 
@@ -26,6 +27,8 @@ SCALAR_TYPE = {
     "complex64": "ComplexFloat", "complex128": "ComplexDouble", "float8_e4m3fn": "Float8_e4m3fn",
     "float8_e5m2": "Float8_e5m2",
 }
+
+LIBRARY_OP = "library custom op (torch.library): no HPU kernel, runs on the CPU"
 
 
 def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = None) -> Recipe:
@@ -65,6 +68,8 @@ def _fallback_reason(node: Node, refs: list[str], specs, placed, table: optable.
     """Why a node falls back to the CPU, or None if it runs on the HPU (or the host)."""
     if _is_element_of(node, refs, specs, placed) or optable.is_host_op(node.op):
         return None
+    if optable.is_library_op(node.op):
+        return LIBRARY_OP
     if _user_placed_on_cpu(node.op, on_cpu):
         return "placed on CPU by PT_HPU_PLACE_ON_CPU"
     record = table.lookup(node.op)
@@ -85,18 +90,24 @@ def _dtypes(node: Node, refs: list[str], specs) -> list[str]:
 
 def _user_placed_on_cpu(op: str, names: frozenset) -> bool:
     """PT_HPU_PLACE_ON_CPU names ops as ``digamma``, ``aten::digamma`` or ``aten::digamma.default``."""
-    packet = optable.packet_name(op)
-    return bool(names) and bool({packet, f"aten::{packet}", op} & names)
+    return bool(names) and bool({_short_name(op), optable.qualified_name(op), op} & names)
+
+
+def _short_name(op: str) -> str:
+    """How the bridge prints an op: its packet name for ATen, the qualified name for any other namespace."""
+    return optable.packet_name(op) if op.startswith("aten::") else optable.qualified_name(op)
 
 
 def _fallback(node: Node, specs, why: str, ctx: LoweringContext) -> dict:
+    """The fallback record. Strict mode refuses it unless the op is a library's custom op, which has no
+    device kernel anywhere (on Gaudi too it runs on the CPU): a known fallback, not an unsupported ATen op."""
     dtypes = _dtypes(node, node_refs(node), specs)
-    packet = optable.packet_name(node.op)
-    if ctx.settings.strict:
-        raise LoweringError(f"CPU fallback of aten::{packet} ({', '.join(dtypes) or 'no tensors'}) "
+    name, library = optable.qualified_name(node.op), why == LIBRARY_OP
+    if ctx.settings.strict and not library:
+        raise LoweringError(f"CPU fallback of {name} ({', '.join(dtypes) or 'no tensors'}) "
                             f"in strict mode: {why}", node=_fx_node(ctx, node.name))
-    return {"node": node.name, "op": f"aten::{packet}", "dtypes": dtypes, "reason": why,
-            "line": f"CPU fallback {packet} : {_arg_types(node, specs)}".rstrip()}
+    return {"node": node.name, "op": name, "dtypes": dtypes, "reason": why, "library": library,
+            "line": f"CPU fallback {_short_name(node.op)} : {_arg_types(node, specs)}".rstrip()}
 
 
 def _arg_types(node: Node, specs) -> str:
