@@ -123,7 +123,7 @@ def default_table() -> OpTable:
         *_group("tpc", "elementwise", FLOAT, ELEMENTWISE_FLOAT),
         # Special functions: TPC kernels exist in FP32 only; BF16/FP16 fall back to the CPU.
         *_group("tpc", "elementwise", frozenset({"float32"}), "digamma lgamma polygamma erfinv"),
-        *_group("tpc", "elementwise", ALL | FP8, "_to_copy to"),
+        *_group("tpc", "elementwise", ALL | FP8, "_to_copy to convert_element_type"),
         *_group("tpc", "reduction", FLOAT | INT | BOOL, REDUCTIONS),
         # Multi-tensor kernels of the optimizers and gradient clipping (Gaudi's fused optimizers).
         *_group("tpc", "foreach", FLOAT, FOREACH),

@@ -3,8 +3,9 @@
 An op falls back to the CPU when the table does not list it, when a dtype it reads or writes is
 not supported, when the user names it in ``place_on_cpu`` (``PT_HPU_PLACE_ON_CPU``), or when it is a
 library's custom op (``torch.library``; named with its own namespace). Strict mode turns a fallback
-into a LoweringError naming the op and dtype, except a library op's: that is a known fallback. Symbolic-int ops run on the
-host while the recipe launches; they are not fallbacks.
+into a LoweringError naming the op and dtype, except a library op's: that is a known fallback. Symbolic-int ops,
+and host scalar maths (``host_scalars``: float64 0-dim values computed from sizes and Python floats), run on
+the host while the recipe launches and feed the device as kernel parameters; they are not fallbacks.
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ LIBRARY_OP = "library custom op (torch.library): no HPU kernel, runs on the CPU"
 def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = None) -> Recipe:
     table = table or optable.shared_table()
     specs = spec_map(recipe)
+    scalars = host_scalars(recipe, specs)
     nodes, placed, fallbacks = [], {}, []
     for node in recipe.nodes:
         refs = node_refs(node)
-        why = _fallback_reason(node, refs, specs, placed, table, ctx.settings.place_on_cpu)
-        decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, refs, specs, placed, table)
+        if node.name in scalars:
+            why, decision = None, {"placement": "hpu", "engine": "host"}
+        else:
+            refs_read = [r for r in refs if r not in scalars]  # a host scalar is a kernel parameter
+            why = _fallback_reason(node, refs_read, specs, placed, table, ctx.settings.place_on_cpu)
+            decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, refs, specs, placed, table)
         node = with_fields(node, **decision)
         placed[node.name] = node.placement
         if why is not None:
@@ -47,6 +53,36 @@ def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = 
     engines = Counter(n.engine for n in nodes)
     facts = dict(recipe.facts, placement={"fallbacks": fallbacks, "engines": dict(sorted(engines.items()))})
     return dataclasses.replace(recipe, nodes=nodes, facts=facts)
+
+
+# Ops the host evaluates on 0-dim values while it launches a recipe: Python float maths on sizes and
+# unspecialized floats (``x.shape[-1] ** 0.5``, an ``eps`` attribute), which AOTAutograd writes as float64
+# 0-dim tensor ops.
+SCALAR_MATH = frozenset("""
+convert_element_type _to_copy scalar_tensor true_divide div mul add sub rsub neg reciprocal sqrt rsqrt pow exp log
+floor ceil round trunc abs clamp clamp_min clamp_max maximum minimum sym_float
+""".split())
+
+
+def host_scalars(recipe: Recipe, specs) -> set[str]:
+    """Values that are host-side scalar arithmetic: 0-dim float64 inputs (Python floats Dynamo passes as
+    tensors; the device has no float64, so nothing else makes them), 0-dim float64 results of scalar maths
+    on no tensor at all (``scalar_tensor(2.0, dtype=float64)``, sizes turned into floats), and any 0-dim
+    result of scalar maths over host scalars only (the float32 value finally fed to a device kernel)."""
+    found = {name for name, spec in zip(recipe.input_names, recipe.inputs) if _is_scalar(spec, "float64")}
+    for node in recipe.nodes:
+        if node.op.partition("::")[0] not in ("aten", "prims") or optable.packet_name(node.op) not in SCALAR_MATH:
+            continue
+        if len(node.out) != 1 or not _is_scalar(node.out[0]):
+            continue
+        tensors = [r for r in node_refs(node) if is_tensor_value(specs.get(r))]
+        if all(r in found for r in tensors) and (tensors or node.out[0].dtype == "float64"):
+            found.add(node.name)
+    return found
+
+
+def _is_scalar(spec, dtype: str | None = None) -> bool:
+    return spec.kind == "tensor" and spec.shape == [] and (dtype is None or spec.dtype == dtype)
 
 
 def _decide(node: Node, refs: list[str], specs, placed: dict[str, str], table: optable.OpTable) -> dict:
