@@ -312,10 +312,12 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default=",".join(BY_NAME))
     parser.add_argument("--cells", default=",".join(CELLS))
     parser.add_argument("--out", default=str(RESULTS / "real_models.json"))
+    parser.add_argument("--update", action="store_true", help="keep the other models' results in --out")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     logging.getLogger("hpu_backend").setLevel(logging.WARNING)
-    results: dict = {}
+    out = Path(args.out)
+    results: dict = json.loads(out.read_text())["results"] if args.update and out.exists() else {}
     for name in args.models.split(","):
         spec = BY_NAME[name]
         results[name] = {}
@@ -323,9 +325,9 @@ def main(argv=None) -> None:
             results[name][cell] = {b: vars(run_cell(spec, cell, b)) for b in BACKENDS}
             brief = {b: ("ok" if o["ok"] else o["error"][:120]) for b, o in results[name][cell].items()}
             print(f"{name:14} {cell:10} {brief}", file=sys.stderr, flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"torch": torch.__version__, "results": results,
-                                          "table": table(results)}, indent=1))
+    results = {name: results[name] for name in BY_NAME if name in results}  # the table's order
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"torch": torch.__version__, "results": results, "table": table(results)}, indent=1))
     print(table(results))
 
 

@@ -133,3 +133,28 @@ def test_a_library_custom_op_is_a_cpu_fallback_node_that_a_second_process_loads_
     # named like the op's namespace, on the path, is never imported to resolve it.
     (tmp_path / "hpu_test_lib.py").write_text("raise SystemExit('imported by name')\n")
     assert _python(UNREGISTERED, cache, path=str(tmp_path)) == "MISS False False"
+
+
+class WeightNormed(torch.nn.Module):
+    """wav2vec2's positional convolution (weight norm over dim 2) and a classic weight-normed linear."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3, padding=1), dim=2)
+        self.lin = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(6, 5))
+
+    def forward(self, x):
+        return self.lin(torch.nn.functional.gelu(self.conv(x)).transpose(1, 2)).pow(2).mean()
+
+
+def test_weight_norm_training_runs_on_the_device_in_strict_mode():
+    model, twin = WeightNormed(), WeightNormed()
+    x = torch.randn(2, 4, 7)
+    loss = torch.compile(model, backend="hpu_backend", options=STRICT)(x)  # strict: no CPU fallback anywhere
+    loss.backward()
+    ref = twin(x)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda m: f"{name}: {m}")

@@ -163,7 +163,7 @@ NORMS = """
 native_layer_norm native_layer_norm_backward native_batch_norm native_batch_norm_backward
 _native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
 native_group_norm native_group_norm_backward _batch_norm_with_update _batch_norm_with_update_functional
-_batch_norm_no_update batch_norm_backward
+_batch_norm_no_update batch_norm_backward _weight_norm_interface _weight_norm_interface_backward
 """
 INDEXING = """
 embedding embedding_dense_backward index index_select index_put _unsafe_index _unsafe_index_put
