@@ -158,3 +158,24 @@ def test_weight_norm_training_runs_on_the_device_in_strict_mode():
     torch.testing.assert_close(loss, ref)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m: f"{name}: {m}")
+
+
+def _pools_pads_and_sampling(x, grid, v):
+    F = torch.nn.functional
+    a = F.adaptive_max_pool2d(x, 3) + F.avg_pool3d(x.unsqueeze(1), 2).squeeze(1).sum()
+    b = F.pad(x, (1, 1, 1, 1), mode="replicate").mean() + F.pad(x[0], (2, 2), mode="reflect").mean()
+    c = F.grid_sample(x, grid, align_corners=False)
+    d = torch.addmv(v[:4], x[0, 0, :4], v) + torch.cdist(x[0], x[1]).sum()
+    return a.sum() + b + c.pow(2).sum() + d.sum()
+
+
+def test_backward_kernels_real_models_need_run_on_the_device_in_strict_mode():
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    grid = torch.rand(2, 3, 3, 2, requires_grad=True) * 2 - 1
+    v = torch.randn(6, requires_grad=True)
+    loss = torch.compile(_pools_pads_and_sampling, backend="hpu_backend", options=STRICT)(x, grid, v)
+    grads = torch.autograd.grad(loss, [x, grid, v])
+    ref = _pools_pads_and_sampling(x, grid, v)
+    torch.testing.assert_close(loss, ref)
+    for g, r in zip(grads, torch.autograd.grad(ref, [x, grid, v])):
+        torch.testing.assert_close(g, r)

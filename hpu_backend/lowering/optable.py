@@ -115,7 +115,7 @@ def _group(engine: str, kind: str, dtypes: frozenset, names: str) -> list[OpSupp
 def default_table() -> OpTable:
     """The device's op support, as documented for the Gaudi PyTorch bridge (a fresh table)."""
     return OpTable([
-        *_group("mme", "matmul", FLOAT | FP8, "mm bmm addmm baddbmm addbmm"),
+        *_group("mme", "matmul", FLOAT | FP8, "mm bmm addmm baddbmm addbmm addmv"),
         *_group("mme", "conv", FLOAT, "convolution convolution_backward"),
         *_group("mme", "attention", FLOAT, "_scaled_dot_product_flash_attention_for_cpu "
                 "_scaled_dot_product_flash_attention_for_cpu_backward"),
@@ -152,7 +152,8 @@ gelu_backward silu silu_backward elu elu_backward leaky_relu leaky_relu_backward
 hardswish hardsigmoid_backward hardswish_backward softplus softplus_backward mish lerp addcmul
 addcdiv nan_to_num logit xlogy frac hypot logaddexp hardtanh_backward relu6 sgn angle nextafter
 i0 special_i0e special_i1 special_i1e special_erfcx special_ndtri special_xlog1py special_entr igamma
-igammac _pdist_forward _cdist_forward cdist dist _trilinear
+igammac _pdist_forward _cdist_forward cdist dist _trilinear _pdist_backward _cdist_backward ldexp
+rrelu_with_noise_backward
 """
 REDUCTIONS = """
 sum mean amax amin max min argmax argmin prod var var_mean std any all cumsum cumprod logsumexp
@@ -175,7 +176,12 @@ take put segment_reduce grid_sampler_2d grid_sampler_3d adaptive_max_pool2d adap
 max_pool3d_with_indices avg_pool3d _adaptive_avg_pool3d upsample_nearest1d upsample_linear1d
 upsample_bicubic2d upsample_nearest3d upsample_trilinear3d _upsample_bilinear2d_aa reflection_pad1d
 reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d _embedding_bag
-_embedding_bag_forward_only col2im im2col pixel_shuffle pixel_unshuffle
+_embedding_bag_forward_only col2im im2col pixel_shuffle pixel_unshuffle fractional_max_pool2d fractional_max_pool3d
+adaptive_max_pool2d_backward adaptive_max_pool3d_backward _adaptive_avg_pool3d_backward avg_pool3d_backward
+max_pool3d_with_indices_backward grid_sampler_2d_backward grid_sampler_3d_backward replication_pad1d_backward
+replication_pad2d_backward replication_pad3d_backward reflection_pad1d_backward reflection_pad2d_backward
+reflection_pad3d_backward _upsample_bilinear2d_aa_backward fractional_max_pool2d_backward
+fractional_max_pool3d_backward
 """
 FOREACH = """
 _foreach_add _foreach_sub _foreach_mul _foreach_div _foreach_addcmul _foreach_addcdiv _foreach_sqrt
@@ -183,10 +189,11 @@ _foreach_rsqrt _foreach_norm _foreach_pow _foreach_lerp _foreach_neg _foreach_ma
 _foreach_clamp_min _foreach_clamp_max _foreach_reciprocal _foreach_sign _foreach_abs _foreach_exp
 _foreach_copy _foreach_zero
 """
-RANDOM = "rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal"
+RANDOM = """rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal
+rrelu_with_noise_functional"""
 FACTORIES = """
 full full_like zeros zeros_like ones ones_like new_zeros new_ones new_full scalar_tensor arange fill
-empty empty_like empty_strided empty_permuted new_empty new_empty_strided
+empty empty_like empty_strided empty_permuted new_empty new_empty_strided _efficientzerotensor
 """
 LAYOUT_COPIES = """
 clone copy copy_ contiguous cat repeat constant_pad_nd lift_fresh_copy slice_scatter
