@@ -313,12 +313,16 @@ def main(argv=None) -> None:
     parser.add_argument("--cells", default=",".join(CELLS))
     parser.add_argument("--out", default=str(RESULTS / "real_models.json"))
     parser.add_argument("--update", action="store_true", help="keep the other models' results in --out")
+    parser.add_argument("--combine", nargs="+", metavar="JSON", help="merge the results of runs over other models "
+                        "(run in parallel, each with its own --out) into --out, running nothing")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     logging.getLogger("hpu_backend").setLevel(logging.WARNING)
     out = Path(args.out)
     results: dict = json.loads(out.read_text())["results"] if args.update and out.exists() else {}
-    for name in args.models.split(","):
+    for part in args.combine or ():
+        results.update(json.loads(Path(part).read_text())["results"])
+    for name in [] if args.combine else args.models.split(","):
         spec = BY_NAME[name]
         results[name] = {}
         for cell in cells_of(spec, args.cells.split(",")):
