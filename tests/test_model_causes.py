@@ -179,3 +179,33 @@ def test_backward_kernels_real_models_need_run_on_the_device_in_strict_mode():
     torch.testing.assert_close(loss, ref)
     for g, r in zip(grads, torch.autograd.grad(ref, [x, grid, v])):
         torch.testing.assert_close(g, r)
+
+
+class ScaledNorm(torch.nn.Module):
+    """An RMS norm with a float ``eps`` attribute and a scale computed from a symbolic size: under
+    ``dynamic=True`` both become float64 0-dim tensor maths in the aten graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.eps = 1e-5
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        scale = torch.full([], (2.0 / x.shape[1]) ** 0.5, dtype=h.dtype)
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) / scale
+
+
+def test_float_maths_on_sizes_is_host_scalar_work_not_a_float64_device_op():
+    model = ScaledNorm()
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=True, options=STRICT)
+    with collect_recipes() as found, torch.no_grad():
+        for n in (3, 5):  # two sizes, one recipe bucket each, no recompilation of the graph
+            x = torch.randn(2, n, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    recipe = found[0][1]
+    assert recipe.symbols and not recipe.facts["placement"]["fallbacks"]
+    host = [n for n in recipe.nodes if n.engine == "host" and n.out[0].kind == "tensor"]
+    assert any(n.out[0].dtype == "float64" for n in host)  # the float64 scalar maths runs on the host
+    assert not [n.name for n in recipe.nodes if n.engine not in ("host", "view")
+                and any(s.kind == "tensor" and s.dtype == "float64" for s in n.out)]
