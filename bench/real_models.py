@@ -171,7 +171,7 @@ SPECS = [
          lambda s: {"input_values": torch.randn(2, 400, generator=torch.Generator().manual_seed(1))}),
     Spec("vit", _hf("ViTForImageClassification", "ViTConfig", image_size=32, patch_size=8, hidden_size=32,
                     num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, num_labels=10), _pixels()),
-    Spec("convnext", _hf("ConvNextForImageClassification", "ConvNextConfig", hidden_sizes=[8, 16], depths=[1, 1],
+    Spec("convnext", _hf("ConvNextForImageClassification", "ConvNextConfig", num_stages=2, hidden_sizes=[8, 16], depths=[1, 1],
                          num_labels=10), _pixels()),
     Spec("resnet", _hf("ResNetForImageClassification", "ResNetConfig", embedding_size=8, hidden_sizes=[8, 16],
                        depths=[1, 1], num_labels=10), _pixels()),
