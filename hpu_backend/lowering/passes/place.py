@@ -60,7 +60,7 @@ def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = 
 # 0-dim tensor ops.
 SCALAR_MATH = frozenset("""
 convert_element_type _to_copy scalar_tensor true_divide div mul add sub rsub neg reciprocal sqrt rsqrt pow exp log
-floor ceil round trunc abs clamp clamp_min clamp_max maximum minimum sym_float
+floor ceil round trunc abs clamp clamp_min clamp_max maximum minimum
 """.split())
 
 
