@@ -52,11 +52,11 @@ class Spec:
     sizes: tuple[int, int] = (8, 13)
 
 
-def _hf(model_cls: str, config_cls: str, **config) -> Callable[[], torch.nn.Module]:
-    def build():
+def _hf(model_cls: str, config_cls: str, **config) -> Callable[..., torch.nn.Module]:
+    def build(**overrides):  # overrides: config fields a caller changes (fewer layers for a quick run)
         import transformers
 
-        cfg = getattr(transformers, config_cls)(**config)
+        cfg = getattr(transformers, config_cls)(**{**config, **overrides})
         for name in DROPOUTS:  # eager and compiled runs must draw no random numbers
             if isinstance(getattr(cfg, name, None), float):
                 setattr(cfg, name, 0.0)

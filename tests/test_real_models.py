@@ -9,6 +9,8 @@ side by side (README, "Real models").
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import sys
 
@@ -39,6 +41,13 @@ SUBSET = [
 ]
 
 
+# Config changes that keep the suite within its time budget (the benchmark runs the models as listed).
+QUICKER = {"llama": {"num_hidden_layers": 1}}
+
+
 @pytest.mark.parametrize("model, cell", SUBSET, ids=[f"{m}-{c}" for m, c in SUBSET])
 def test_real_model_matches_eager_in_strict_mode(model, cell):
-    rm.RUNNERS[cell](rm.BY_NAME[model], "hpu_backend strict")  # each runner asserts closeness to eager
+    spec = rm.BY_NAME[model]
+    if model in QUICKER:
+        spec = dataclasses.replace(spec, build=functools.partial(spec.build, **QUICKER[model]))
+    rm.RUNNERS[cell](spec, "hpu_backend strict")  # each runner asserts closeness to eager
