@@ -15,13 +15,9 @@ from opinfo_sweep import sweep
 
 SHARDS = 4
 
-# op name -> why it does not pass under hpu_backend although it passes under aot_eager
-_CUSTOM_NS = ("a torch-internal custom op (namespace torch_nn::) outside the runtime allowlist, "
-              "which admits only ATen and prims ops; the graph runs eagerly")
-KNOWN_FAILURES: dict[str, str] = {
-    "nn.functional.linear_cross_entropy.chunked": _CUSTOM_NS,
-    "nn.functional.linear_cross_entropy.chunked_none": _CUSTOM_NS,
-}
+# op name -> why it does not pass under hpu_backend although it passes under aot_eager (none today: the
+# torch_nn:: custom ops of linear_cross_entropy.chunked run as library-op CPU fallbacks)
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))

@@ -161,7 +161,8 @@ def test_intermediates_are_freed_at_last_use():
     body = source.splitlines()
     assert "args.clear()" in source
     first_use = next(i for i, line in enumerate(body) if "= " in line and "v0" in line.split("=", 1)[1])
-    assert any(line.strip().startswith("del") and "v0" in line for line in body[first_use:first_use + 2])
+    # Right after the statement that reads it last (a fast-path call and its retry: four lines).
+    assert any(line.strip().startswith("del") and "v0" in line for line in body[first_use:first_use + 5])
 
 
 def test_transpose_addmm_runs_as_one_linear_with_identical_results():

@@ -13,7 +13,7 @@ from .optable import packet_name
 # TPC FLOPs per element by op kind (transcendentals and normalizations take several).
 PER_ELEMENT = {"elementwise": 1, "foreach": 1, "reduction": 1, "softmax": 5, "norm": 8, "index": 1, "random": 4,
                "factory": 0, "layout": 0, "sync": 0, "view": 0}
-MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
+MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv"}
 
 
 def dims(spec: ValueSpec, env: Mapping[str, int]) -> list[int]:
@@ -31,7 +31,7 @@ def mme_flops(node: Node, ins: list[ValueSpec], env: Mapping[str, int], recomput
     packet = packet_name(node.op)
     out = math.prod(dims(node.out[0], env)) if node.out and node.out[0].kind == "tensor" else 0
     if packet in MATMULS:
-        a = ins[-2] if packet in ("addmm", "baddbmm", "addbmm") else ins[0]
+        a = ins[-2] if packet in ("addmm", "baddbmm", "addbmm", "addmv") else ins[0]
         return 2.0 * out * dims(a, env)[-1]
     if packet == "convolution":
         w = dims(ins[1], env)

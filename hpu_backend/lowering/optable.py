@@ -57,7 +57,11 @@ class OpTable:
         self.records: Mapping[str, OpSupport] = MappingProxyType({r.op: r for r in records})
 
     def lookup(self, op_name: str) -> OpSupport | None:
-        """The record for a recipe op name (``aten::add.Tensor``) or packet name (``add``)."""
+        """The record for a recipe op name (``aten::add.Tensor``) or packet name (``add``). The table
+        describes ATen ops and the functional collectives: a library's op that shares an ATen name
+        (``mylib::relu``) has no record."""
+        if "::" in op_name and not op_name.startswith(TABLE_NAMESPACES):
+            return None
         return self.records.get(packet_name(op_name))
 
     def capable(self, op_name: str, dtypes: Iterable[str]) -> bool:
@@ -76,6 +80,9 @@ class OpTable:
         return len(self.records)
 
 
+TABLE_NAMESPACES = ("aten::", "prims::", "_c10d_functional::")  # the namespaces the table describes
+
+
 def packet_name(op_name: str) -> str:
     """``aten::add.Tensor`` → ``add``; a bare packet name is returned unchanged."""
     rest = op_name.split("::", 1)[1] if "::" in op_name else op_name
@@ -85,6 +92,18 @@ def packet_name(op_name: str) -> str:
 def is_host_op(op_name: str) -> bool:
     return op_name.startswith(HOST_NAMESPACES) or (
         op_name.startswith("aten::") and packet_name(op_name) in HOST_ATEN)
+
+
+def is_library_op(op_name: str) -> bool:
+    """A library's custom op (``transformers::grouped_mm_fallback.default``), registered through torch.library:
+    the device has no kernel for it, so it runs on the CPU, as the bridge runs an op it does not know."""
+    return "::" in op_name and not op_name.startswith(TABLE_NAMESPACES) and not is_host_op(op_name)
+
+
+def qualified_name(op_name: str) -> str:
+    """``aten::add.Tensor`` → ``aten::add``; ``mylib::relu.default`` → ``mylib::relu`` (a bare packet: aten)."""
+    namespace = op_name.split("::", 1)[0] if "::" in op_name else "aten"
+    return f"{namespace}::{packet_name(op_name)}"
 
 
 @functools.cache
@@ -100,7 +119,7 @@ def _group(engine: str, kind: str, dtypes: frozenset, names: str) -> list[OpSupp
 def default_table() -> OpTable:
     """The device's op support, as documented for the Gaudi PyTorch bridge (a fresh table)."""
     return OpTable([
-        *_group("mme", "matmul", FLOAT | FP8, "mm bmm addmm baddbmm addbmm"),
+        *_group("mme", "matmul", FLOAT | FP8, "mm bmm addmm baddbmm addbmm addmv"),
         *_group("mme", "conv", FLOAT, "convolution convolution_backward"),
         *_group("mme", "attention", FLOAT, "_scaled_dot_product_flash_attention_for_cpu "
                 "_scaled_dot_product_flash_attention_for_cpu_backward"),
@@ -108,7 +127,7 @@ def default_table() -> OpTable:
         *_group("tpc", "elementwise", FLOAT, ELEMENTWISE_FLOAT),
         # Special functions: TPC kernels exist in FP32 only; BF16/FP16 fall back to the CPU.
         *_group("tpc", "elementwise", frozenset({"float32"}), "digamma lgamma polygamma erfinv"),
-        *_group("tpc", "elementwise", ALL | FP8, "_to_copy to"),
+        *_group("tpc", "elementwise", ALL | FP8, "_to_copy to convert_element_type"),
         *_group("tpc", "reduction", FLOAT | INT | BOOL, REDUCTIONS),
         # Multi-tensor kernels of the optimizers and gradient clipping (Gaudi's fused optimizers).
         *_group("tpc", "foreach", FLOAT, FOREACH),
@@ -140,7 +159,8 @@ gelu_backward silu silu_backward elu elu_backward leaky_relu leaky_relu_backward
 hardswish hardsigmoid_backward hardswish_backward softplus softplus_backward mish lerp addcmul
 addcdiv nan_to_num logit xlogy frac hypot logaddexp hardtanh_backward relu6 sgn angle nextafter
 i0 special_i0e special_i1 special_i1e special_erfcx special_ndtri special_xlog1py special_entr igamma
-igammac _pdist_forward _cdist_forward cdist dist _trilinear
+igammac _pdist_forward _cdist_forward cdist dist _trilinear _pdist_backward _cdist_backward ldexp
+rrelu_with_noise_backward
 """
 REDUCTIONS = """
 sum mean amax amin max min argmax argmin prod var var_mean std any all cumsum cumprod logsumexp
@@ -151,7 +171,7 @@ NORMS = """
 native_layer_norm native_layer_norm_backward native_batch_norm native_batch_norm_backward
 _native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
 native_group_norm native_group_norm_backward _batch_norm_with_update _batch_norm_with_update_functional
-_batch_norm_no_update batch_norm_backward
+_batch_norm_no_update batch_norm_backward _weight_norm_interface _weight_norm_interface_backward
 """
 INDEXING = """
 embedding embedding_dense_backward index index_select index_put _unsafe_index _unsafe_index_put
@@ -163,7 +183,12 @@ take put segment_reduce grid_sampler_2d grid_sampler_3d adaptive_max_pool2d adap
 max_pool3d_with_indices avg_pool3d _adaptive_avg_pool3d upsample_nearest1d upsample_linear1d
 upsample_bicubic2d upsample_nearest3d upsample_trilinear3d _upsample_bilinear2d_aa reflection_pad1d
 reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d _embedding_bag
-_embedding_bag_forward_only col2im im2col pixel_shuffle pixel_unshuffle
+_embedding_bag_forward_only col2im im2col pixel_shuffle pixel_unshuffle fractional_max_pool2d fractional_max_pool3d
+adaptive_max_pool2d_backward adaptive_max_pool3d_backward _adaptive_avg_pool3d_backward avg_pool3d_backward
+max_pool3d_with_indices_backward grid_sampler_2d_backward grid_sampler_3d_backward replication_pad1d_backward
+replication_pad2d_backward replication_pad3d_backward reflection_pad1d_backward reflection_pad2d_backward
+reflection_pad3d_backward _upsample_bilinear2d_aa_backward fractional_max_pool2d_backward
+fractional_max_pool3d_backward
 """
 FOREACH = """
 _foreach_add _foreach_sub _foreach_mul _foreach_div _foreach_addcmul _foreach_addcdiv _foreach_sqrt
@@ -172,10 +197,11 @@ _foreach_clamp_min _foreach_clamp_max _foreach_reciprocal _foreach_sign _foreach
 _foreach_copy _foreach_zero
 """
 COLLECTIVES = "all_reduce all_gather_into_tensor reduce_scatter_tensor all_to_all_single"
-RANDOM = "rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal"
+RANDOM = """rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal
+rrelu_with_noise_functional"""
 FACTORIES = """
 full full_like zeros zeros_like ones ones_like new_zeros new_ones new_full scalar_tensor arange fill
-empty empty_like empty_strided empty_permuted new_empty new_empty_strided
+empty empty_like empty_strided empty_permuted new_empty new_empty_strided _efficientzerotensor
 """
 LAYOUT_COPIES = """
 clone copy copy_ contiguous cat repeat constant_pad_nd lift_fresh_copy slice_scatter

@@ -9,7 +9,9 @@ recipe is ever executed: strings appear only through ``repr`` of a checked ``str
 from __future__ import annotations
 
 import dataclasses
+import functools
 import keyword
+import logging
 import math
 import re
 from typing import Any, Callable, Mapping
@@ -19,6 +21,8 @@ import torch
 from ..formats.recipe import Constant, Recipe, iter_refs
 from . import collectives, ops
 from .peephole import fold_linear
+
+log = logging.getLogger(__name__)
 
 _KWARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: "$" would allow a trailing newline
 
@@ -39,6 +43,19 @@ MEMORY_FORMATS = {
 
 class RecipeLoadError(ValueError):
     """A recipe that cannot be turned into a callable (unknown op, bad argument form)."""
+
+
+_fast_path_warned: set[str] = set()
+
+
+def fast_path_failed(op: str, standard: Callable, error: Exception) -> Callable:
+    """The standard call of ``op`` after its fast path raised ``error`` (warned once per op and process).
+    A genuine error of the op (eager would raise it too) raises again from the standard call."""
+    if op not in _fast_path_warned:
+        _fast_path_warned.add(op)
+        log.warning("hpu_backend: the fast path of %s failed (%s: %s); calling the op through the dispatcher",
+                    op, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+    return standard
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -73,6 +90,7 @@ class _Codegen:
         self.bound: dict[str, Any] = {}
         self.folded: set[str] = set()  # values computed at build time: fixed inputs and views of them
         self.lines: list[str] = []
+        self.standard: dict[str, str] = {}  # node name -> bound fallback of its fast path
 
     def bind(self, value: Any, prefix: str = "c") -> str:
         name = f"{prefix}{len(self.bound)}"
@@ -127,10 +145,23 @@ class _Codegen:
             return f"{args[0]}[{args[1]}]"
         try:
             fn = ops.fast_callable(node.op)
+            standard = ops.standard_callable(node.op)
             collectives.check_runnable(node)
         except (ops.OpNotAllowed, collectives.CollectiveError) as e:
             raise RecipeLoadError(str(e)) from None
+        if fn is not standard:  # a fast path: the standard call is its fallback (see ``statement``)
+            self.standard[node.name] = self.bind(functools.partial(fast_path_failed, node.op, standard), "s")
         return f"{self.bind(fn, 'f')}({', '.join(args)})"
+
+    def statement(self, node, target: str, expr: str) -> list[str]:
+        """``target = expr``; a fast-path call retries as the standard op call if it raises (one warning per op).
+        Python 3.11's exception handling costs nothing until something raises."""
+        retry = self.standard.get(node.name)
+        if retry is None:
+            return [f"    {target} = {expr}"]
+        call_args = expr[expr.index("("):]
+        return ["    try:", f"        {target} = {expr}", "    except Exception as e:",
+                f"        {target} = {retry}(e){call_args}"]
 
     def render(self) -> str:
         r = self.recipe
@@ -155,7 +186,7 @@ class _Codegen:
                 self.folded.add(node.name)
                 continue
             self.var[node.name] = f"v{i}"
-            self.lines.append(f"    v{i} = {expr}")
+            self.lines.extend(self.statement(node, f"v{i}", expr))
             self.free(last_use.get(node.name, ()))
         self.lines.append(f"    return [{', '.join(self.arg(o) for o in r.outputs)}]")
         return "\n".join(self.lines) + "\n"

@@ -1,7 +1,10 @@
 """The runtime's op allowlist: the only way an op name in a recipe becomes a callable.
 
-A name resolves when it is a registered ATen or prims schema (asked of the dispatcher before any
-attribute lookup), the op is functional (it mutates nothing, except the input writes in
+A name resolves when it is a registered ATen or prims schema, or a library's custom op (a
+``torch.library`` op in a namespace of its own) that the running process has registered — asked of
+the dispatcher before any attribute lookup, so a name never imports anything and an op the process
+has not registered is refused. Torch's own other namespaces (``TORCH_NAMESPACES``: profiler,
+distributed, quantized, ... ops) are refused. The op must be functional (it mutates nothing, except the input writes in
 ``MUTATING_ALLOWED``), it returns a value (an op run only for its effect, such as ``aten::save``,
 ``aten::_print`` or ``aten::manual_seed``, is refused unless it is a check in ``EFFECT_ALLOWED``),
 it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state, or write
@@ -41,6 +44,14 @@ DENY_ATEN = frozenset({"from_file", "_copy_from", "_copy_from_and_resize", "_deb
 # Ops with no result that graphs legitimately contain: shape and value checks.
 EFFECT_ALLOWED = frozenset({"_assert_async", "_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range",
                             "sym_constrain_range_for_size", "_linalg_check_errors", "_sink_tokens"})
+
+# Namespaces torch itself registers besides aten and prims: process, profiler, distributed, quantized and
+# internal ops, never a library's custom op. Any other registered namespace is a library's (torch.library).
+TORCH_NAMESPACES = frozenset({
+    "prim", "quantized", "_quantized", "quantization", "symm_mem", "static_runtime", "c10d", "_c10d_functional",
+    "_c10d_functional_autograd", "onednn", "mkldnn", "mkldnn_prepacked", "mkl", "profiler", "sparse", "inductor",
+    "inductor_prims", "_test", "onnx", "debugprims", "_dtensor", "rngprims", "_native", "export", "debug_mode_ops",
+    "higher_order", "fsdp", "_inductor_test", "streams", "_quantized_decomposed", "quantized_decomposed"})
 
 _FILE_ARGS = frozenset({"filename", "file", "path", "f"})
 
@@ -102,12 +113,25 @@ _BINDINGS = (torch._C._VariableFunctions, torch._C._nn)
 _TENSOR_METHODS = frozenset({"view", "expand"})
 
 
+# Argument types the generated bindings parse differently from the schema: a binding refuses
+# ``None`` in an index list (``x[:, idx]`` is ``index(x, [None, idx])``), the dispatcher does not.
+_SCHEMA_ONLY_TYPES = frozenset({"List[Optional[Tensor]]"})
+
+
+def standard_callable(name: str):
+    """The op as the dispatcher runs it (OpOverload's own entry): what a failed fast path falls back to."""
+    op = resolve(name)
+    return op._op if isinstance(op, torch._ops.OpOverload) else op
+
+
 @functools.cache
 def fast_callable(name: str):
     """The quickest callable for an allowlisted op: its generated binding if it has one."""
     op = resolve(name)
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
-        return op
+        return standard_callable(name)
+    if any(str(a.type) in _SCHEMA_ONLY_TYPES for a in op._schema.arguments):
+        return op._op
     packet = op._schema.name.split("::", 1)[1]
     if packet in _TENSOR_METHODS and op._overloadname == "default":
         return getattr(torch.Tensor, packet)
@@ -125,12 +149,14 @@ def resolve(name: str):
         return SYM_RUNTIME[name]
     namespace, _, rest = name.partition("::")
     packet_name, _, overload = rest.rpartition(".")
-    known = namespace in ("aten", "prims") or (namespace == collectives.NAMESPACE and packet_name in collectives.OPS)
-    if (not known or packet_name in DENY_ATEN or not packet_name
-            or not _registered(f"{namespace}::{packet_name}", overload)):
+    collective = namespace == collectives.NAMESPACE and packet_name in collectives.OPS
+    if (not namespace.isidentifier() or (namespace in TORCH_NAMESPACES and not collective)
+            or packet_name in DENY_ATEN or not packet_name or not _registered(f"{namespace}::{packet_name}", overload)):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)
     op = getattr(packet, overload)
+    if not isinstance(op, torch._ops.OpOverload):
+        raise OpNotAllowed(name)
     schema = op._schema
     if schema.is_mutable and packet_name not in MUTATING_ALLOWED:
         raise OpNotAllowed(name)

@@ -50,14 +50,16 @@ def report(recipe: Recipe, strict: bool = False, env: Mapping[str, str] = os.env
     """Print (if enabled) the CPU fallbacks of a recipe this process takes up; returns their op names,
     which the caller passes to ``executed`` at every call of the recipe.
 
-    In strict mode a recipe with fallbacks is a LoweringError: lowering raises it already, and a
-    recipe from the cache (strict is not part of its key) must not slip past it.
+    In strict mode a recipe with fallbacks is a LoweringError (unless every fallback is a library's
+    custom op, which has no device kernel anywhere): lowering raises it already, and a recipe from the
+    cache (strict is not part of its key) must not slip past it.
     """
     fallbacks = recipe.facts.get("placement", {}).get("fallbacks", [])
     if not fallbacks:
         return ()
-    if strict:
-        fb = fallbacks[0]
+    refused = [fb for fb in fallbacks if not fb.get("library")]  # a library op's fallback is a known one
+    if strict and refused:
+        fb = refused[0]
         raise LoweringError(f"CPU fallback of {fb['op']} ({', '.join(fb['dtypes'])}) in strict mode: "
                             f"{fb.get('reason', 'not supported on HPU')}", graph=recipe.name)
     show = enabled(env)

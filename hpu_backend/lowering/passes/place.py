@@ -1,9 +1,11 @@
 """Place: every node on the HPU (with its engine) or the CPU, as the bridge decides from the op table.
 
 An op falls back to the CPU when the table does not list it, when a dtype it reads or writes is
-not supported, or when the user names it in ``place_on_cpu`` (``PT_HPU_PLACE_ON_CPU``). Strict
-mode turns a fallback into a LoweringError naming the op and dtype. Symbolic-int ops run on the
-host while the recipe launches; they are not fallbacks.
+not supported, when the user names it in ``place_on_cpu`` (``PT_HPU_PLACE_ON_CPU``), or when it is a
+library's custom op (``torch.library``; named with its own namespace). Strict mode turns a fallback
+into a LoweringError naming the op and dtype, except a library op's: that is a known fallback. Symbolic-int ops,
+and host scalar maths (``host_scalars``: float64 0-dim values computed from sizes and Python floats), run on
+the host while the recipe launches and feed the device as kernel parameters; they are not fallbacks.
 """
 
 from __future__ import annotations
@@ -27,15 +29,22 @@ SCALAR_TYPE = {
     "float8_e5m2": "Float8_e5m2",
 }
 
+LIBRARY_OP = "library custom op (torch.library): no HPU kernel, runs on the CPU"
+
 
 def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = None) -> Recipe:
     table = table or optable.shared_table()
     specs = spec_map(recipe)
+    scalars = host_scalars(recipe, specs)
     nodes, placed, fallbacks = [], {}, []
     for node in recipe.nodes:
         refs = node_refs(node)
-        why = _fallback_reason(node, refs, specs, placed, table, ctx.settings.place_on_cpu)
-        decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, refs, specs, placed, table)
+        if node.name in scalars:
+            why, decision = None, {"placement": "hpu", "engine": "host"}
+        else:
+            refs_read = [r for r in refs if r not in scalars]  # a host scalar is a kernel parameter
+            why = _fallback_reason(node, refs_read, specs, placed, table, ctx.settings.place_on_cpu)
+            decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, refs, specs, placed, table)
         node = with_fields(node, **decision)
         placed[node.name] = node.placement
         if why is not None:
@@ -44,6 +53,36 @@ def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = 
     engines = Counter(n.engine for n in nodes)
     facts = dict(recipe.facts, placement={"fallbacks": fallbacks, "engines": dict(sorted(engines.items()))})
     return dataclasses.replace(recipe, nodes=nodes, facts=facts)
+
+
+# Ops the host evaluates on 0-dim values while it launches a recipe: Python float maths on sizes and
+# unspecialized floats (``x.shape[-1] ** 0.5``, an ``eps`` attribute), which AOTAutograd writes as float64
+# 0-dim tensor ops.
+SCALAR_MATH = frozenset("""
+convert_element_type _to_copy scalar_tensor true_divide div mul add sub rsub neg reciprocal sqrt rsqrt pow exp log
+floor ceil round trunc abs clamp clamp_min clamp_max maximum minimum
+""".split())
+
+
+def host_scalars(recipe: Recipe, specs) -> set[str]:
+    """Values that are host-side scalar arithmetic: 0-dim float64 inputs (Python floats Dynamo passes as
+    tensors; the device has no float64, so nothing else makes them), 0-dim float64 results of scalar maths
+    on no tensor at all (``scalar_tensor(2.0, dtype=float64)``, sizes turned into floats), and any 0-dim
+    result of scalar maths over host scalars only (the float32 value finally fed to a device kernel)."""
+    found = {name for name, spec in zip(recipe.input_names, recipe.inputs) if _is_scalar(spec, "float64")}
+    for node in recipe.nodes:
+        if node.op.partition("::")[0] not in ("aten", "prims") or optable.packet_name(node.op) not in SCALAR_MATH:
+            continue
+        if len(node.out) != 1 or not _is_scalar(node.out[0]):
+            continue
+        tensors = [r for r in node_refs(node) if is_tensor_value(specs.get(r))]
+        if all(r in found for r in tensors) and (tensors or node.out[0].dtype == "float64"):
+            found.add(node.name)
+    return found
+
+
+def _is_scalar(spec, dtype: str | None = None) -> bool:
+    return spec.kind == "tensor" and spec.shape == [] and (dtype is None or spec.dtype == dtype)
 
 
 def _decide(node: Node, refs: list[str], specs, placed: dict[str, str], table: optable.OpTable) -> dict:
@@ -65,6 +104,8 @@ def _fallback_reason(node: Node, refs: list[str], specs, placed, table: optable.
     """Why a node falls back to the CPU, or None if it runs on the HPU (or the host)."""
     if _is_element_of(node, refs, specs, placed) or optable.is_host_op(node.op):
         return None
+    if optable.is_library_op(node.op):
+        return LIBRARY_OP
     if _user_placed_on_cpu(node.op, on_cpu):
         return "placed on CPU by PT_HPU_PLACE_ON_CPU"
     record = table.lookup(node.op)
@@ -85,18 +126,24 @@ def _dtypes(node: Node, refs: list[str], specs) -> list[str]:
 
 def _user_placed_on_cpu(op: str, names: frozenset) -> bool:
     """PT_HPU_PLACE_ON_CPU names ops as ``digamma``, ``aten::digamma`` or ``aten::digamma.default``."""
-    packet = optable.packet_name(op)
-    return bool(names) and bool({packet, f"aten::{packet}", op} & names)
+    return bool(names) and bool({_short_name(op), optable.qualified_name(op), op} & names)
+
+
+def _short_name(op: str) -> str:
+    """How the bridge prints an op: its packet name for ATen, the qualified name for any other namespace."""
+    return optable.packet_name(op) if op.startswith("aten::") else optable.qualified_name(op)
 
 
 def _fallback(node: Node, specs, why: str, ctx: LoweringContext) -> dict:
+    """The fallback record. Strict mode refuses it unless the op is a library's custom op, which has no
+    device kernel anywhere (on Gaudi too it runs on the CPU): a known fallback, not an unsupported ATen op."""
     dtypes = _dtypes(node, node_refs(node), specs)
-    packet = optable.packet_name(node.op)
-    if ctx.settings.strict:
-        raise LoweringError(f"CPU fallback of aten::{packet} ({', '.join(dtypes) or 'no tensors'}) "
+    name, library = optable.qualified_name(node.op), why == LIBRARY_OP
+    if ctx.settings.strict and not library:
+        raise LoweringError(f"CPU fallback of {name} ({', '.join(dtypes) or 'no tensors'}) "
                             f"in strict mode: {why}", node=_fx_node(ctx, node.name))
-    return {"node": node.name, "op": f"aten::{packet}", "dtypes": dtypes, "reason": why,
-            "line": f"CPU fallback {packet} : {_arg_types(node, specs)}".rstrip()}
+    return {"node": node.name, "op": name, "dtypes": dtypes, "reason": why, "library": library,
+            "line": f"CPU fallback {_short_name(node.op)} : {_arg_types(node, specs)}".rstrip()}
 
 
 def _arg_types(node: Node, specs) -> str:
