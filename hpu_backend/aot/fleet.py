@@ -8,13 +8,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipecache import CacheConfig, CacheError, RecipeCache
+from recipecache import CacheError, RecipeCache
 from recipecache.entry import KEY_RE
 from recipecache.remote import RemoteTier
 
-from ..formats.keyparts import toolchain, toolchain_id
+from ..formats.keyparts import toolchain
 from .cachepolicy import recipe_problem
-from .manifests import manifest_name, read_manifests
+from .manifests import manifest_name, put_manifest, read_manifests
 from .modelfile import ModelSpec, point_label
 
 
@@ -75,22 +75,6 @@ def remote_stats(cache: RecipeCache) -> dict[str, Any]:
         return {"url": remote.url, **remote.stats()}
     except ConnectionError:
         raise FleetUnreachable(f"remote cache {remote.url}: server unreachable") from None
-
-
-def send_manifest(config: CacheConfig, doc: dict[str, Any]) -> bool:
-    """Send a warm-up's manifest to the configured fleet tier, through the tier the run used (if it failed, it
-    has said so once already, and says nothing more); False if it is unavailable."""
-    from ..serve.store import store_for
-
-    disk = store_for(config).disk
-    remote = disk.remote if disk is not None and disk.remote is not None else RemoteTier(
-        config.remote, config.remote_ttl_s, toolchain_id())
-    return put_manifest(remote, doc)
-
-
-def put_manifest(remote: RemoteTier, doc: dict[str, Any]) -> bool:
-    """Send one manifest to the fleet tier under its file name; False if the tier is unavailable."""
-    return remote.put_doc(manifest_name(doc["model"], doc["mode"]), json.dumps(doc).encode())
 
 
 def keys_from_manifest(remote: RemoteTier, spec: ModelSpec, train: bool) -> list[str] | None:

@@ -1,7 +1,8 @@
 """Manifests: which cache entries serve each shape point of a model file (model → point → keys).
 
-Written by ``warm``/``prebuild`` into ``<cache>/manifests/``; read by ``coverage``, ``export`` and
-``import``. Plain JSON; this module does not import torch.
+Written by ``warm``/``prebuild`` into ``<cache>/manifests/`` and sent to the fleet tier (``send_manifest``,
+``put_manifest``); read by ``coverage``, ``export``, ``import`` and ``pull``. Plain JSON; this module does not
+import torch (``send_manifest`` reaches the run's store, which the tools that call it have loaded).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recipecache import CacheConfig
+from recipecache.remote import RemoteTier
 from recipecache.safeio import read_small, write_atomic
 
-from ..formats.keyparts import toolchain
+from ..formats.keyparts import toolchain, toolchain_id
 
 if TYPE_CHECKING:
     from .modelfile import ModelSpec
@@ -91,3 +94,19 @@ def _read_json(path: Path) -> Any:
         return json.loads(read_small(path, MAX_MANIFEST))
     except (OSError, ValueError, RecursionError):
         return None
+
+
+def send_manifest(config: CacheConfig, doc: dict[str, Any]) -> bool:
+    """Send a warm-up's manifest to the configured fleet tier, through the tier the run used (if it failed, it
+    has said so once already, and says nothing more); False if it is unavailable."""
+    from ..serve.store import store_for
+
+    disk = store_for(config).disk
+    remote = disk.remote if disk is not None and disk.remote is not None else RemoteTier(
+        config.remote, config.remote_ttl_s, toolchain_id())
+    return put_manifest(remote, doc)
+
+
+def put_manifest(remote: RemoteTier, doc: dict[str, Any]) -> bool:
+    """Send one manifest to the fleet tier under its file name; False if the tier is unavailable."""
+    return remote.put_doc(manifest_name(doc["model"], doc["mode"]), json.dumps(doc).encode())

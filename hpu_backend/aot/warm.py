@@ -24,8 +24,7 @@ from recipecache import CacheConfig, RecipeCache
 from .. import metrics
 from ..serve.compiled import Event, listen
 from .cachefit import CacheFit, cache_fit
-from .fleet import send_manifest
-from .manifests import manifest, write_manifest
+from .manifests import manifest, send_manifest, write_manifest
 from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
 
 
