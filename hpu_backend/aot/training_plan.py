@@ -306,3 +306,4 @@ def _divisor_at_most(n: int, cap: int) -> int:
     """The largest divisor of ``n`` that is at most ``cap`` (so the micro-steps add up to the batch); 0 if none."""
     return max((d for d in range(1, min(n, cap) + 1) if n % d == 0), default=0)
 
+

@@ -1,0 +1,57 @@
+"""One rank of a data-parallel training run (started twice by tests/test_ddp.py): ``python ddp_workers.py RANK
+WORLD PORT BUCKET_MB STEPS`` trains models/gpt.py (tiny) under DistributedDataParallel over ``hccl`` (gloo on
+the host), compiled with hpu_backend, gradients as views of the buckets, on its half of every global batch,
+and prints as JSON its losses and parameters, the graphs Dynamo split the model into, DDP's buckets and the
+plan of their all-reduces (hpu_backend.gaudi.ddp.BucketLog)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
+import gpt  # noqa: E402
+
+import hpu_backend.gaudi  # noqa: E402  (registers backend="hccl", as Gaudi scripts import it)
+from hpu_backend.gaudi.ddp import BucketLog  # noqa: E402
+from hpu_backend.serve.compiled import collect_recipes  # noqa: E402
+
+GLOBAL_BATCH, SEQ, LAYERS = 4, 16, 4  # 4 layers: about 1.5 MB of gradients, over 1 MB buckets (DDP's least)
+
+
+def main(rank: int, world: int, port: int, bucket_mb: float, steps: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("hccl", rank=rank, world_size=world)
+    model = DDP(gpt.make_model(LAYERS), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    log = BucketLog.attach(model)
+    compiled = torch.compile(model, backend="hpu_backend", options={"cache": False})
+    opt = hpu_backend.gaudi.FusedSGD(model.parameters(), lr=0.1, momentum=0.9)
+    share = GLOBAL_BATCH // world
+    losses = []
+    with collect_recipes() as found:
+        for step in range(steps):
+            tokens, targets = (t[rank * share:(rank + 1) * share] for t in gpt.make_inputs(GLOBAL_BATCH, SEQ, step))
+            loss = gpt.loss(compiled(tokens), tokens, targets)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)  # the gradients stay views of DDP's buckets
+            hpu_backend.gaudi.mark_step()
+            losses.append(loss.item())
+    views = all(p.grad is not None for p in model.parameters())
+    recipes = {r.name: r for _, r, _ in found}
+    backward_s = sum(r.facts["cost"]["total_s"] for r in recipes.values() if r.kind == "backward")
+    dist.destroy_process_group()
+    print(json.dumps({"backend": "hccl", "losses": losses, "grads_kept": views,
+                      "params": {n: p.detach().flatten().tolist() for n, p in model.module.named_parameters()},
+                      "forward_graphs": sorted(n for n, r in recipes.items() if r.kind == "forward"),
+                      "bucket_calls": log.calls, "plan": log.plan(backward_s)}))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
