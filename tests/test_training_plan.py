@@ -81,3 +81,20 @@ def test_plan_fits_and_reports_throughput(spec):
     assert doc["fits_hbm"] and doc["tokens_per_s"] > 0 and doc["layout"]["dp"] == 2
     assert doc["samples_per_s"] * SEQ == pytest.approx(doc["tokens_per_s"])
     assert doc["memory"]["total_bytes"] == sum(v for k, v in doc["memory"].items() if k != "total_bytes")
+
+
+def test_cli_prints_the_plan_as_json_and_refuses_bad_layouts_in_one_line():
+    from cli_helpers import cli, cli_json
+
+    doc = cli_json("analyze", "models/llama.py", "--train", "--seq", SEQ, "--global-batch", 8, "--cards", 2,
+                   "--zero", 2, "--bucket-mb", 1)
+    assert doc["layout"]["zero"] == 2 and doc["layout"]["dp"] == 2 and doc["fits_hbm"]
+    assert set(doc["memory"]) >= {"parameters_bytes", "gradients_bytes", "optimizer_state_bytes",
+                                  "master_weights_bytes", "activations_bytes", "comm_buffers_bytes"}
+    for args, message in ((("--zero", 5), "--zero 5"), (("--tp", 3), "--tp 3"),
+                          (("--checkpointing", "some"), "--checkpointing")):
+        out = cli("analyze", "models/llama.py", "--train", "--seq", SEQ, "--global-batch", 8, "--cards", 2, *args,
+                  code=None)
+        assert out.exit_code != 0 and message in out.output and "Traceback" not in out.output
+    out = cli("analyze", "models/llama.py", "--seq", SEQ, "--global-batch", 8, code=None)
+    assert out.exit_code != 0 and "--train" in out.output
