@@ -33,7 +33,7 @@ def plan(row, efficiency: float, shard=None) -> tuple[dict, object]:
     spec = load_model_file(str(ROOT / path))
     shard = shard or tp.forward_shard(spec, "gaudi2", "fp8", 1)
     tp.TRAIN_EFFICIENCY = efficiency
-    return tp._plan(shard, spec.name, tp.Layout(cards, 1, 1, "none", tp.DEFAULT_BUCKET_MB), "gaudi2", "fp8", seq,
+    return tp.plan_layout(shard, spec.name, tp.Layout(cards, 1, 1, "none", tp.DEFAULT_BUCKET_MB), "gaudi2", "fp8", seq,
                     gbs, None), shard
 
 

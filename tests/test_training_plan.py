@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hpu_backend.aot.modelfile import load_model_file
-from hpu_backend.aot.training_plan import Layout, collectives, forward_shard, memory, plan_training
+from hpu_backend.aot.training_plan import Layout, collectives, forward_shard, memory, plan_layout
 from hpu_backend.targets import fabric
 
 SEQ = 32
@@ -58,9 +58,14 @@ def test_zero_stages_shard_what_deepspeed_says(shard):
     assert all(mem[z]["activations_bytes"] == mem[0]["activations_bytes"] for z in range(4))
 
 
-def test_checkpointing_trades_memory_for_recompute(spec):
-    none = plan_training(spec, "gaudi2", "bf16", SEQ, 8, cards=2, micro_batch=4)
-    full = plan_training(spec, "gaudi2", "bf16", SEQ, 8, cards=2, micro_batch=4, checkpointing="full")
+def _plan(shard, global_batch, micro_batch=None, **layout):
+    layout = Layout(**{"cards": 2, "tp": 1, "zero": 0, "checkpointing": "none", "bucket_mb": 25.0, **layout})
+    return plan_layout(shard, "llama", layout, "gaudi2", "bf16", SEQ, global_batch, micro_batch)
+
+
+def test_checkpointing_trades_memory_for_recompute(shard):
+    none = _plan(shard, 8, 4)
+    full = _plan(shard, 8, 4, checkpointing="full")
     assert full["memory"]["activations_bytes"] < none["memory"]["activations_bytes"]
     assert full["step"]["compute_s"] == pytest.approx(none["step"]["compute_s"] * 4 / 3)
 
@@ -76,8 +81,8 @@ def test_bucket_size_changes_the_collectives():
     assert collectives(Layout(8, 8, 3, "none", 25.0, 1, 1), 7e9, net) == []  # no data parallelism
 
 
-def test_plan_fits_and_reports_throughput(spec):
-    doc = plan_training(spec, "gaudi2", "bf16", SEQ, 16, cards=2, zero=1)
+def test_plan_fits_and_reports_throughput(shard):
+    doc = _plan(shard, 16, zero=1)
     assert doc["fits_hbm"] and doc["tokens_per_s"] > 0 and doc["layout"]["dp"] == 2
     assert doc["samples_per_s"] * SEQ == pytest.approx(doc["tokens_per_s"])
     assert doc["memory"]["total_bytes"] == sum(v for k, v in doc["memory"].items() if k != "total_bytes")

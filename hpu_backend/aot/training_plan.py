@@ -93,7 +93,8 @@ class ForwardShard:
         total_params = params[0] + (self.layers - 1) * (params[-1] - params[0]) if len(params) == 2 else params[0]
         tokens = batch * seq
         head_in, head_out = self.head
-        return {"layers": self.layers, "time_s": est["time_s"], "comm_s": est["comm_s"], "exposed_comm_s": est["exposed_comm_s"],
+        return {"layers": self.layers, "time_s": est["time_s"], "comm_s": est["comm_s"],
+                "exposed_comm_s": est["exposed_comm_s"],
                 "collectives": est["collectives"], "parameters": total_params,
                 "saved_bytes": round(total_saved), "layer_saved_bytes": round(layer_saved),
                 "arena_bytes": est["hbm"]["activation_bytes"], "tp_buffer_bytes": est["hbm"]["comm_buffer_bytes"],
@@ -233,8 +234,8 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
     _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch)
     if not search:
         layout = Layout(cards, tp, zero, checkpointing, bucket_mb)
-        return _plan(forward_shard(spec, target, dtype, tp), spec.name, layout, target, dtype, seq, global_batch,
-                     micro_batch)
+        return plan_layout(forward_shard(spec, target, dtype, tp), spec.name, layout, target, dtype, seq,
+                           global_batch, micro_batch)
     tried, shards = [], {}
     for t in (d for d in range(1, cards + 1) if cards % d == 0):
         try:
@@ -243,8 +244,8 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
             continue  # the model does not split over t cards
         for z in ZERO_STAGES:
             for ck in CHECKPOINTING:
-                tried.append(_plan(shards[t], spec.name, Layout(cards, t, z, ck, bucket_mb), target, dtype, seq,
-                                   global_batch, micro_batch))
+                tried.append(plan_layout(shards[t], spec.name, Layout(cards, t, z, ck, bucket_mb), target, dtype,
+                                         seq, global_batch, micro_batch))
     fitting = [d for d in tried if d["fits_hbm"] and d["tokens_per_s"]]
     best = max(fitting, key=lambda d: d["tokens_per_s"]) if fitting else tried[0]
     best["search"] = [{"layout": d["layout"], "tokens_per_s": d["tokens_per_s"], "fits_hbm": d["fits_hbm"]}
@@ -270,8 +271,9 @@ def _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing,
         raise CapacityError(f"global batch {global_batch} does not split over {cards // tp} data-parallel cards")
 
 
-def _plan(shard: ForwardShard, model: str, layout: Layout, target: str, dtype: str, seq: int, global_batch: int,
-          micro_batch: int | None) -> dict[str, Any]:
+def plan_layout(shard: ForwardShard, model: str, layout: Layout, target: str, dtype: str, seq: int,
+                global_batch: int, micro_batch: int | None) -> dict[str, Any]:
+    """The plan of one layout from a card's forward (``forward_shard`` at ``layout.tp``)."""
     hbm = hbm_bytes(target)
     per_card = global_batch // layout.dp
 
