@@ -2,7 +2,8 @@
 WORLD PORT BUCKET_MB STEPS`` trains models/gpt.py (tiny) under DistributedDataParallel over ``hccl`` (gloo on
 the host), compiled with hpu_backend, gradients as views of the buckets, on its half of every global batch,
 and prints as JSON its losses and parameters, the graphs Dynamo split the model into, DDP's buckets and the
-plan of their all-reduces (hpu_backend.gaudi.ddp.BucketLog)."""
+plan of their all-reduces (hpu_backend.gaudi.ddp.BucketLog). With a sixth argument ``fsdp``: the same
+training under FSDP2's ``fully_shard`` (each block, then the model), printing the gathered parameters."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
@@ -25,9 +27,16 @@ from hpu_backend.serve.compiled import collect_recipes  # noqa: E402
 GLOBAL_BATCH, SEQ, LAYERS = 4, 16, 4  # 4 layers: about 1.5 MB of gradients, over 1 MB buckets (DDP's least)
 
 
-def main(rank: int, world: int, port: int, bucket_mb: float, steps: int) -> None:
+def main(rank: int, world: int, port: int, bucket_mb: float, steps: int, mode: str = "ddp") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("hccl", rank=rank, world_size=world)
+    if mode == "fsdp":  # FSDP2: every block's parameters sharded over the ranks, then the rest
+        model = gpt.make_model(LAYERS)
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        compiled = torch.compile(model, backend="hpu_backend", options={"cache": False})
+        return _fsdp(model, compiled, rank, world, steps)
     model = DDP(gpt.make_model(LAYERS), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
     log = BucketLog.attach(model)
     compiled = torch.compile(model, backend="hpu_backend", options={"cache": False})
@@ -53,5 +62,19 @@ def main(rank: int, world: int, port: int, bucket_mb: float, steps: int) -> None
                       "bucket_calls": log.calls, "plan": log.plan(backward_s)}))
 
 
+def _fsdp(model, compiled, rank: int, world: int, steps: int) -> None:
+    opt = hpu_backend.gaudi.FusedSGD(model.parameters(), lr=0.1, momentum=0.9)
+    share = GLOBAL_BATCH // world
+    with collect_recipes() as found:
+        for step in range(steps):
+            tokens, targets = (t[rank * share:(rank + 1) * share] for t in gpt.make_inputs(GLOBAL_BATCH, SEQ, step))
+            gpt.loss(compiled(tokens), tokens, targets).backward()
+            opt.step()
+            opt.zero_grad()
+    params = {n: p.full_tensor().detach().flatten().tolist() for n, p in model.named_parameters()}
+    dist.destroy_process_group()
+    print(json.dumps({"backend": "hccl", "params": params, "recipes": len(found)}))
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), *sys.argv[6:])

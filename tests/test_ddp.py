@@ -40,16 +40,20 @@ def _single_process(layers: int, global_batch: int, seq: int, steps: int) -> dic
     return {n: p.detach().flatten() for n, p in model.named_parameters()}
 
 
-def test_two_rank_ddp_with_hpu_backend_matches_single_process_and_plans_its_buckets():
-    from ddp_workers import GLOBAL_BATCH, LAYERS, SEQ  # noqa: E402  (tests/ on the path under pytest)
-
+def _two_ranks(*args: str) -> list[dict]:
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKERS), str(rank), "2", str(port), "1", str(STEPS)],
+    procs = [subprocess.Popen([sys.executable, str(WORKERS), str(rank), "2", str(port), *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-    ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+def test_two_rank_ddp_with_hpu_backend_matches_single_process_and_plans_its_buckets():
+    from ddp_workers import GLOBAL_BATCH, LAYERS, SEQ  # noqa: E402  (tests/ on the path under pytest)
+
+    ranks = _two_ranks("1", str(STEPS))
     expected = _single_process(LAYERS, GLOBAL_BATCH, SEQ, STEPS)
     for r in ranks:
         assert r["backend"] == "hccl" and r["grads_kept"]
@@ -64,6 +68,17 @@ def test_two_rank_ddp_with_hpu_backend_matches_single_process_and_plans_its_buck
         assert all(c["est_s"] > 0 for c in plan["collectives"]) and plan["group_size"] == 2
         # the first step runs on DDP's initial buckets, later steps on the rebuilt ones (two a step)
         assert r["bucket_calls"] >= 2 * (STEPS - 1)
+
+
+def test_two_rank_fsdp2_fully_shard_with_hpu_backend_matches_single_process():
+    from ddp_workers import GLOBAL_BATCH, LAYERS, SEQ  # noqa: E402
+
+    ranks = _two_ranks("25", "2", "fsdp")
+    expected = _single_process(LAYERS, GLOBAL_BATCH, SEQ, 2)
+    for r in ranks:
+        assert r["backend"] == "hccl" and r["recipes"] > 0
+        for name, values in r["params"].items():
+            torch.testing.assert_close(torch.tensor(values), expected[name], rtol=1e-4, atol=1e-5)
 
 
 def test_bucket_plan_overlaps_the_backward_and_counts_one_all_reduce_a_bucket():
