@@ -73,7 +73,8 @@ def _fsdp(model, compiled, rank: int, world: int, steps: int) -> None:
             opt.zero_grad()
     params = {n: p.full_tensor().detach().flatten().tolist() for n, p in model.named_parameters()}
     dist.destroy_process_group()
-    print(json.dumps({"backend": "hccl", "params": params, "recipes": len(found)}))
+    ops = sorted({n.op for _, r, _ in found for n in r.nodes if n.op.startswith("_c10d")})
+    print(json.dumps({"backend": "hccl", "params": params, "recipes": len(found), "collective_ops": ops}))
 
 
 if __name__ == "__main__":

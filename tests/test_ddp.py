@@ -77,6 +77,7 @@ def test_two_rank_fsdp2_fully_shard_with_hpu_backend_matches_single_process():
     expected = _single_process(LAYERS, GLOBAL_BATCH, SEQ, 2)
     for r in ranks:
         assert r["backend"] == "hccl" and r["recipes"] > 0
+        assert r["collective_ops"] == []  # FSDP's gathers and reduce-scatters run in its hooks, not in recipes
         for name, values in r["params"].items():
             torch.testing.assert_close(torch.tensor(values), expected[name], rtol=1e-4, atol=1e-5)
 
