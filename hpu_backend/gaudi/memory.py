@@ -2,8 +2,8 @@
 simulated device: what the recipes that ran hold, from their memory plans.
 
 The device holds every tensor a compiled graph read or produced (parameters, inputs, activations saved for
-the backward, gradients) for as long as that tensor lives in Python: a storage is counted once, from the first
-recipe call that sees it until its last tensor is freed. While a recipe runs it also holds its planned arena
+the backward, gradients) while it lives: a storage is counted once, from the first recipe call that reads or
+writes it until it is freed. While a recipe runs it also holds its planned arena
 (the intermediates, ``facts["memory"]["arena_bytes"]`` at its bucket), so the peak of a call is what was
 resident, plus the arena, plus the outputs it writes. Eager ops outside compiled graphs (an uncompiled
 optimizer step, for instance) are not on the simulated device and are not counted; neither are graphs
@@ -22,8 +22,7 @@ from ..serve.compiled import observe_runs
 from ..targets import device
 
 _lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
-_storages: dict[int, list[int]] = {}  # storage data pointer -> [bytes, live tensors counted on it]
-_tensors: dict[int, weakref.ref] = {}  # id(tensor) -> a weak reference to it, for the tensors counted
+_storages: dict[int, int] = {}  # data pointer -> bytes, for every storage counted and not yet freed
 _stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
 _target = ["gaudi2"]
 
@@ -51,33 +50,24 @@ def memory_stats() -> dict[str, Any]:
 
 
 def _add(t: torch.Tensor) -> int:
-    """Count ``t``'s storage if it is new to the device; the bytes newly held."""
-    known = _tensors.get(id(t))
-    if known is not None and known() is t:
+    """Count ``t``'s storage if it is new to the device (until that storage is freed); the bytes newly held."""
+    storage = t.untyped_storage()  # one Python object per storage, kept while the storage lives
+    ptr = storage.data_ptr()
+    if ptr in _storages:
         return 0
-    ptr, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
-    _tensors[id(t)] = weakref.ref(t)
-    weakref.finalize(t, _release, id(t), ptr)
-    entry = _storages.get(ptr)
-    if entry is not None:
-        entry[1] += 1
-        return 0
-    _storages[ptr] = [nbytes, 1]
+    nbytes = storage.nbytes()
+    _storages[ptr] = nbytes
+    weakref.finalize(storage, _release, ptr)
     _stats["NumAllocs"] += 1
     _stats["MaxAllocSize"] = max(_stats["MaxAllocSize"], nbytes)
     return nbytes
 
 
-def _release(tid: int, ptr: int) -> None:
+def _release(ptr: int) -> None:
     with _lock:
-        _tensors.pop(tid, None)
-        entry = _storages.get(ptr)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del _storages[ptr]
-            _stats["InUse"] -= entry[0]
+        nbytes = _storages.pop(ptr, None)
+        if nbytes is not None:
+            _stats["InUse"] -= nbytes
             _stats["NumFrees"] += 1
 
 
