@@ -55,11 +55,24 @@ def main(rank: int, world: int, port: int, bucket_mb: float, steps: int, mode: s
     views = all(p.grad is not None for p in model.parameters())
     recipes = {r.name: r for _, r, _ in found}
     backward_s = sum(r.facts["cost"]["total_s"] for r in recipes.values() if r.kind == "backward")
+    by_cap = {cap: _eager_buckets(cap, rank, world).plan(backward_s) for cap in (0.25, 25.0)}
     dist.destroy_process_group()
-    print(json.dumps({"backend": "hccl", "losses": losses, "grads_kept": views,
+    print(json.dumps({"backend": "hccl", "plan_by_bucket_mb": by_cap, "losses": losses, "grads_kept": views,
                       "params": {n: p.detach().flatten().tolist() for n, p in model.module.named_parameters()},
                       "forward_graphs": sorted(n for n, r in recipes.items() if r.kind == "forward"),
                       "bucket_calls": log.calls, "plan": log.plan(backward_s)}))
+
+
+def _eager_buckets(bucket_mb: float, rank: int, world: int) -> BucketLog:
+    """The buckets DDP all-reduces at ``bucket_mb`` (two uncompiled steps: DDP rebuilds its buckets after the
+    first; Dynamo's DDP optimizer refuses buckets under its 1 MB first bucket, eager DDP takes them)."""
+    model = DDP(gpt.make_model(LAYERS), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    log = BucketLog.attach(model)
+    tokens, targets = (t[rank::world] for t in gpt.make_inputs(GLOBAL_BATCH, SEQ))
+    for _ in range(2):
+        log.buckets.clear()
+        gpt.loss(model(tokens), tokens, targets).backward()
+    return log
 
 
 def _fsdp(model, compiled, rank: int, world: int, steps: int) -> None:

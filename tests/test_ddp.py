@@ -68,6 +68,10 @@ def test_two_rank_ddp_with_hpu_backend_matches_single_process_and_plans_its_buck
         assert all(c["est_s"] > 0 for c in plan["collectives"]) and plan["group_size"] == 2
         # the first step runs on DDP's initial buckets, later steps on the rebuilt ones (two a step)
         assert r["bucket_calls"] >= 2 * (STEPS - 1)
+        # a smaller bucket_cap_mb: more all-reduces in the plan, and a different estimate
+        small, large = r["plan_by_bucket_mb"]["0.25"], r["plan_by_bucket_mb"]["25.0"]
+        assert len(small["collectives"]) > len(large["collectives"]) and small["comm_s"] != large["comm_s"]
+        assert sum(c["bytes"] for c in small["collectives"]) == grad_bytes
 
 
 def test_two_rank_fsdp2_fully_shard_with_hpu_backend_matches_single_process():
