@@ -178,6 +178,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
     if seq is not None or global_batch is not None:
+        if input_len is not None or output_len is not None:
+            raise UsageError("--input-len/--output-len plan inference, --seq/--global-batch a training step: "
+                             "give one pair")
         _training(model_file, axis, train, target, seq, global_batch, dtype or "bf16", batch, cards or 1, zero,
                   tp, bucket_mb, checkpointing, search, json)
         return
