@@ -17,7 +17,8 @@ import time
 from common import RESULTS, ROOT, print_table, write_results
 
 SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench",
-           "cli_bench", "fleet_bench", "capacity_bench", "fabric_bench"]
+           "cli_bench", "fleet_bench", "capacity_bench", "fabric_bench",
+           "train_bench"]
 
 
 def _load(name: str, quick: bool) -> dict:
@@ -80,6 +81,10 @@ def summarize(quick: bool) -> list[list]:
         worst = max(abs(math.log(r["ratio"])) for r in fab)
         rows.append(["multi-card: LLaMA 2 70B fp8 estimate / Intel's published (calibration rows), worst ratio",
                      f"×{math.exp(worst):.2f}", "within ±25%", all(abs(r["ratio"] - 1) <= 0.25 for r in fab)])
+    train = [r for r in _load("train_bench", quick).get("rows", []) if r["role"] == "calibration"]
+    for r in train:
+        rows.append(["training: LLaMA 2 7B 8 cards fp8 estimate / Intel's published (calibration row)",
+                     f"{r['ratio']:.2f}", "within ±25%", abs(r["ratio"] - 1) <= 0.25])
     cli = _load("cli_bench", quick)
     for command, r in cli.get("results", {}).items():
         if "reference" not in command:

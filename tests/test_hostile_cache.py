@@ -446,7 +446,7 @@ def test_a_checksum_valid_malformed_fleet_entry_is_deleted_by_pull_and_by_servin
     _remote_cache(tmp_path / "ci", url).put("ee05", bad, wait=True)
     assert client.exists("hpu_recipes:ee05") == 1
     host = _remote_cache(tmp_path / "host", url)
-    from hpurecipe.caches import recipe_problem
+    from hpu_backend.aot.cachepolicy import recipe_problem
 
     assert host.pull(["ee05"], check=recipe_problem) == 0 and not host.contains("ee05")
     assert client.exists("hpu_recipes:ee05") == 0  # deleted, so a good entry can take its place
@@ -566,7 +566,7 @@ def test_a_hostile_server_costs_one_warning_and_a_bounded_wait(tmp_path, case, c
 
 def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkeypatch):
     url = f"redis://:s3cret-pw@127.0.0.1:{_free_port()}/0"
-    result = cli_in("push", "-d", filled, "--remote", url, code=1, says="unavailable")
+    result = cli_in("push", "-d", filled, "--remote", url, code=1, says="server unreachable")
     assert "s3cret" not in result.output and ":***@127.0.0.1" in result.output
     monkeypatch.setenv("HPU_RECIPE_CACHE_REMOTE_TTL", "nan")
     result = cli_in("push", "-d", filled, "--remote", url, code=2, says="finite")

@@ -92,3 +92,30 @@ def print_capacity(doc: dict[str, Any]) -> None:
 
 def _cards(doc: dict[str, Any]) -> str:
     return f"{doc['cards']} × " if doc.get("cards", 1) > 1 else ""
+
+
+def print_training(doc: dict[str, Any]) -> None:
+    """One training step: layout, per-card memory by category, tokens/s and samples/s (all estimates)."""
+    lay = doc["layout"]
+    where = (f"{doc['model']} training on {_cards(doc)}{doc['target']} in {doc['dtype']}, seq {doc['seq']:,}, "
+             f"global batch {doc['global_batch']:,}")
+    render.note("{}: {} data-parallel × {} tensor-parallel, ZeRO {}, checkpointing {}, buckets {} MB (estimates).",
+                where, lay["dp"], lay["tp"], lay["zero"], lay["checkpointing"], f"{lay['bucket_mb']:g}")
+    mb = doc["max_batch"]
+    if not doc["memory"]:
+        render.note("Does not fit {} HBM even at micro-batch 1: {}.", doc["target"], mb.get("reason", ""))
+        return
+    render.table(["per card", "HBM"], ([k.removesuffix("_bytes").replace("_", " "), render.size(v)]
+                                       for k, v in doc["memory"].items()),
+                 title=f"HBM per card at micro-batch {doc['batch']:,} ({render.size(doc['hbm_bytes'])})",
+                 right=("HBM",))
+    render.note("Largest micro-batch that fits: {}; {} micro-steps of {} per card per step. {}.",
+                f"{mb['batch']:,}", lay["accumulation"], lay["micro_batch"],
+                "It fits" if doc["fits_hbm"] else "It does NOT fit")
+    step = doc["step"]
+    render.note("{} tokens/s, {} samples/s; step {} (optimizer {}); {} collectives a step, communication {} of "
+                "the step not hidden.", f"{doc['tokens_per_s']:,.0f}", f"{doc['samples_per_s']:,.1f}",
+                _time(doc["step_s"]), _time(step["optimizer_s"]), f"{doc['collectives_per_step']:,}",
+                f"{doc['comm_share']:.1%}")
+    if doc.get("search"):
+        render.note("Searched {} layouts; the fastest that fits is shown.", len(doc["search"]))

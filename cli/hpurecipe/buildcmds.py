@@ -163,14 +163,37 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             lazy: Annotated[bool, typer.Option(
                 "--lazy", help="Run the model eagerly in lazy mode (mark_step after each step) and report its "
                 "lazy graphs' recipes instead of torch.compile's.")] = False,
+            seq: Annotated[Optional[int], typer.Option(
+                help="Training plan (with --train): tokens per sequence.", show_default=False)] = None,
+            global_batch: Annotated[Optional[int], typer.Option(
+                "--global-batch", help="Training plan: sequences per optimizer step over all cards.",
+                show_default=False)] = None,
+            zero: Annotated[int, typer.Option(help="Training plan: ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
+            tp: Annotated[int, typer.Option(help="Training plan: tensor-parallel cards (of --cards).")] = 1,
+            bucket_mb: Annotated[float, typer.Option(
+                "--bucket-mb", help="Training plan: DDP/ZeRO gradient bucket size in MB.")] = 25.0,
+            checkpointing: Annotated[str, typer.Option(
+                help="Training plan: activation checkpointing, none or full.")] = "none",
+            search: Annotated[bool, typer.Option(
+                "--search", help="Training plan: the fastest layout (TP, ZeRO, checkpointing) that fits.")] = False,
             timeout: Timeout = None, json: Json = False) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
-    prefill and decode steps without weights, the largest batch and tokens/s. Reads and writes no cache."""
+    prefill and decode steps without weights, the largest batch and tokens/s. With --train --seq
+    --global-batch: a whole training step across --cards (ZeRO, TP, buckets, checkpointing) without weights,
+    per-card memory by category, the largest micro-batch and tokens/s. Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
+    if seq is not None or global_batch is not None:
+        if input_len is not None or output_len is not None:
+            raise UsageError("--input-len/--output-len plan inference, --seq/--global-batch a training step: "
+                             "give one pair")
+        with time_limit(timeout, model_file):
+            _training(model_file, axis, train, target, seq, global_batch, dtype or "bf16", batch, cards or 1, zero,
+                      tp, bucket_mb, checkpointing, search, json)
+        return
     if input_len is None and output_len is None:
         if dtype is not None or batch is not None or cards is not None:
             raise UsageError("--dtype, --batch and --cards are for capacity planning: give --input-len and "
@@ -225,3 +248,20 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
     doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards)
     render.emit_json(doc) if json else print_capacity(doc)
+
+
+def _training(model_file: str, axis, train: bool, target: str, seq: int | None, global_batch: int | None,
+              dtype: str, batch: int | None, cards: int, zero: int, tp: int, bucket_mb: float, checkpointing: str,
+              search: bool, json: bool) -> None:
+    if not train or seq is None or global_batch is None or axis:
+        raise UsageError("a training plan needs --train, --seq and --global-batch (and no --axis), e.g. --train "
+                         "--seq 4096 --global-batch 1024 --cards 8 --zero 1")
+    if dtype not in DTYPE_CHOICES:
+        raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPE_CHOICES)}")
+    from hpu_backend.aot.training_plan import plan_training
+
+    from .analysis import print_training
+
+    doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp, bucket_mb,
+                        checkpointing, batch, search)
+    render.emit_json(doc) if json else print_training(doc)

@@ -71,6 +71,17 @@ _listeners: contextvars.ContextVar[tuple[Listener, ...]] = contextvars.ContextVa
                                                                                   default=())
 
 
+# Process-wide: fn(recipe, args, outputs) after every call of a compiled graph (recipe None when it ran eagerly);
+# hpu_backend.gaudi.memory keeps the simulated device memory with it.
+_RUN_OBSERVERS: list[Callable[[Recipe | None, list, list], None]] = []
+
+
+def observe_runs(fn: Callable[[Recipe | None, list, list], None]) -> None:
+    """Call ``fn(recipe, args, outputs)`` after every run of a compiled graph, in every thread (once per fn)."""
+    if fn not in _RUN_OBSERVERS:
+        _RUN_OBSERVERS.append(fn)
+
+
 @contextlib.contextmanager
 def listen(listener: Listener):
     """Call ``listener(event)`` for every event in this block (this thread or task only)."""
@@ -172,7 +183,13 @@ class CompiledGraph:
                        dict(zip(self.symbols, values)), source=self))
         if taken.fallbacks:  # the bridge counts fallbacks per execution
             fallback.executed(taken.fallbacks)
-        return taken.run(args) if taken.proven else self._first_run(taken, args, values)
+        if not _RUN_OBSERVERS:
+            return taken.run(args) if taken.proven else self._first_run(taken, args, values)
+        inputs = list(args)  # the executor may clear ``args`` (boxed calling convention)
+        out = taken.run(args) if taken.proven else self._first_run(taken, args, values)
+        for observe in _RUN_OBSERVERS:
+            observe(taken.recipe, inputs, out)
+        return out
 
     def _first_run(self, taken: Taken, args: list, values: tuple) -> list:
         """Run a recipe read from the store for the first time. If it fails, the stored entry is a miss:

@@ -1,0 +1,93 @@
+"""Gaudi's device-memory counters (``habana_frameworks.torch.hpu.memory_allocated`` and friends) for the
+simulated device: what the recipes that ran hold, from their memory plans.
+
+The device holds every tensor a compiled graph read or produced (parameters, inputs, activations saved for
+the backward, gradients) while it lives: a storage is counted once, from the first recipe call that reads or
+writes it until it is freed. While a recipe runs it also holds its planned arena
+(the intermediates, ``facts["memory"]["arena_bytes"]`` at its bucket), so the peak of a call is what was
+resident, plus the arena, plus the outputs it writes. Eager ops outside compiled graphs (an uncompiled
+optimizer step, for instance) are not on the simulated device and are not counted; neither are graphs
+replayed by ``wrap_in_hpu_graph``/``mode="reduce-overhead"`` (they hold their static buffers).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from ..serve.compiled import observe_runs
+from ..targets import device
+
+_lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
+_storages: dict[int, int] = {}  # data pointer -> bytes, for every storage counted and not yet freed
+_stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
+_target = ["gaudi2"]
+
+
+def memory_allocated() -> int:
+    """Bytes of simulated device memory held now by the tensors of what ran."""
+    return _stats["InUse"]
+
+
+def max_memory_allocated() -> int:
+    """The largest ``memory_allocated()`` since start or ``reset_peak_memory_stats()``, arenas included."""
+    return _stats["MaxInUse"]
+
+
+def reset_peak_memory_stats() -> None:
+    """Start the peak over from the memory held now."""
+    with _lock:
+        _stats["MaxInUse"] = _stats["InUse"]
+
+
+def memory_stats() -> dict[str, Any]:
+    """Gaudi's ``memory_stats()`` keys: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs, MaxAllocSize."""
+    with _lock:
+        return {"Limit": int(device(_target[0]).hbm_bytes), **_stats, "ActiveAllocs": len(_storages)}
+
+
+def _add(t: torch.Tensor) -> int:
+    """Count ``t``'s storage if it is new to the device (until that storage is freed); the bytes newly held."""
+    storage = t.untyped_storage()  # one Python object per storage, kept while the storage lives
+    ptr = storage.data_ptr()
+    if ptr in _storages:
+        return 0
+    nbytes = storage.nbytes()
+    _storages[ptr] = nbytes
+    weakref.finalize(storage, _release, ptr)
+    _stats["NumAllocs"] += 1
+    _stats["MaxAllocSize"] = max(_stats["MaxAllocSize"], nbytes)
+    return nbytes
+
+
+def _release(ptr: int) -> None:
+    with _lock:
+        nbytes = _storages.pop(ptr, None)
+        if nbytes is not None:
+            _stats["InUse"] -= nbytes
+            _stats["NumFrees"] += 1
+
+
+def _tensors_in(values) -> list[torch.Tensor]:
+    return [v for v in values if isinstance(v, torch.Tensor) and not v.is_meta]
+
+
+def _on_run(recipe, args: list, outputs) -> None:
+    if recipe is None:
+        return
+    outs = _tensors_in(outputs if isinstance(outputs, (list, tuple)) else [outputs])
+    with _lock:
+        _target[0] = recipe.target
+        _stats["InUse"] += sum(_add(t) for t in _tensors_in(args))
+        arena = int(recipe.facts.get("memory", {}).get("arena_bytes", 0))
+        new = [t for t in outs if t.untyped_storage().data_ptr() not in _storages]
+        during = _stats["InUse"] + arena + sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                                                for t in new}.values())
+        _stats["InUse"] += sum(_add(t) for t in outs)
+        _stats["MaxInUse"] = max(_stats["MaxInUse"], during, _stats["InUse"])
+
+
+observe_runs(_on_run)
