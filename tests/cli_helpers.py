@@ -31,6 +31,17 @@ COMPILE = {"dynamic": True, "options": {"buckets": "exp:2"}}
 '''
 
 
+# Pieces of model files for tests of their errors.
+LINEAR = "def make_model():\n    return torch.nn.Linear(4, 4)\n"
+INPUTS = "def make_inputs(batch, seed=0):\n    return (torch.randn(batch, 4),)\n"
+
+
+def one_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
 def tiny_model(directory: Path, name: str = "tiny", text: str = TINY) -> Path:
     path = Path(directory) / f"{name}.py"
     path.write_text(text)

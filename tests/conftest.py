@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +59,38 @@ def run_python(code: str, env: dict | None = None, timeout: int = 300) -> str:
     if proc.returncode != 0:
         pytest.fail(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.stdout
+
+
+REDIS = shutil.which("redis-server")
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """(url, process, client) of a private redis-server on a free loopback port; stopped afterwards."""
+    if REDIS is None:
+        pytest.skip("needs redis-server (.ci/run installs it: apt-get install redis-server)")
+    import redis
+
+    port = free_port()
+    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("redis-server did not start")
+    yield f"redis://127.0.0.1:{port}/0", proc, client
+    proc.kill()
+    proc.wait(5)

@@ -13,17 +13,9 @@ import typer
 from hpurecipe.errors import mapped
 from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
 
-from cli_helpers import TINY, cli, cli_json, tiny_model
+from cli_helpers import INPUTS, LINEAR, TINY, cli, cli_json, one_line, tiny_model
 
 HEAD = 'import torch\nAXES = {"batch": [2]}\nCOMPILE = {"dynamic": False, "options": {}}\n'
-LINEAR = "def make_model():\n    return torch.nn.Linear(4, 4)\n"
-INPUTS = "def make_inputs(batch, seed=0):\n    return (torch.randn(batch, 4),)\n"
-
-
-def one_line(result) -> str:
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize("text, args, expected", [

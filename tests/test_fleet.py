@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,40 +16,12 @@ import pytest
 from recipecache import CacheConfig, RecipeCache, encode_entry
 
 from cli_helpers import cli, cli_json, tiny_model
+from conftest import free_port
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="needs redis-server (.ci/run installs it: apt-get install "
                                                       "redis-server)")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def server(tmp_path):
-    """(url, process, client) of a private redis-server; stopped afterwards."""
-    import redis
-
-    port = _free_port()
-    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.fail("redis-server did not start")
-    yield f"redis://127.0.0.1:{port}/0", proc, client
-    proc.kill()
-    proc.wait(5)
 
 
 def _cache(path, url, **kwargs) -> RecipeCache:
@@ -64,8 +35,8 @@ def _hpurecipe(*args, env_extra: dict) -> dict:
     return json.loads(proc.stdout)
 
 
-def test_host_b_compiles_nothing_after_host_a_warmed(tmp_path, server):
-    url, _, client = server
+def test_host_b_compiles_nothing_after_host_a_warmed(tmp_path, redis_server):
+    url, _, client = redis_server
     model = tiny_model(tmp_path)
     env = {"HPU_RECIPE_CACHE_REMOTE": url}
     a = _hpurecipe("warm", model, "-d", tmp_path / "host-a", env_extra=env)
@@ -78,8 +49,8 @@ def test_host_b_compiles_nothing_after_host_a_warmed(tmp_path, server):
     assert _hpurecipe("stats", "-d", tmp_path / "host-b", env_extra=env)["remote_hits"] > 0
 
 
-def test_a_server_killed_mid_run_costs_one_warning_and_a_bounded_wait(tmp_path, server, caplog):
-    url, proc, client = server
+def test_a_server_killed_mid_run_costs_one_warning_and_a_bounded_wait(tmp_path, redis_server, caplog):
+    url, proc, client = redis_server
     cache = _cache(tmp_path / "c", url)
     cache.put("before", b"stored while the server was up", wait=True)
     assert client.exists("hpu_recipes:before") == 1
@@ -95,8 +66,8 @@ def test_a_server_killed_mid_run_costs_one_warning_and_a_bounded_wait(tmp_path, 
     assert caplog.text.count("remote tier") == 1
 
 
-def test_a_damaged_remote_entry_is_a_miss_and_is_deleted(tmp_path, server):
-    url, _, client = server
+def test_a_damaged_remote_entry_is_a_miss_and_is_deleted(tmp_path, redis_server):
+    url, _, client = redis_server
     _cache(tmp_path / "a", url).put("aa", b"x" * 100, wait=True)
     (name,) = client.keys("hpu_recipes:*")
     data = bytearray(client.get(name))
@@ -107,8 +78,8 @@ def test_a_damaged_remote_entry_is_a_miss_and_is_deleted(tmp_path, server):
     assert client.exists(name) == 0
 
 
-def test_entries_expire_and_the_ttl_is_set(tmp_path, server):
-    url, _, client = server
+def test_entries_expire_and_the_ttl_is_set(tmp_path, redis_server):
+    url, _, client = redis_server
     _cache(tmp_path / "a", url, remote_ttl_s=3600).put("aa", b"x", wait=True)
     assert 0 < client.ttl(b"hpu_recipes:aa") <= 3600
     _cache(tmp_path / "b", url, remote_ttl_s=1).put("bb", b"y", wait=True)
@@ -127,8 +98,8 @@ cache.flush()
 """
 
 
-def test_concurrent_pushes_from_four_processes(tmp_path, server):
-    url, _, client = server
+def test_concurrent_pushes_from_four_processes(tmp_path, redis_server):
+    url, _, client = redis_server
     procs = [subprocess.Popen([sys.executable, "-c", PUSHER, str(tmp_path / f"h{w}"), url, str(w)],
                               env=dict(os.environ, PYTHONPATH=str(ROOT))) for w in range(4)]
     assert [p.wait(120) for p in procs] == [0] * 4
@@ -139,16 +110,16 @@ def test_concurrent_pushes_from_four_processes(tmp_path, server):
     assert client.dbsize() == 80
 
 
-def test_entries_on_the_server_are_the_disk_format(tmp_path, server):
-    url, _, client = server
+def test_entries_on_the_server_are_the_disk_format(tmp_path, redis_server):
+    url, _, client = redis_server
     cache = _cache(tmp_path / "a", url)
     cache.put("aa", b"same bytes", {"model": "m"}, wait=True)
     entry = cache.peek("aa")
     assert client.get("hpu_recipes:aa") == encode_entry("aa", b"same bytes", {"model": "m"}, entry.created)
 
 
-def test_ci_warms_and_pushes_a_fresh_host_pulls_what_its_buckets_need(tmp_path, server):
-    url, _, client = server
+def test_ci_warms_and_pushes_a_fresh_host_pulls_what_its_buckets_need(tmp_path, redis_server):
+    url, _, client = redis_server
     model = tiny_model(tmp_path)
     local_only = {"HPU_RECIPE_CACHE_REMOTE": "none"}
     _hpurecipe("warm", model, "-d", tmp_path / "ci", env_extra=local_only)
@@ -168,13 +139,13 @@ def test_ci_warms_and_pushes_a_fresh_host_pulls_what_its_buckets_need(tmp_path, 
     assert again["missing"] == [] and again["needed"] == pulled["needed"]
 
 
-def test_fleet_commands_with_the_server_down_say_it_is_unreachable(tmp_path, server):
-    url, proc, _ = server
+def test_fleet_commands_with_the_server_down_say_it_is_unreachable(tmp_path, redis_server):
+    url, proc, _ = redis_server
     model = tiny_model(tmp_path)
     cli("warm", model, "-d", tmp_path / "ci")
     proc.kill()
     proc.wait(5)
-    closed = f"redis://127.0.0.1:{_free_port()}/0"
+    closed = f"redis://127.0.0.1:{free_port()}/0"
     for down in (url, closed):  # a server that died, and a port nothing listens on
         for args in (["pull", model, "-d", tmp_path / "host"], ["push", "-d", tmp_path / "ci"],
                      ["stats", "-d", tmp_path / "ci"]):
@@ -182,10 +153,10 @@ def test_fleet_commands_with_the_server_down_say_it_is_unreachable(tmp_path, ser
             assert "server unreachable" in out and "missing" not in out, (args, out)
 
 
-def test_the_tier_is_retried_after_its_back_off_not_on_every_call(tmp_path, server):
+def test_the_tier_is_retried_after_its_back_off_not_on_every_call(tmp_path, redis_server):
     from recipecache.remote import RETRY_AFTER_S, RemoteTier
 
-    url, proc, _ = server
+    url, proc, _ = redis_server
     now = [0.0]
     tier = RemoteTier(url, ttl_s=60, clock=lambda: now[0])
     assert tier.put("aa", b"x") and tier.get("aa") == b"x"

@@ -31,6 +31,7 @@ from recipecache import CacheConfig, CacheError, RecipeCache, encode_entry
 from typer.testing import CliRunner
 
 from hpurecipe.main import app
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS = shutil.which("redis-server")
@@ -380,30 +381,6 @@ def test_an_entry_serving_cannot_use_is_a_miss_quarantined_and_verify_lists_it(f
 
 # -- the fleet tier: signatures, bad entries, hostile servers (items 3, 4, 8, 15, 16, 17) --------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    import redis
-
-    port = _free_port()
-    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0", proc, client
-    proc.kill()
-    proc.wait(5)
-
 
 def _remote_cache(path: Path, url: str) -> RecipeCache:
     return RecipeCache(CacheConfig(path=path, fsync=False, memory_entries=0, remote=url))
@@ -565,7 +542,7 @@ def test_a_hostile_server_costs_one_warning_and_a_bounded_wait(tmp_path, case, c
 
 
 def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkeypatch):
-    url = f"redis://:s3cret-pw@127.0.0.1:{_free_port()}/0"
+    url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"
     result = cli_in("push", "-d", filled, "--remote", url, code=1, says="server unreachable")
     assert "s3cret" not in result.output and ":***@127.0.0.1" in result.output
     monkeypatch.setenv("HPU_RECIPE_CACHE_REMOTE_TTL", "nan")
@@ -578,7 +555,7 @@ def test_a_server_that_dies_during_warm_costs_one_warning(tmp_path, caplog):
 
     from hpu_backend.serve.store import reset_stores
 
-    url = f"redis://127.0.0.1:{_free_port()}/0"  # nothing listens: every call fails, as after a crash
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: every call fails, as after a crash
     reset_stores()
     try:
         with caplog.at_level(logging.WARNING):

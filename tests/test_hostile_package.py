@@ -20,7 +20,7 @@ import msgpack
 import pytest
 import torch
 
-from cli_helpers import cli, tiny_model
+from cli_helpers import INPUTS, LINEAR, cli, one_line, tiny_model
 from conftest import run_python
 from hpu_backend import PackageError, load_package
 from hpu_backend.aot import build_package
@@ -377,14 +377,6 @@ def test_verify_runs_the_ops_and_catches_what_a_package_understates(built, tmp_p
 # -- 17. model files: exits, foreign exceptions, hangs, bad options, forward errors ------------------------------
 
 HEAD = 'import sys, time, torch\nAXES = {"batch": [2]}\nCOMPILE = {"dynamic": False, "options": {}}\n'
-LINEAR = "def make_model():\n    return torch.nn.Linear(4, 4)\n"
-INPUTS = "def make_inputs(batch, seed=0):\n    return (torch.randn(batch, 4),)\n"
-
-
-def one_line(result) -> str:
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize("text, args, expected", [

@@ -125,7 +125,8 @@ def user_call(where: str, what: str, fn: Callable, *args, **kwargs) -> Any:
     except (ModelFileError, KeyboardInterrupt, _Expired):
         raise
     except BaseException as e:  # the user's code: anything may come out of it
-        raise ModelFileError(f"{where}: {what} {_raised(e)}") from None
+        # chained: HPURECIPE_TRACEBACK=1 shows where in the model file it failed
+        raise ModelFileError(f"{where}: {what} {_raised(e)}") from e
 
 
 def _raised(e: BaseException) -> str:
