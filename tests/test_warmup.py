@@ -41,7 +41,7 @@ def test_selector_names_an_object_holding_the_spec(tmp_path):
     (lambda t: t.replace('"buckets": "exp:2"', '"bucketz": 1'), "unknown hpu_backend option"),
     (lambda t: t.replace('{"batch": [2, 8]}', '{"batch": []}'), "AXES must map"),
     (lambda t: t.replace("def make_inputs(batch, seed=0)", "def make_inputs(size, seed=0)"), "must accept the axes"),
-    (lambda t: t + "\nraise RuntimeError('boom')\n", "failed to import: RuntimeError: boom"),
+    (lambda t: t + "\nraise RuntimeError('boom')\n", "failed to import: it raised RuntimeError: boom"),
     (lambda t: t + '\nAXES_MIN = {"batch": 3}\n', "AXES_MIN must map axes"),  # above the axis's smallest value
     (lambda t: t + '\nAXES_MIN = {"size": 1}\n', "AXES_MIN must map axes"),
 ])

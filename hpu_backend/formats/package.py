@@ -8,7 +8,9 @@ optionally the weights. It is msgpack data, checked like a recipe. This module d
 torch (``hpurecipe show``/``ls`` read packages without it); runtime/packaged.py serves them.
 
 The call layouts are our own plain trees (``None`` a leaf, ``["tuple", [...]]``, ``["list", [...]]``,
-``["dict", [keys], [...]]``), never a type name for a deserializer to import. The file is the magic
+``["dict", [keys], [...]]``, ``["record", [keys], [...]]`` for a result class that is a mapping of named
+fields, such as a Hugging Face ``ModelOutput``, served back as a dict with attribute access), never a type
+name for a deserializer to import. The file is the magic
 number, the payload's SHA-256, an HMAC-SHA256 tag of that digest under ``HPURECIPE_BUNDLE_KEY`` (zeros
 when built without a key) and the payload; it is read from regular files only, hashed in chunks before
 the payload is held in memory.
@@ -41,7 +43,8 @@ UNSIGNED = bytes(TAG_BYTES)
 INPUT_KINDS = ("parameter", "buffer", "constant", "user")
 MAX_PACKAGE_BYTES = 16 << 30
 CHUNK = 1 << 20
-LAYOUT_KINDS = ("tuple", "list", "dict")
+LAYOUT_KINDS = ("tuple", "list", "dict", "record")
+KEYED_KINDS = ("dict", "record")  # [kind, keys, children]
 MAX_LAYOUT_NODES = 10_000
 MAX_LAYOUT_DEPTH = 32
 
@@ -135,7 +138,8 @@ class Package:
 
 def check_layout(tree: Any, where: str) -> int:
     """The number of leaves of a call layout; RecipeFormatError unless it is a plain tree of bounded size:
-    ``None`` (a leaf), ``[kind, children]`` for a tuple or list, ``["dict", keys, children]`` with str keys."""
+    ``None`` (a leaf), ``[kind, children]`` for a tuple or list, ``["dict" | "record", keys, children]`` with
+    str keys."""
     count = [0, 0]  # nodes, leaves
 
     def walk(node: Any, depth: int) -> None:
@@ -146,9 +150,9 @@ def check_layout(tree: Any, where: str) -> int:
             count[1] += 1
             return
         if not (isinstance(node, list) and node and node[0] in LAYOUT_KINDS
-                and len(node) == (3 if node[0] == "dict" else 2) and isinstance(node[-1], list)):
+                and len(node) == (3 if node[0] in KEYED_KINDS else 2) and isinstance(node[-1], list)):
             raise RecipeFormatError(f"{where}: {node!r:.60} is not a leaf, tuple, list or dict layout")
-        if node[0] == "dict" and not (isinstance(node[1], list) and len(node[1]) == len(node[2])
+        if node[0] in KEYED_KINDS and not (isinstance(node[1], list) and len(node[1]) == len(node[2])
                                       and all(isinstance(k, str) for k in node[1]) and len(set(node[1])) == len(node[1])):
             raise RecipeFormatError(f"{where}: dict keys {node[1]!r:.60} are not distinct names, one per child")
         for child in node[-1]:

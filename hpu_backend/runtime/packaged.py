@@ -296,21 +296,45 @@ def _meta_input(spec: ValueSpec, env: dict[str, int]) -> Any:
 
 # -- call layouts: our plain trees <-> pytree specs of tuples, lists and dicts ------------------------------
 
-_KINDS = {"tuple": tuple, "list": list, "dict": dict}
+class Record(dict):
+    """A result that the model returned as a mapping of named fields (a Hugging Face ``ModelOutput``): a dict
+    whose keys also read as attributes (``out.logits``, ``out["logits"]``). Our own type: a package never names
+    the model's class."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+pytree.register_pytree_node(Record, lambda r: (list(r.values()), list(r.keys())),
+                            lambda values, keys: Record(zip(keys, values)),
+                            serialized_type_name="hpu_backend.runtime.packaged.Record")
+
+_KINDS = {"tuple": tuple, "list": list, "dict": dict, "record": Record}
 
 
 def layout_of(spec: pytree.TreeSpec, what: str) -> Any:
     """A call layout as a plain tree; PackageError if it holds anything but tuples, lists, dicts with
-    string keys, and leaves."""
+    string keys, mappings of named fields (records), and leaves."""
     if spec.is_leaf():
         return None
-    kind = next((k for k, t in _KINDS.items() if spec.type is t), None)
+    kind = next((k for k, t in _KINDS.items() if spec.type is t), None) or (
+        "record" if _named_fields(spec) else None)
     if kind is None or (kind == "dict" and not all(isinstance(k, str) for k in spec.context)):
         name = getattr(spec.type, "__qualname__", str(spec.type))
-        raise PackageError(f"the model's {what} holds a {name}; packages store tuples, lists and dicts "
-                           "with string keys only")
+        raise PackageError(f"the model's {what} holds a {name}; packages store tuples, lists, dicts with "
+                           "string keys and mappings of named fields only")
     children = [layout_of(c, what) for c in spec.children()]
-    return ["dict", list(spec.context), children] if kind == "dict" else [kind, children]
+    return [kind, list(spec.context), children] if kind in ("dict", "record") else [kind, children]
+
+
+def _named_fields(spec: pytree.TreeSpec) -> bool:
+    """A mapping class of named fields (``ModelOutput``): its pytree context is its field names, one a child."""
+    context = spec.context
+    return (isinstance(context, (list, tuple)) and len(context) == spec.num_children
+            and all(isinstance(k, str) for k in context) and issubclass(spec.type, dict))
 
 
 def treespec_of(layout: Any) -> pytree.TreeSpec:
@@ -322,8 +346,8 @@ def _sample(layout: Any) -> Any:
     if layout is None:
         return 0
     children = [_sample(c) for c in layout[-1]]
-    if layout[0] == "dict":
-        return dict(zip(layout[1], children))
+    if layout[0] in ("dict", "record"):
+        return _KINDS[layout[0]](zip(layout[1], children))
     return _KINDS[layout[0]](children)
 
 
