@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .entry import KEY_RE, PREFIX_SIZE, Header, decode_header, decode_prefix
 from .errors import CacheError, CorruptEntry
-from .safeio import FILE_FLAGS, NOFOLLOW
+from .safeio import FILE_FLAGS, NOFOLLOW, read_at_most
 
 logger = logging.getLogger("recipecache")
 
@@ -104,16 +104,10 @@ def read_file(path, allow_shared: bool = True) -> ReadResult | None:
         raise
     try:
         # An open descriptor keeps the inode alive, so a concurrent eviction cannot cut this read short.
-        chunks, remaining = [], st.st_size
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
+        data = read_at_most(fd, st.st_size)
     finally:
         os.close(fd)
-    return ReadResult(b"".join(chunks), identity(st), st.st_mtime)
+    return ReadResult(data, identity(st), st.st_mtime)
 
 
 class DiskStore:

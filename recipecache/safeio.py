@@ -42,19 +42,24 @@ def read_small(path, limit: int = MAX_SMALL) -> bytes:
         size = os.fstat(fd).st_size
         if size > limit:
             raise OSError(errno.EFBIG, f"{size} bytes, over the {limit}-byte limit", str(path))
-        chunks, remaining = [], limit + 1
-        while remaining > 0:  # the file may grow while we read: never past the cap
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
+        data = read_at_most(fd, limit + 1)  # the file may grow while we read: never past the cap
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"over the {limit}-byte limit", str(path))
     return data
+
+
+def read_at_most(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from ``fd``, in chunks of at most 1 MiB, stopping early at end of file."""
+    chunks, remaining = [], n
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
 def append(path, data: bytes) -> int:

@@ -71,6 +71,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(workers: Path, world: int, *args: str, timeout: int = 300) -> list[dict]:
+    """Run ``workers`` as ``world`` real processes (rank, world, a free port, args), each printing its JSON
+    result on its last line; fail with a rank's stderr if it fails."""
+    import json
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(workers), str(rank), str(world), str(port), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
 @pytest.fixture
 def redis_server(tmp_path):
     """(url, process, client) of a private redis-server on a free loopback port; stopped afterwards."""

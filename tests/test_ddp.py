@@ -3,9 +3,6 @@ hpu_backend matches single-process training, and its plan lists each gradient bu
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,15 +14,10 @@ import gpt  # noqa: E402
 
 import hpu_backend.gaudi  # noqa: E402
 from hpu_backend.gaudi.ddp import bucket_plan  # noqa: E402
+from conftest import run_ranks  # noqa: E402
 
 WORKERS = Path(__file__).parent / "ddp_workers.py"
 STEPS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _single_process(layers: int, global_batch: int, seq: int, steps: int) -> dict[str, torch.Tensor]:
@@ -41,13 +33,7 @@ def _single_process(layers: int, global_batch: int, seq: int, steps: int) -> dic
 
 
 def _two_ranks(*args: str) -> list[dict]:
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKERS), str(rank), "2", str(port), *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return run_ranks(WORKERS, 2, *args)
 
 
 def test_two_rank_ddp_with_hpu_backend_matches_single_process_and_plans_its_buckets():

@@ -4,15 +4,13 @@ processes, and capacity planning across cards."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from hpu_backend.targets import GAUDI2_FABRIC, fabric
+from conftest import run_ranks
 
 WORKERS = Path(__file__).parent / "fabric_workers.py"
 
@@ -50,20 +48,8 @@ def test_collective_time_rejects_unknown_kinds_and_groups_beyond_the_server():
 
 # -- tensor parallel on real processes -------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_rank_tensor_parallel_llama_and_gpt_match_eager_and_list_their_collectives():
-    port, world = _free_port(), 2
-    procs = [subprocess.Popen([sys.executable, str(WORKERS), str(rank), str(world), str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
-    outs = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    results = run_ranks(WORKERS, 2, timeout=180)
     for r in results:
         assert r["backend"] == "hccl"
         llama_ops, gpt_ops = r["llama"]["ops"], r["gpt"]["ops"]
