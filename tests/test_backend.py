@@ -101,6 +101,20 @@ def test_lowering_error_names_pass_node_and_source(monkeypatch):
     assert "at node: %cos" in msg and "test_backend.py" in msg
 
 
+def test_recipes_name_source_lines_portably(tmp_path, monkeypatch):
+    """A recipe's source lines do not carry the checkout's absolute path, so two checkouts build the same bytes."""
+    from hpu_backend.lowering.passes.capture import portable_path
+
+    with collect_recipes() as found:
+        torch.compile(lambda x: x.cos() + 1, backend="hpu_backend")(torch.randn(2))
+    sources = {n.source for _, r, _ in found for n in r.nodes if n.source}
+    assert sources and all(s.split(":")[0].endswith("test_backend.py") and not s.startswith("/") for s in sources)
+    monkeypatch.chdir(tmp_path)
+    assert portable_path(str(tmp_path / "models" / "m.py")) == "models/m.py"
+    assert portable_path(torch.__file__) == "torch/__init__.py"  # under a sys.path entry
+    assert portable_path("/nowhere/m.py") == "/nowhere/m.py" and portable_path("m.py") == "m.py"
+
+
 def test_training_step_matches_eager():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))

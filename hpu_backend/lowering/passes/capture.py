@@ -9,7 +9,9 @@ same graph captured in another process (or with other Dynamo symbol names) gives
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Any
 
 import sympy
@@ -206,4 +208,13 @@ def constant_of(value: torch.Tensor) -> Constant:
 
 def _source_line(node: torch.fx.Node) -> str:
     found = _FILE_LINE.findall(node.meta.get("stack_trace") or "")
-    return f"{found[-1][0]}:{found[-1][1]}" if found else ""
+    return f"{portable_path(found[-1][0])}:{found[-1][1]}" if found else ""
+
+
+def portable_path(path: str) -> str:
+    """A source file as the recipe stores it: relative to the working directory when under it, else to the
+    ``sys.path`` entry that holds it (``transformers/models/gpt2/modeling_gpt2.py``), else as given. The same
+    model built from two checkouts or two virtualenvs gives byte-identical recipes."""
+    roots = [r for r in (os.getcwd(), *sys.path) if os.path.isabs(r) and r.rstrip(os.sep)
+             and path.startswith(r.rstrip(os.sep) + os.sep)]
+    return os.path.relpath(path, max(roots, key=len)) if os.path.isabs(path) and roots else path
