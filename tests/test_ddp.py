@@ -17,7 +17,7 @@ from hpu_backend.gaudi.ddp import bucket_plan  # noqa: E402
 from conftest import run_ranks  # noqa: E402
 
 WORKERS = Path(__file__).parent / "ddp_workers.py"
-STEPS = 4
+STEPS = 20
 
 
 def _single_process(layers: int, global_batch: int, seq: int, steps: int) -> dict[str, torch.Tensor]:
