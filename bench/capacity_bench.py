@@ -22,7 +22,7 @@ import itertools
 import math
 import time
 
-from common import RESULTS, ROOT, print_table, write_results
+from common import ROOT, print_table, ratio_plot, write_results
 
 from hpu_backend.aot.capacity import decode_points, step_graphs
 from hpu_backend.targets import EFFICIENCY
@@ -100,27 +100,9 @@ def table_rows(target, rows, parts, factors) -> list[dict]:
 
 
 def plot(rows: list[dict], name: str) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = [f"{r['target']} {r['kind'][:3]} {r['input']}/{r['output']}/{r['batch']}" for r in rows]
-    colors = ["tab:blue" if r["fitted_on"] else "tab:orange" for r in rows]
-    ax.bar(range(len(rows)), [r["ratio"] for r in rows], color=colors)
-    ax.axhline(1.0, color="black", lw=1)
-    for y in (1 - GOAL, 1 + GOAL):
-        ax.axhline(y, color="grey", ls="--", lw=1)
-    ax.set_xticks(range(len(rows)), labels, rotation=40, ha="right", fontsize=8)
-    ax.set_ylabel("estimate / published")
-    ax.set_title("LLaMA 2 7B fp8, 1 card: estimate / Intel's published (blue: fitted gaudi2; orange: gaudi3 check)")
-    ax.title.set_fontsize(9)
-    fig.tight_layout()
-    path = RESULTS / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    return str(path.relative_to(ROOT))
+    return ratio_plot(name, rows, labels, "LLaMA 2 7B fp8, 1 card: estimate / Intel's published "
+                      "(blue: fitted gaudi2; orange: gaudi3 check)", GOAL)
 
 
 def main() -> None:

@@ -80,3 +80,28 @@ def maybe_plot(name: str, labels: list[str], series: dict[str, list[float]], yla
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png")
+
+
+def ratio_plot(name: str, rows: list[dict], labels: list[str], title: str, goal: float) -> str | None:
+    """Estimate/published per row as bars (blue: a calibration row, fitted on; orange: validation), with the
+    goal band, to bench/results/<name>.png; its path relative to the repository, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(rows)), 4.8))
+    ax.bar(range(len(rows)), [r["ratio"] for r in rows],
+           color=["tab:blue" if r["fitted_on"] else "tab:orange" for r in rows])
+    ax.axhline(1.0, color="black", lw=1)
+    for y in (1 - goal, 1 + goal):
+        ax.axhline(y, color="grey", ls="--", lw=1)
+    ax.set_xticks(range(len(rows)), labels, rotation=50, ha="right", fontsize=7)
+    ax.set_ylabel("estimate / published")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    return str(path.relative_to(ROOT))

@@ -26,7 +26,7 @@ import json
 import math
 import time
 
-from common import RESULTS, ROOT, print_table, write_results
+from common import RESULTS, ROOT, print_table, ratio_plot, write_results
 
 from hpu_backend.aot.analyze import hbm_bytes
 from hpu_backend.aot.capacity import LayeredStep, card_steps, decode_points
@@ -144,28 +144,10 @@ def fit(rows, parts) -> tuple[float, float, float, float]:
 
 
 def plot(results: list[dict]) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(11, 4.8))
     labels = [f"{r['model']} {r['target']} x{r['cards']} {r['kind'][:3]} {r['input']}/{r['output']}/{r['batch']}"
               for r in results]
-    ax.bar(range(len(results)), [r["ratio"] for r in results],
-           color=["tab:blue" if r["fitted_on"] else "tab:orange" for r in results])
-    ax.axhline(1.0, color="black", lw=1)
-    for y in (1 - GOAL, 1 + GOAL):
-        ax.axhline(y, color="grey", ls="--", lw=1)
-    ax.set_xticks(range(len(results)), labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("estimate / published")
-    ax.set_title("Multi-card fp8 inference: estimate / Intel's published (blue: fitted; orange: validation)",
-                 fontsize=9)
-    fig.tight_layout()
-    path = RESULTS / "fabric_bench.png"
-    fig.savefig(path, dpi=110)
-    return str(path.relative_to(ROOT))
+    return ratio_plot("fabric_bench", results, labels, "Multi-card fp8 inference: estimate / Intel's published "
+                      "(blue: fitted; orange: validation)", GOAL)
 
 
 def main() -> None:

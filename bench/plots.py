@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import capacity_bench  # noqa: E402
+import fabric_bench  # noqa: E402
 import first_call_bench  # noqa: E402
 import latency_bench  # noqa: E402
 from common import RESULTS  # noqa: E402
@@ -20,6 +21,7 @@ def main() -> None:
     first_call_bench.plot(_read("first_call_bench"))
     latency_bench.plot(_read("latency_bench"))
     capacity_bench.plot(_read("capacity_bench")["rows"], "capacity_bench")
+    fabric_bench.plot(_read("fabric_bench")["rows"])
     print("wrote", ", ".join(str(p.relative_to(RESULTS.parent.parent)) for p in sorted(RESULTS.glob("*.png"))))
 
 
