@@ -51,16 +51,17 @@ def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_
 
 def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady():
     gpt = load_model_file("gpt")
-    eager_losses, eager_model = training.gpt_run(gpt, steps=4)
+    eager_losses, eager_model = training.gpt_run(gpt, steps=20)
     before = len(gaudi.lazy_report())
     with gaudi.lazy():
-        lazy_losses, lazy_model = training.gpt_run(gpt, steps=4)
+        lazy_losses, lazy_model = training.gpt_run(gpt, steps=20)
     torch.testing.assert_close(lazy_losses, eager_losses)
     _assert_same_params(lazy_model, eager_model)
     marked = [s for s in _steps_since(before) if s.graphs and s.graphs[-1].cut_by == "mark_step"]
-    assert len(marked) == 8
-    # The first optimizer step creates the momentum buffers; from the second iteration on, nothing is new.
-    assert [s.compiled for s in marked[4:]] == [0] * 4
+    assert len(marked) == 40  # forward+backward, then the optimizer step, each ended by mark_step
+    # torch's SGD creates the momentum buffers in its first step (buf = grad) and updates them from the second on
+    # (buf = 0.9 buf + grad): that second optimizer graph is the only compile after the first iteration.
+    assert [s.compiled for s in marked[2:]] == [0, 1] + [0] * 36
     assert max(g.ops for s in marked for g in s.graphs) > 100  # forward and backward in one graph
 
 
