@@ -19,6 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 
 
+# The longest tests (each over ~10 s on 2 cores) run first, longest first, so that with ``-n 2`` neither worker
+# is left finishing one of them alone at the end (longest-first scheduling); the rest keep the collection's order.
+LONG_FIRST = ("test_opinfo.py", "test_programs.py::test_a_warm_cache", "test_fleet.py::test_ci_warms",
+              "test_recipecache_multiprocess.py::test_stress", "test_model_causes.py::test_a_library_custom_op",
+              "test_shapes.py::test_second_process", "test_shapes.py::test_keys_are_stable", "test_ddp.py",
+              "test_fabric.py", "test_cli_gpt.py", "test_fleet.py::test_host_b", "test_lazy_mode.py::test_a_second")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        return next((i for i, part in enumerate(LONG_FIRST) if part in item.nodeid), len(LONG_FIRST))
+    items.sort(key=rank)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """Keep every test away from the user's cache directory."""

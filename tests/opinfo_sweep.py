@@ -129,6 +129,9 @@ def sweep(ops=None, samples: int = SAMPLES, cache_dir=None):
             referee = None if ours.startswith("pass") else _run("aot_eager", op, chosen)
         results[name] = (ours, referee)
     torch._dynamo.reset()
+    if cache_dir:
+        from hpu_backend.serve.store import reset_stores
+        reset_stores()  # the cache's background writes land before the caller removes the directory
     return results
 
 
