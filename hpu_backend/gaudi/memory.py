@@ -81,13 +81,9 @@ def _on_run(recipe, args: list, outputs) -> None:
     outs = _tensors_in(outputs if isinstance(outputs, (list, tuple)) else [outputs])
     with _lock:
         _target[0] = recipe.target
-        _stats["InUse"] += sum(_add(t) for t in _tensors_in(args))
+        _stats["InUse"] += sum(_add(t) for t in _tensors_in(args) + outs)
         arena = int(recipe.facts.get("memory", {}).get("arena_bytes", 0))
-        new = [t for t in outs if t.untyped_storage().data_ptr() not in _storages]
-        during = _stats["InUse"] + arena + sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                                                for t in new}.values())
-        _stats["InUse"] += sum(_add(t) for t in outs)
-        _stats["MaxInUse"] = max(_stats["MaxInUse"], during, _stats["InUse"])
+        _stats["MaxInUse"] = max(_stats["MaxInUse"], _stats["InUse"] + arena)  # while it ran: all that, and its arena
 
 
 observe_runs(_on_run)
