@@ -433,13 +433,19 @@ def test_a_huge_power_in_a_stored_program_guard_fails_fast(tmp_path):
 
 
 def test_a_pow_node_run_by_the_executor_fails_fast(built):
-    """What a cached recipe runs: the executor's operator::pow is bounded too (no ``**`` in generated code)."""
+    """What a cached recipe runs: the executor's operator::pow is bounded too (no ``**`` in generated code).
+    On literals it is refused at load; on a size only the call knows, when it runs."""
     from hpu_backend.formats.recipe import Recipe
-    from hpu_backend.runtime import build_callable
+    from hpu_backend.runtime import RecipeLoadError, build_callable
 
     raw = copy.deepcopy(recipe(built[1]))
     raw["nodes"].insert(0, node("big", "operator::pow", [2, 10 ** 18], [], kind="sym", expr=0))
     raw["outputs"].append({"r": "big"})
+    with pytest.raises(RecipeLoadError, match="more than 4096 bits"):
+        build_callable(Recipe.from_plain(raw))
+    user = raw["input_names"][-1]
+    raw["nodes"][0] = node("n", "aten::sym_size.int", [{"r": user}, 0], [], kind="sym", expr=0)
+    raw["nodes"].insert(1, node("big", "operator::pow", [{"r": "n"}, 10 ** 18], [], kind="sym", expr=0))
     bad = Recipe.from_plain(raw)
     run = build_callable(bad)
     assert "**" not in run.source

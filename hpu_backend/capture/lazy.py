@@ -17,8 +17,9 @@ by the caller: lowered, cached and executed as a recipe) and writes each result 
 - Whatever cannot go in a recipe (data-dependent shapes, ops outside the runtime allowlist, a
   generator argument, a write through a view) cuts the graph if it touches it and runs eagerly.
 - A TorchFunctionMode sees host reads (``item``, ``tolist``, printing, ``bool()`` in control flow,
-  ``data_ptr``, ``cpu``, ``numpy``): each is a sync, reported with the user's source line, and cuts the
-  graph when it reads a pending value.
+  ``data_ptr``, ``cpu``, ``numpy``, and every way to the raw bytes: ``untyped_storage`` that ``torch.save``
+  and pickle go through, ``__array__``, ``__dlpack__``): each is a sync, reported with the user's source
+  line, and cuts the graph when it reads a pending value.
 """
 
 from __future__ import annotations
@@ -44,10 +45,15 @@ from ..runtime import ops
 
 aten = torch.ops.aten
 
-# Tensor methods through which the host reads values (a device-to-host copy on Gaudi).
+# Tensor methods through which the host reads values (a device-to-host copy on Gaudi). Besides the value reads,
+# every way to the raw bytes: the storage (``torch.save`` and pickle serialize it, a buffer or ctypes reads it),
+# the address, DLPack and NumPy (their buffers share the memory). Gaudi syncs before each; so must we, or a
+# checkpoint holds what the storage held before the pending graph. (``torch.utils.dlpack.to_dlpack`` is a C
+# function torch never offers to a mode: ``torch.from_dlpack`` and ``numpy.from_dlpack`` go by ``__dlpack__``.)
 HOST_READS = {getattr(torch.Tensor, name): name for name in (
     "item", "tolist", "numpy", "__repr__", "__format__", "__bool__", "__int__", "__float__", "__index__",
-    "data_ptr", "cpu", "__array__")}
+    "data_ptr", "cpu", "__array__", "untyped_storage", "storage", "_typed_storage", "__dlpack__",
+    "__reduce_ex__", "__deepcopy__", "__getstate__")}
 
 # Files that are not the user's: torch, this package, the standard library.
 _NOT_USER = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))

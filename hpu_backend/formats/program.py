@@ -111,6 +111,7 @@ def _check(p: Program) -> None:
     for i, d in p.symbol_sources:
         _index(i, n, "symbol_sources")
     _indices(c.mutated_inputs, n, "mutated_inputs")
+    _check_writes(p)
     if p.mode == "training":
         _check_training(c, len(fw.outputs), len(p.graphs[1].template.inputs))
     try:
@@ -119,6 +120,18 @@ def _check(p: Program) -> None:
     except symexpr.SymExprError as e:
         raise RecipeFormatError(f"program.guards: {e}") from None
     _check_guards_evaluate(p)
+
+
+def _check_writes(p: Program) -> None:
+    """The forward (or inference) graph declares writes only into inputs the contract says it mutates (their
+    versions are bumped for autograd); a backward writes none of its inputs (saved values, gradients)."""
+    fw = p.graphs[0].template
+    allowed = {fw.input_names[i] for i in p.contract.mutated_inputs}
+    if set(fw.writes) - allowed:
+        raise RecipeFormatError(f"program: the graph writes {sorted(set(fw.writes) - allowed)!r:.80}, which "
+                                "its contract does not list as mutated inputs")
+    if any(g.template.writes for g in p.graphs[1:]):
+        raise RecipeFormatError("program: the backward graph declares writes into its inputs")
 
 
 GUARD_PROBE = 1009  # a size no real guard divides by zero at (a prime, far from 0, 1 and small strides)

@@ -20,7 +20,7 @@ import msgpack
 
 from . import symexpr
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: recipes declare the inputs they write (``writes``)
 
 KINDS = ("forward", "backward", "inference", "lazy")  # lazy: a lazy-mode graph (capture/lazy.py)
 
@@ -86,6 +86,9 @@ class Recipe:
     constants: dict[str, Constant] = field(default_factory=dict)
     # Facts from lowering passes: placement, clusters, fusions, memory plan, cost. Plain maps.
     facts: dict[str, Any] = field(default_factory=dict)
+    # The inputs (by name) its ops write into: AOTAutograd's mutated inputs, lazy mode's write-backs. The
+    # runtime refuses a recipe whose ops write anything else (runtime/writes.py).
+    writes: list[str] = field(default_factory=list)
     version: int = FORMAT_VERSION
 
     def to_bytes(self) -> bytes:
@@ -230,6 +233,8 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
     for source in recipe.symbol_sources:
         if not _readable(source, recipe.inputs):
             raise bad(f"symbol source {source!r:.40} names no input dimension")
+    if set(recipe.writes) - set(recipe.input_names):
+        raise bad(f"writes {sorted(set(recipe.writes) - set(recipe.input_names))!r:.60}, which are not inputs")
     known = set(recipe.input_names) | set(recipe.constants)
     for node in recipe.nodes:
         for ref in iter_refs([node.args, list(node.kwargs.values())]):

@@ -8,7 +8,7 @@ below, and never by ``eval`` or ``sympy.sympify`` of stored text.
 
 from __future__ import annotations
 
-import math
+import functools
 import operator
 import re
 from typing import Any, Mapping, Union
@@ -17,6 +17,7 @@ Tree = Union[int, float, bool, str, list]
 
 _SYMBOL = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 MAX_BITS = 4096  # no size, stride or guard needs integers this large; stored trees cannot ask for more work
+MAX_ITEMS = 4096  # no symbolic operation of a graph makes a longer list or string
 
 
 class SymExprError(ValueError):
@@ -40,15 +41,66 @@ def _or(*xs):
 
 
 def _sum(*xs):
-    return sum(xs)
+    return functools.reduce(bounded_add, xs, 0)
 
 
 def _prod(*xs):
-    return math.prod(xs)
+    return functools.reduce(bounded_mul, xs, 1)
+
+
+# Every operation's result is bounded before it is computed: integers by MAX_BITS, sequences (a list or string
+# repeated or concatenated by the runtime's symbolic ops) by MAX_ITEMS. Each result is then an operand of
+# bounded size, so a chain of operations does bounded work per step whatever its length.
+_SEQUENCES = (str, bytes, list, tuple)
+
+
+def _big(x) -> bool:
+    return isinstance(x, int) and x.bit_length() > MAX_BITS
+
+
+def _too_long(n) -> bool:
+    return n > MAX_ITEMS
+
+
+def bounded_mul(a, b):
+    """``a * b``; OverflowError, before computing, for an integer of more than MAX_BITS bits or a sequence
+    repeated past MAX_ITEMS items."""
+    if isinstance(a, int) and isinstance(b, int):
+        if a and b and a.bit_length() + b.bit_length() - 1 > MAX_BITS:
+            raise OverflowError(f"an integer product of more than {MAX_BITS} bits")
+    elif isinstance(a, _SEQUENCES) or isinstance(b, _SEQUENCES):
+        seq, n = (a, b) if isinstance(a, _SEQUENCES) else (b, a)
+        if isinstance(n, int) and _too_long(len(seq) * max(n, 0)):
+            raise OverflowError(f"a sequence repeated past {MAX_ITEMS} items")
+    return operator.mul(a, b)
+
+
+def bounded_add(a, b):
+    """``a + b``; OverflowError for operands past the bounds, or two sequences joined past MAX_ITEMS items."""
+    if _big(a) or _big(b):
+        raise OverflowError(f"an integer of more than {MAX_BITS} bits")
+    if isinstance(a, _SEQUENCES) and isinstance(b, _SEQUENCES) and _too_long(len(a) + len(b)):
+        raise OverflowError(f"sequences joined past {MAX_ITEMS} items")
+    return operator.add(a, b)
+
+
+def bounded_sub(a, b):
+    if _big(a) or _big(b):
+        raise OverflowError(f"an integer of more than {MAX_BITS} bits")
+    return operator.sub(a, b)
+
+
+def bounded_mod(a, b):
+    """``a % b`` on numbers only: ``%`` on a string formats it (``"%0999999999d" % 1``: unbounded)."""
+    if isinstance(a, (str, bytes)):
+        raise TypeError("% of a string (formatting) is not symbolic arithmetic")
+    return operator.mod(a, b)
 
 
 def bounded_pow(a, b):
     """``a ** b``, refusing (OverflowError) an integer power of more than MAX_BITS bits before computing it."""
+    if _big(a) or _big(b):
+        raise OverflowError(f"an integer of more than {MAX_BITS} bits")
     if (type(a) is int and type(b) is int and b > 0 and abs(a) > 1
             and (abs(a).bit_length() - 1) * b > MAX_BITS):
         raise OverflowError(f"integer power {a}**{b} has more than {MAX_BITS} bits")
@@ -63,7 +115,7 @@ OPS: dict[str, tuple[Any, str | None]] = {
     "floordiv": (_floordiv, "//"),
     "ceildiv": (_ceildiv, None),
     "truediv": (operator.truediv, "/"),
-    "mod": (operator.mod, "%"),
+    "mod": (bounded_mod, "%"),
     "max": (max, None),
     "min": (min, None),
     "eq": (operator.eq, "=="),
@@ -133,7 +185,7 @@ def evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
     """Evaluate a tree on plain integers; a malformed tree is a SymExprError, never code.
 
     The work is bounded: an integer of more than MAX_BITS bits, a division by zero or an operation on
-    the wrong operands is a SymExprError too, raised before any large power is computed.
+    the wrong operands is a SymExprError too, raised before any large product or power is computed.
     """
     try:
         return _evaluate(tree, env)

@@ -21,14 +21,15 @@ import torch
 from ..formats.recipe import Constant, Recipe, iter_refs
 from . import collectives, ops
 from .peephole import fold_linear
+from .symbolic import SymbolicError, symbolic_values
+from .writes import UndeclaredWrite, check_writes
 
 log = logging.getLogger(__name__)
 
 _KWARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: "$" would allow a trailing newline
 
-INFIX = {  # "operator::pow" is a call: ops.resolve bounds integer powers
-    "operator::add": "+", "operator::sub": "-", "operator::mul": "*", "operator::floordiv": "//",
-    "operator::truediv": "/", "operator::mod": "%", "operator::eq": "==",
+INFIX = {  # +, -, *, % and ** are calls: ops.resolve bounds what they make (integers, repeated sequences)
+    "operator::floordiv": "//", "operator::truediv": "/", "operator::eq": "==",
     "operator::ne": "!=", "operator::lt": "<", "operator::le": "<=", "operator::gt": ">",
     "operator::ge": ">=",
 }
@@ -224,13 +225,20 @@ class _Codegen:
 
 
 def check_ops(recipe: Recipe) -> None:
-    """RecipeLoadError unless every op of the recipe is in the runtime allowlist."""
+    """RecipeLoadError unless every op of the recipe is in the runtime allowlist, the inputs they write are
+    exactly those the recipe declares (``writes.check_writes``), and its symbolic nodes computable without a
+    call stay within their bounds and indices (``symbolic.symbolic_values``)."""
     for node in recipe.nodes:
         try:
             ops.resolve(node.op)
             collectives.check_structure(node)
         except (ops.OpNotAllowed, collectives.CollectiveError) as e:
             raise RecipeLoadError(f"node {node.name}: {e}") from None
+    try:
+        check_writes(recipe)
+        symbolic_values(recipe)  # the nodes computable from literals alone, by the bounded ops
+    except (UndeclaredWrite, SymbolicError) as e:
+        raise RecipeLoadError(str(e)) from None
 
 
 def build_callable(recipe: Recipe, fixed: Mapping[str, torch.Tensor] | None = None) -> Callable[[list], list]:
@@ -243,6 +251,7 @@ def build_callable(recipe: Recipe, fixed: Mapping[str, torch.Tensor] | None = No
     a cache miss, never a crash.
     """
     try:
+        check_ops(recipe)
         return _build(recipe, fixed or {})
     except RecipeLoadError:
         raise

@@ -9,8 +9,8 @@ distributed, quantized, ... ops) are refused. The op must be functional (it muta
 ``aten::_print`` or ``aten::manual_seed``, is refused unless it is a check in ``EFFECT_ALLOWED``),
 it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state, or write
 an argument their schema does not mark as written); symbolic-int arithmetic resolves from the fixed
-``SYM_OPS`` table (integer powers bounded); the functional collectives of ``runtime.collectives``
-(``_c10d_functional``) resolve too, their groups checked when a recipe is built. Anything else is an
+``SYM_OPS`` table (products, sums, powers and repetitions bounded); the functional collectives of
+``runtime.collectives`` (``_c10d_functional``) resolve too, their groups checked when a recipe is built. Anything else is an
 ``OpNotAllowed`` error at recipe load time.
 """
 
@@ -22,7 +22,7 @@ import operator
 
 import torch
 
-from ..formats.symexpr import bounded_pow
+from ..formats.symexpr import bounded_add, bounded_mod, bounded_mul, bounded_pow, bounded_sub
 from . import collectives
 
 
@@ -77,9 +77,11 @@ SYM_OPS = {
 
 SYM_FUNCTIONS = {fn: name for name, fn in SYM_OPS.items() if fn is not _with_effects}
 SYM_FUNCTIONS[torch.ops.higher_order.with_effects] = "higher_order::with_effects"
-# What runs for a name when it differs from the FX target it names: integer powers are bounded (a stored
-# recipe must not be able to ask for an unbounded amount of work).
-SYM_RUNTIME = {**SYM_OPS, "operator::pow": bounded_pow}
+# What runs for a name when it differs from the FX target it names: every operation whose result can outgrow
+# its operands is bounded before it computes (integers past MAX_BITS bits, a list or string repeated or joined
+# past MAX_ITEMS items, a string formatted by %): a stored recipe must not ask for unbounded work or memory.
+SYM_RUNTIME = {**SYM_OPS, "operator::pow": bounded_pow, "operator::mul": bounded_mul, "operator::add": bounded_add,
+               "operator::sub": bounded_sub, "operator::mod": bounded_mod}
 
 
 def _registered(namespace_packet: str, overload: str) -> bool:

@@ -29,7 +29,9 @@ from ..formats.package import Package, PackageError, check_toolchain, read_packa
 from ..formats.recipe import Constant, Recipe, ValueSpec
 from . import ops
 from .executor import RecipeLoadError, _Codegen, build_callable, dtype_from_name, load_constant
+from .symbolic import SymbolicError, symbolic_values
 from .symbols import symbol_reader
+from .writes import writes_anything
 
 
 def load_package(path: str | os.PathLike, model: torch.nn.Module | None = None) -> "PackagedModel":
@@ -91,18 +93,23 @@ def _op_facts(name: str) -> tuple[bool, bool, tuple[str, ...] | None]:
 
 
 def _check_writes(recipe: Recipe, where: str) -> None:
-    """No op of the recipe writes into an argument (``copy_`` into a bound weight, an ``out=``), also
-    through ``with_effects`` (the one op that calls an op it is given)."""
+    """No op of the recipe writes into an argument (``copy_`` into a bound weight, an ``out=``, batch norm's
+    running statistics in training mode), also through ``with_effects`` (the one op that calls an op it is
+    given), and the recipe declares no write: what an op writes is what it does (``runtime.writes``), not
+    only what its schema marks."""
+    if recipe.writes:
+        raise PackageError(f"{where}: declares writes into {recipe.writes!r:.60}; a package never changes the "
+                           "caller's tensors")
     for node in recipe.nodes:
         called = [node.op, *(_op_args(node.args) if node.op == "higher_order::with_effects" else ())]
         for name in called:
             try:
-                writes = _op_facts(name)[0]
+                _op_facts(name)
             except ops.OpNotAllowed as e:
                 raise PackageError(f"{where}: node {node.name!r:.40}: {e}") from None
-            if writes or "out" in node.kwargs:
-                raise PackageError(f"{where}: node {node.name!r:.40} ({name}) writes into one of its inputs; "
-                                   "a package never changes the caller's tensors")
+        if writes_anything(node):
+            raise PackageError(f"{where}: node {node.name!r:.40} ({node.op}) writes into one of its inputs; "
+                               "a package never changes the caller's tensors")
 
 
 def _op_args(args: Any):
@@ -185,28 +192,12 @@ def _count(value: Any, ints: dict[str, int]) -> int | None:
 
 
 def _int_values(recipe: Recipe, env: dict[str, int], where: str) -> dict[str, Any]:
-    """The integer values of the recipe's symbolic arithmetic at ``env``, computed (bounded), not as declared."""
-    ints: dict[str, Any] = {}
-    shapes: dict[str, ValueSpec] = {}
-    for name, spec in zip(recipe.input_names, recipe.inputs):
-        if spec.kind == "sym" and spec.expr is not None:
-            ints[name] = _evaluate(spec.expr, env, where)
-        shapes[name] = spec
-    for node in recipe.nodes:
-        shapes[node.name] = node.out[0] if node.out else ValueSpec("none")
-        if node.op in ops.SYM_RUNTIME and node.op != "higher_order::with_effects":
-            args = [ints.get(a["r"]) if isinstance(a, dict) and set(a) == {"r"} else a for a in node.args]
-            if all(type(a) in (int, float, bool) for a in args):
-                try:
-                    ints[node.name] = ops.resolve(node.op)(*args)
-                except (ArithmeticError, TypeError, ValueError) as e:
-                    raise PackageError(f"{where}: node {node.name!r:.40} at {env}: {type(e).__name__}: "
-                                       f"{str(e)[:120]}") from None
-        elif node.op == "aten::sym_size.int" and len(node.args) == 2 and isinstance(node.args[0], dict):
-            shape = shapes.get(node.args[0].get("r"), ValueSpec("none")).shape
-            if type(node.args[1]) is int and -len(shape) <= node.args[1] < len(shape):
-                ints[node.name] = _evaluate(shape[node.args[1]], env, where)
-    return ints
+    """The values of the recipe's symbolic arithmetic at ``env``, computed by the runtime's bounded ops, not as
+    declared: a bound broken or an index out of range is refused here, at load, not at the first call."""
+    try:
+        return symbolic_values(recipe, env)
+    except SymbolicError as e:
+        raise PackageError(f"{where}: at {env}: {e}") from None
 
 
 def _evaluate(tree: Any, env: dict[str, int], where: str) -> Any:

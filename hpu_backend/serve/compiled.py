@@ -304,6 +304,9 @@ class CompiledGraph:
 
     def _executor(self, recipe: Recipe) -> Callable[[list], list]:
         """The callable for a recipe, shared with earlier buckets whose recipes run the same ops."""
+        if set(recipe.writes) - set(self.template.writes):  # a stored bucket writes what its graph does not
+            raise RecipeLoadError(f"recipe {recipe.name!r:.60} writes {sorted(recipe.writes)!r:.80}; its graph "
+                                  f"writes only {sorted(self.template.writes)!r:.80}")
         digest = _executable(recipe)
         run = self._executors.get(digest)
         if run is not None:

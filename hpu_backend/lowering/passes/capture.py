@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ...formats import symexpr
 from ...formats.recipe import Constant, Node, Recipe, ValueSpec
 from ...runtime import collectives, ops
+from ...runtime.writes import written_inputs
 from ..buffers import FUSED_SDPA_ANNOTATION
 from ..context import LoweringContext
 from ..errors import LoweringError
@@ -50,6 +51,7 @@ def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
         elif node.op != "placeholder":
             raise LoweringError(f"unsupported FX node kind {node.op!r}", node=node)
     recipe.guards = encode_guards(ctx.guards, rename)
+    recipe.writes = sorted(written_inputs(recipe))  # the declaration the runtime checks the ops against
     annotations = {n.name: a for n in gm.graph.nodes if (a := recorded_annotations(n))}
     if annotations:
         recipe.facts["annotations"] = annotations
