@@ -35,12 +35,15 @@ def config_to_fill(cache_dir: Path | None, command: str) -> CacheConfig:
 
 def recipe_problem(payload: bytes) -> str | None:
     """Why an intact entry's payload is not a usable recipe or program of this format, or None (the checks
-    serving makes when it reads one: schema, references, buckets, guards)."""
-    from ..formats.program import parse_payload
+    serving makes when it reads one: schema, references, buckets, guards, and the inputs its ops write
+    against those it declares)."""
+    from ..formats.program import Program, parse_payload
     from ..formats.recipe import RecipeFormatError
+    from ..formats.writes import declaration_problem
 
     try:
-        parse_payload(payload)
+        parsed = parse_payload(payload)
     except RecipeFormatError as e:
         return f"not a recipe: {e}"
-    return None
+    recipes = [g.template for g in parsed.graphs] if isinstance(parsed, Program) else [parsed]
+    return next((problem for r in recipes if (problem := declaration_problem(r))), None)

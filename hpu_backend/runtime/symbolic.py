@@ -77,7 +77,7 @@ def _check_item(node, made_by: dict[str, str]) -> None:
         return
     op = made_by.get(node.args[0].get("r"), "")
     schema = getattr(ops.resolve(op), "_schema", None) if op and op not in ops.SYM_RUNTIME else None
-    if schema is None or any(str(r.type).endswith("[]") for r in schema.returns):
+    if schema is None or any("[" in str(r.type) for r in schema.returns):
         return
     index = node.args[1]
     if type(index) is not int or not 0 <= index < len(schema.returns):

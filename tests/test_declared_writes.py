@@ -1,0 +1,261 @@
+"""Nothing loaded changes the caller's tensors unless it declares the write: packages never write, cache entries
+write only the inputs they declare and their graph writes, ``verify`` checks the declaration against the ops,
+and what an op writes is what it does (batch norm's running statistics), not only what its schema marks."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import msgpack
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from cli_helpers import cli
+from conftest import run_python
+from hpu_backend import load_package
+from hpu_backend.formats.recipe import Recipe
+from hpu_backend.runtime import RecipeLoadError, build_callable, ops
+from hpu_backend.runtime.writes import HIDDEN_WRITES, written_inputs
+from hpu_backend.serve.store import reset_stores
+from test_hostile_package import built, crafted, node, recipe, refused  # noqa: F401 (built is a fixture)
+from test_programs import _keys, _rewrite
+
+aten = torch.ops.aten
+
+# Each spelling of batch norm that writes the running statistics without its schema saying so.
+BN_NODES = {
+    "native_batch_norm": ("aten::native_batch_norm.default", [True, 0.5, 1e-5]),
+    "batch_norm": ("aten::batch_norm.default", [True, 0.5, 1e-5, False]),
+    "_batch_norm_impl_index": ("aten::_batch_norm_impl_index.default", [True, 0.5, 1e-5, False]),
+    "instance_norm": ("aten::instance_norm.default", [True, 0.5, 1e-5, False]),
+}
+
+
+def test_every_hidden_writer_writes_what_the_table_says_and_its_schema_does_not():
+    """The table is kept by running each op that runs on the CPU: its schema marks no write, yet the running
+    statistics change (and do not with the flag off)."""
+    runnable = [name for name in HIDDEN_WRITES if "cudnn" not in name and "miopen" not in name]
+    for name in runnable:
+        op = getattr(aten, name).default
+        assert not op._schema.is_mutable, name
+        x = torch.arange(24.0).reshape(2, 4, 3)
+        for on in (True, False):
+            mean, var = torch.zeros(4), torch.ones(4)
+            stats = {"running_mean": mean, "running_var": var}
+            args = [stats[a.name] if a.name in stats else x if a.name == "input" else
+                    (on if a.name in ("training", "use_input_stats") else
+                     a.default_value if a.has_default_value() else 0.1 if a.name in ("momentum", "eps") else
+                     False if a.name == "cudnn_enabled" else None)
+                    for a in op._schema.arguments]
+            op(*args)
+            changed = not torch.equal(mean, torch.zeros(4)) or not torch.equal(var, torch.ones(4))
+            assert changed == (on or HIDDEN_WRITES[name][1] is None), (name, on)
+
+
+def _batch_norm_into(raw, name: str, target: str = "0.bias") -> None:
+    r = recipe(raw)
+    stats = r["input_names"][[i["target"] for i in raw["inputs"]].index(target)]
+    op, tail = BN_NODES[name]
+    r["nodes"][:0] = [node("ones", "aten::ones.default", [[2, 16, 3]], [2, 16, 3]),
+                      node("bn", op, [{"r": "ones"}, None, None, {"r": stats}, {"r": stats}, *tail], [2, 16, 3])]
+
+
+@pytest.mark.parametrize("name", list(BN_NODES))
+def test_batch_norm_in_training_mode_in_a_package_is_refused_and_the_model_is_unchanged(built, tmp_path, name):
+    model = built[2].build_model().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    path = crafted(built, tmp_path, lambda raw: _batch_norm_into(raw, name))
+    assert "writes into one of its inputs" in refused(path, model)
+    x = built[2].inputs({"batch": 2})[0]
+    with pytest.raises(Exception):
+        load_package(path, model)(x)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_batch_norm_with_training_off_is_no_write(built, tmp_path):
+    def inference(raw):
+        _batch_norm_into(raw, "native_batch_norm")
+        recipe(raw)["nodes"][1]["args"][5] = False
+
+    model = built[2].build_model().eval()
+    x = built[2].inputs({"batch": 2})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(load_package(crafted(built, tmp_path, inference), model)(x), model(x))
+
+
+# -- cache entries: torch.compile and lazy mode --------------------------------------------------------------
+
+class Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return self.bn(self.lin(x)).relu()
+
+
+def _compiled_run(cache_dir, model, x, dynamic=False):
+    torch._dynamo.reset()
+    reset_stores()
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=dynamic,
+                             options={"cache_config": f"{cache_dir},false,64"})
+    out = compiled(x)
+    reset_stores()
+    return out
+
+
+def test_batch_norm_training_through_the_cache_declares_its_writes_and_matches_eager(tmp_path):
+    """The legitimate writer: AOTAutograd's mutated buffers (running statistics) are declared, served from the
+    cache in a second run, and leave the same state as eager."""
+    torch.manual_seed(0)
+    eager, x = Norm(), torch.randn(6, 8)
+    for run in range(2):
+        model = copy.deepcopy(eager)
+        reference = copy.deepcopy(eager)
+        out = _compiled_run(tmp_path / "c", model, x)
+        torch.testing.assert_close(out, reference(x))
+        for (k, v), w in zip(model.state_dict().items(), reference.state_dict().values()):
+            torch.testing.assert_close(v, w, msg=k)
+    assert not any((tmp_path / "c" / "quarantine").iterdir()) if (tmp_path / "c" / "quarantine").exists() else True
+    declared = []
+    for key in _keys(tmp_path / "c", programs=False):
+        _rewrite(tmp_path / "c", key, lambda raw: declared.append(sorted(raw["writes"])))
+    assert any(d for d in declared) and all(len(d) <= 3 for d in declared), declared  # mean, var, batches
+    assert "All" in cli("verify", "-d", tmp_path / "c").output
+
+
+def _copy_into(raw, target_index: int, declare: bool) -> None:
+    weight = raw["input_names"][target_index]
+    raw["nodes"][:0] = [node("z", "aten::zeros_like.default", [{"r": weight}], raw["inputs"][target_index]["shape"]),
+                        node("w", "aten::copy_.default", [{"r": weight}, {"r": "z"}], raw["inputs"][target_index]["shape"])]
+    if declare:
+        raw["writes"] = sorted(set(raw["writes"]) | {weight})
+
+
+@pytest.mark.parametrize("declare", [False, True], ids=["undeclared", "declared"])
+def test_a_cache_entry_that_writes_a_weight_is_quarantined_and_verify_flags_it(tmp_path, declare):
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 4), torch.randn(5, 8)
+    cache_dir = tmp_path / "c"
+    with torch.no_grad():
+        _compiled_run(cache_dir, model, x)
+    (key,) = _keys(cache_dir, programs=False)
+    _rewrite(cache_dir, key, lambda raw: _copy_into(raw, 0, declare))
+    if not declare:
+        line = cli("verify", "-d", cache_dir, code=1).output
+        assert "does not declare" in line, line
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        torch.testing.assert_close(_compiled_run(cache_dir, model, x), torch.nn.functional.linear(
+            x, before["weight"], before["bias"]))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert len(list((cache_dir / "quarantine").iterdir())) == 1
+
+
+LAZY = """
+import json, torch
+import hpu_backend.gaudi as htcore
+torch.manual_seed(0)
+model, x = torch.nn.Linear(8, 4), torch.randn(5, 8)
+before = [p.detach().clone() for p in model.parameters()]
+with htcore.lazy():
+    out = model(x).sum()
+    htcore.mark_step()
+print(json.dumps({"out": out.item(), "eager": torch.nn.functional.linear(x, *before).sum().item(),
+                  "unchanged": all(torch.equal(p, b) for p, b in zip(model.parameters(), before))}))
+"""
+
+
+def test_a_lazy_entry_that_writes_a_parameter_is_quarantined(tmp_path):
+    cache_dir = tmp_path / "c"
+    env = {"PT_HPU_RECIPE_CACHE_CONFIG": f"{cache_dir},false,64"}
+    run_python(LAZY, env)
+    (key,) = _keys(cache_dir, programs=False)
+    # The graph's input is the weight's transpose (a view of it): the write lands in the weight.
+    _rewrite(cache_dir, key, lambda raw: _copy_into(raw, [i["shape"] for i in raw["inputs"]].index([8, 4]), True))
+    second = json.loads(run_python(LAZY, env).splitlines()[-1])
+    assert second["unchanged"] and second["out"] == pytest.approx(second["eager"], rel=1e-5), second
+    assert len(list((cache_dir / "quarantine").iterdir())) == 1
+
+
+# -- the property: over the whole op allowlist, nothing undeclared is written ------------------------------------
+
+def _allowlisted_tensor_ops() -> list[str]:
+    """Every registered aten overload the runtime allowlist admits that takes a tensor."""
+    names = set()
+    for full in torch._C._dispatch_get_all_op_names():
+        namespace, _, rest = full.partition("::")
+        if namespace != "aten":
+            continue
+        packet, _, overload = rest.partition(".")
+        name = f"aten::{packet}.{overload or 'default'}"
+        if ops.is_allowed(name) and any("Tensor" in str(a.type) for a in ops.resolve(name)._schema.arguments):
+            names.add(name)
+    return sorted(names)
+
+
+OPS = _allowlisted_tensor_ops()
+SHAPES = ([4], [2, 4], [2, 4, 3])
+
+
+@st.composite
+def crafted_nodes(draw):
+    """A node calling an allowlisted op on the caller's tensors (or literals), possibly with ``out=``."""
+    name = draw(st.sampled_from(OPS))
+    schema = ops.resolve(name)._schema
+    args = []
+    for a in schema.arguments:
+        if a.kwarg_only:
+            break
+        kind = str(a.type)
+        if "Tensor" in kind:
+            args.append([{"r": f"t{draw(st.integers(0, 2))}"}] if "[]" in kind else {"r": f"t{draw(st.integers(0, 2))}"})
+        elif kind == "bool":
+            args.append(draw(st.booleans()))
+        elif "int" in kind:
+            args.append([1] if "[]" in kind else draw(st.integers(-1, 2)))
+        elif a.has_default_value():
+            break
+        else:
+            args.append(draw(st.sampled_from([0.5, 1, None])))
+    kwargs = {"out": {"r": f"t{draw(st.integers(0, 2))}"}} if draw(st.booleans()) else {}
+    return {"name": "n", "op": name, "args": args, "kwargs": kwargs,
+            "out": [{"kind": "other", "dtype": "", "shape": [], "stride": [], "expr": None, "device": "cpu"}],
+            "placement": "hpu", "engine": "tpc", "cluster": -1, "fusion": -1, "source": ""}
+
+
+def _recipe_with(node_raw: dict, writes: list[str]) -> Recipe:
+    spec = [{"kind": "tensor", "dtype": "float32", "shape": s, "stride": [], "expr": None, "device": "cpu"}
+            for s in SHAPES]
+    return Recipe.from_plain({"name": "crafted", "kind": "inference", "target": "gaudi2", "inputs": spec,
+                              "input_names": ["t0", "t1", "t2"], "nodes": [node_raw], "outputs": [],
+                              "writes": writes, "version": 2})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(node_raw=crafted_nodes(), declared=st.sets(st.sampled_from(["t0", "t1", "t2"])))
+def test_a_loaded_recipe_writes_no_input_it_does_not_declare(node_raw, declared):
+    tensors = [torch.linspace(-1, 1, 24)[: torch.Size(s).numel()].reshape(s).clone() for s in SHAPES]
+    before = [t.clone() for t in tensors]
+    try:
+        run = build_callable(_recipe_with(node_raw, sorted(declared)))
+    except RecipeLoadError:
+        return
+    try:
+        run(list(tensors))
+    except Exception:  # crafted arguments may not fit the op: the run fails, and must still write nothing else
+        pass
+    for i, (t, b) in enumerate(zip(tensors, before)):
+        if f"t{i}" not in declared:
+            assert torch.equal(t, b), (node_raw["op"], i, declared)
+
+
+def test_the_property_draws_over_every_hidden_writer_and_copy():
+    names = set(OPS)
+    assert {"aten::copy_.default", "aten::native_batch_norm.default", "aten::instance_norm.default"} <= names
+    assert len(names) > 1000
