@@ -47,7 +47,8 @@ def symbolic_values(recipe: Recipe, env: Mapping[str, int] | None = None) -> dic
             value = _node_value(node, known, shapes, env)
         except SymbolicError:
             raise
-        except (ArithmeticError, TypeError, ValueError, IndexError, KeyError, RecursionError) as e:
+        except (ArithmeticError, TypeError, ValueError, LookupError, RecursionError, AssertionError) as e:
+            # (torch.sym_max and its kin assert their operands are numbers)
             raise SymbolicError(f"node {node.name!r:.40} ({node.op}): {type(e).__name__}: {str(e)[:120]}") from None
         if value is not UNKNOWN:
             known[node.name] = value
