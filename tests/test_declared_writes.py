@@ -120,7 +120,8 @@ def test_batch_norm_training_through_the_cache_declares_its_writes_and_matches_e
         torch.testing.assert_close(out, reference(x))
         for (k, v), w in zip(model.state_dict().items(), reference.state_dict().values()):
             torch.testing.assert_close(v, w, msg=k)
-    assert not any((tmp_path / "c" / "quarantine").iterdir()) if (tmp_path / "c" / "quarantine").exists() else True
+    quarantine = tmp_path / "c" / "quarantine"
+    assert not quarantine.exists() or not any(quarantine.iterdir())  # the program and recipes served the 2nd run
     declared = []
     for key in _keys(tmp_path / "c", programs=False):
         _rewrite(tmp_path / "c", key, lambda raw: declared.append(sorted(raw["writes"])))
@@ -259,3 +260,32 @@ def test_the_property_draws_over_every_hidden_writer_and_copy():
     names = set(OPS)
     assert {"aten::copy_.default", "aten::native_batch_norm.default", "aten::instance_norm.default"} <= names
     assert len(names) > 1000
+
+
+def test_a_stored_program_claiming_to_mutate_a_weight_is_quarantined_and_the_graph_traced(tmp_path, caplog):
+    """Template, declaration and contract all agree in the file, yet the user's graph never writes the weight."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 4), torch.randn(5, 8)
+    cache_dir = tmp_path / "c"
+    with torch.no_grad():
+        _compiled_run(cache_dir, model, x)
+    (key,) = _keys(cache_dir, programs=True)
+
+    def claim(raw):
+        template = raw["graphs"][0]["template"]
+        index = [i["shape"] for i in template["inputs"]].index([4, 8])
+        _copy_into(template, index, declare=True)
+        raw["contract"]["mutated_inputs"] = [index]
+
+    _rewrite(cache_dir, key, claim)
+    for bucket in _keys(cache_dir, programs=False):  # and the bucket recipe the template stands for
+        _rewrite(cache_dir, bucket, lambda raw: _copy_into(raw, [i["shape"] for i in raw["inputs"]].index([4, 8]),
+                                                           declare=True))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad(), caplog.at_level("WARNING", logger="hpu_backend"):
+        torch.testing.assert_close(_compiled_run(cache_dir, model, x),
+                                   torch.nn.functional.linear(x, before["weight"], before["bias"]))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert any("which the traced graph never writes" in r.getMessage() for r in caplog.records)
+    assert len(list((cache_dir / "quarantine").iterdir())) >= 1

@@ -38,7 +38,8 @@ from recipecache.signing import KEY_ENV, signing_key
 
 from ..formats.keyparts import toolchain
 from ..errors import one_line
-from ..formats.program import parse_payload
+from ..formats.program import Program, parse_payload
+from ..formats.writes import declaration_problem
 from ..formats.recipe import RecipeFormatError
 
 BUNDLE_FORMAT = "hpurecipe-bundle"
@@ -251,9 +252,13 @@ def _entry(path: Path, key: str, data: bytes) -> Entry:
     if entry.key != key:
         raise BundleError(f"{path}: entry file {key} holds key {entry.key}")
     try:
-        parse_payload(entry.payload)
+        parsed = parse_payload(entry.payload)
     except RecipeFormatError as e:
         raise BundleError(f"{path}: entry {key} is not a recipe of this format: {e}") from None
+    recipes = [g.template for g in parsed.graphs] if isinstance(parsed, Program) else [parsed]
+    problem = next((p for r in recipes if (p := declaration_problem(r))), None)
+    if problem:  # an entry whose ops write inputs it does not declare is never taken in
+        raise BundleError(f"{path}: entry {key}: {problem}")
     return entry
 
 

@@ -207,6 +207,12 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
     if program.mode == "restart":
         emit(Event("program", program=key, hit=True))
         replay_restart(program.specialize)
+    claimed = _unexplained_writes(program.contract, gm)
+    if claimed:  # a stored contract is data: it may not mutate what the user's graph never writes
+        log.warning("hpu_backend: %s: stored program %s mutates inputs %s, which the traced graph never writes; "
+                    "quarantined, tracing instead", name_of("program"), key, claimed)
+        store.discard(key)
+        return None
     env = _hints(program, example_inputs)
     if env is None or not _guards_hold(program, env, name_of("program")):
         log.info("hpu_backend: %s: stored program's guards do not hold for these sizes", name_of("program"))
@@ -225,6 +231,46 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
     call = _eager_after_failure(call, gm, settings, name_of("program"))
     replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) else None
     return Served(call, replayable_graph)
+
+
+# Torch-level calls in a Dynamo graph that may write their arguments without an in-place name: batch norm and
+# instance norm update running statistics in training mode; setitem and the augmented assignments write.
+_WRITERS = ("batch_norm", "instance_norm")
+_AUGMENTED = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                        operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+                        operator.ixor, operator.ilshift, operator.irshift, operator.imatmul})
+
+
+def _unexplained_writes(contract: Contract, gm: torch.fx.GraphModule) -> list[int]:
+    """The inputs the contract says the graphs mutate that no node of the Dynamo graph may write (an empty
+    list when every claimed mutation has a node that may explain it, or the graph's inputs cannot be matched)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if not contract.mutated_inputs or len(placeholders) != contract.num_inputs:
+        return []
+    index = {n: i for i, n in enumerate(placeholders)}
+    roots: dict[torch.fx.Node, frozenset[int]] = {n: frozenset([i]) for n, i in index.items()}
+    may_write: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        flowing = frozenset().union(*(roots.get(a, frozenset()) for a in node.all_input_nodes))
+        roots[node] = flowing  # any value may alias what it was computed from
+        if _may_write(node):
+            may_write |= flowing
+    return sorted(set(contract.mutated_inputs) - may_write)
+
+
+def _may_write(node: torch.fx.Node) -> bool:
+    """Whether a Dynamo graph node may write an argument: an in-place method or function (``add_``), an
+    ``out=`` or ``inplace=True``, an augmented assignment or setitem, batch or instance norm, a module
+    call or a higher-order op (what runs inside is not looked at)."""
+    if node.op in ("call_module", "get_attr"):
+        return node.op == "call_module"
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    in_place = name.endswith("_") and not name.endswith("__")
+    return (in_place or "out" in node.kwargs or node.kwargs.get("inplace") is True or node.target in _AUGMENTED
+            or any(w in name for w in _WRITERS) or isinstance(node.target, torch._ops.HigherOrderOperator)
+            or getattr(getattr(node.target, "_schema", None), "is_mutable", False))
 
 
 def replay_restart(names: list[str]) -> None:
