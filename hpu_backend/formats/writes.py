@@ -89,7 +89,7 @@ def written_inputs(recipe: Recipe, schema_writes: SchemaWrites | None = None) ->
     for node in recipe.nodes:
         for value in written_values(node, schema_writes):
             written |= _roots(value, roots)
-        roots[node.name] = _roots([node.args, node.kwargs], roots)
+        roots[node.name] = _roots([node.args, list(node.kwargs.values())], roots)
     return written & set(recipe.input_names)
 
 

@@ -21,8 +21,12 @@ class UndeclaredWrite(ValueError):
 
 @functools.cache
 def schema_writes(name: str) -> tuple[tuple[int, str], ...]:
-    """(position, name) of the arguments an allowlisted op's schema marks written (OpNotAllowed otherwise)."""
-    schema = getattr(ops.resolve(name), "_schema", None)
+    """(position, name) of the arguments an allowlisted op's schema marks written; none for another name (the
+    allowlist refuses it wherever a recipe is loaded)."""
+    try:
+        schema = getattr(ops.resolve(name), "_schema", None)
+    except ops.OpNotAllowed:
+        return ()
     if schema is None:
         return ()
     return tuple((i, a.name) for i, a in enumerate(schema.arguments)
