@@ -53,7 +53,7 @@ aten = torch.ops.aten
 HOST_READS = {getattr(torch.Tensor, name): name for name in (
     "item", "tolist", "numpy", "__repr__", "__format__", "__bool__", "__int__", "__float__", "__index__",
     "data_ptr", "cpu", "__array__", "untyped_storage", "storage", "_typed_storage", "__dlpack__",
-    "__reduce_ex__", "__deepcopy__", "__getstate__")}
+    "__reduce_ex__", "__deepcopy__")}
 
 # Files that are not the user's: torch, this package, the standard library.
 _NOT_USER = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))
