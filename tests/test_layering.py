@@ -25,7 +25,7 @@ FLOORS = (
     ("recipecache",),
     ("hpu_backend.errors", "hpu_backend.metrics", "hpu_backend.version"),
     ("hpu_backend.formats",),
-    ("hpu_backend.settings", "hpu_backend.targets"),
+    ("hpu_backend.settings", "hpu_backend.buckets", "hpu_backend.targets"),
     ("hpu_backend.runtime",),
     ("hpu_backend.lowering",),
     ("hpu_backend.capture",),

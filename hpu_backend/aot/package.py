@@ -25,7 +25,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
 
-from ..serve.buckets import policies_for
 from ..capture.exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringContext, LoweringError, constant_of, lower_bucket
 from .modelfile import ModelSpec, point_label
@@ -156,7 +155,7 @@ def _candidate_bounds(varying: dict[str, list[int]], spec: ModelSpec,
     """Each dimension's (min, max) to export with, widest first: from 1, from the bottom of the smallest
     point's bucket, from the smallest point; each up to the top of the largest point's bucket, then up to
     the largest point. ``spec.axes_min`` fixes an axis's min."""
-    policies = dict(zip(varying, policies_for(settings.buckets, [f"s{k}" for k in range(len(varying))])))
+    policies = dict(zip(varying, settings.bucket_policies([f"s{k}" for k in range(len(varying))])))
     lows = {name: [1, max(1, policies[name].bucket(min(sizes))[0]), min(sizes)] for name, sizes in varying.items()}
     highs = {name: [policies[name].bucket(max(sizes))[1], max(sizes)] for name, sizes in varying.items()}
     tried = []
@@ -181,7 +180,7 @@ def _ranges(ep: ExportedProgram, template: Recipe) -> dict[str, list[int]]:
 def _bucket_recipes(template: Recipe, ctx: LoweringContext, inputs: list[GraphInput], examples: list[tuple],
                     spec: ModelSpec) -> tuple[list[Recipe], list[list[str]]]:
     """One recipe per distinct bucket of the points, and the points each covers."""
-    policies = policies_for(ctx.settings.buckets, template.symbols)
+    policies = ctx.settings.bucket_policies(template.symbols)
     found: dict[tuple, tuple[Recipe, list[str]]] = {}
     for point, example in zip(spec.points(), examples):
         flat = pytree.tree_leaves((example, {}))

@@ -36,7 +36,6 @@ from . import fallback, hbm
 from .. import metrics
 from ..errors import one_line
 from ..formats import symexpr
-from .buckets import policies_for
 from .keys import GraphKey, graph_key
 from ..lowering import LoweringContext, LoweringError, lower, lower_bucket
 from ..formats.recipe import Recipe
@@ -136,7 +135,7 @@ class CompiledGraph:
         self.store = store
         self.first_reason = first_reason  # why this graph's first recipe gets compiled
         self.eager = eager  # the boxed aten graph, run after a lowering failure (None: no graph at hand)
-        self.policies = policies_for(ctx.settings.buckets, template.symbols)
+        self.policies = ctx.settings.bucket_policies(template.symbols)
         self.read_symbols = symbol_reader(template.symbol_sources)
         self.known: dict[tuple, Taken] = {}  # symbol values -> taken bucket (a memo, cleared when large)
         self.buckets: OrderedDict[tuple, Taken] = OrderedDict()  # bucket -> taken bucket, least recent first
