@@ -24,7 +24,7 @@ from ..formats.keyparts import toolchain, toolchain_id
 
 if TYPE_CHECKING:
     from .modelfile import ModelSpec
-    from .warm import WarmReport
+    from .reports import WarmReport
 
 MANIFEST_DIR = "manifests"
 MAX_MANIFEST = 4 * 1024 * 1024  # a manifest lists keys: KBs

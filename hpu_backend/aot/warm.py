@@ -13,7 +13,6 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -23,73 +22,10 @@ from recipecache import CacheConfig, RecipeCache
 
 from .. import metrics
 from ..serve.compiled import Event, listen
-from .cachefit import CacheFit, cache_fit
+from .cachefit import cache_fit
 from .manifests import manifest, send_manifest, write_manifest
 from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
-
-
-@dataclass(frozen=True)
-class UsedRecipe:
-    """A recipe a point ran or took up, as its graph's events reported it."""
-
-    graph: str  # the compiled graph's name (fx_graph_0003_fw): the same graph at two points has one name
-    recipe: Any  # the Recipe
-    key: str | None  # its cache key (None: not cached)
-    env: dict[str, int]  # the call's symbol values ({} when it was only taken up)
-    compiled_for: str  # why it was lowered ("new graph", "guard failure", "new bucket"); "" from the store
-
-
-@dataclass
-class PointResult:
-    """What warming one shape point did."""
-
-    point: dict[str, int]
-    keys: list[str] = field(default_factory=list)  # the recipe keys this point uses
-    compiled: int = 0  # recipes built (lowered) for this point
-    hits: int = 0  # recipes this point used without building them (from the cache: disk or memory)
-    seconds: float = 0.0
-    max_abs_diff: float | None = None  # vs eager, with check=True
-    check_error: str = ""
-    programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
-    fallback_ops: list[str] = field(default_factory=list)  # ops its recipes run on the CPU (placement fallbacks)
-    used: list[UsedRecipe] = field(default_factory=list, repr=False)  # live recipes, for analysis; not in JSON
-
-    @property
-    def label(self) -> str:
-        return point_label(self.point)
-
-    @property
-    def status(self) -> str:
-        return "compiled" if self.compiled else "hit"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (what ``--json`` prints and prebuild's workers send back): without ``used``."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "used"}
-
-
-@dataclass
-class WarmReport:
-    """All points of one warm-up, with the totals ``--json`` prints."""
-
-    model: str
-    mode: str  # "inference" | "train"
-    points: list[PointResult]
-    seconds: float
-    fit: CacheFit | None = None  # whether the cache kept what the points use (warm and prebuild)
-    manifest: str | None = None  # the manifest warm and prebuild wrote (None: it could not be written)
-    warnings: list[str] = field(default_factory=list)  # what went wrong around the run (the run itself is fine)
-
-    def summary(self) -> dict[str, Any]:
-        keys = {k for p in self.points for k in p.keys}
-        return {"model": self.model, "mode": self.mode, "buckets": len(self.points),
-                "compiled": sum(p.compiled for p in self.points), "hits": sum(p.hits for p in self.points),
-                "recipes": len(keys), "seconds": round(self.seconds, 3),
-                "mismatches": sum(bool(p.check_error) for p in self.points),
-                "fallback_ops": sorted({op for p in self.points for op in p.fallback_ops})}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.summary(), "points": [p.to_dict() for p in self.points],
-                **({"cache_fit": self.fit.to_dict()} if self.fit else {})}
+from .reports import PointResult, UsedRecipe, WarmReport
 
 
 def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str]]:
