@@ -1,5 +1,6 @@
-"""Gaudi's device-memory counters (``habana_frameworks.torch.hpu.memory_allocated`` and friends) for the
-simulated device: what the recipes that ran hold, from their memory plans.
+"""The simulated device's memory counters (``hpu_backend.gaudi.memory_allocated`` and friends, Gaudi's
+``habana_frameworks.torch.hpu`` names): what the recipes that ran hold, from their memory plans. One device
+per process; every session observes its runs with ``on_run``.
 
 The device holds every tensor a compiled graph read or produced (parameters, inputs, activations saved for
 the backward, gradients) while it lives: a storage is counted once, from the first recipe call that reads or
@@ -18,7 +19,6 @@ from typing import Any
 
 import torch
 
-from ..serve.compiled import observe_runs
 from ..targets import device
 
 _lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
@@ -75,7 +75,8 @@ def _tensors_in(values) -> list[torch.Tensor]:
     return [v for v in values if isinstance(v, torch.Tensor) and not v.is_meta]
 
 
-def _on_run(recipe, args: list, outputs) -> None:
+def on_run(recipe, args: list, outputs) -> None:
+    """Count what one run of a compiled graph held (a run observer of every session)."""
     if recipe is None:
         return
     outs = _tensors_in(outputs if isinstance(outputs, (list, tuple)) else [outputs])
@@ -84,6 +85,3 @@ def _on_run(recipe, args: list, outputs) -> None:
         _stats["InUse"] += sum(_add(t) for t in _tensors_in(args) + outs)
         arena = int(recipe.facts.get("memory", {}).get("arena_bytes", 0))
         _stats["MaxInUse"] = max(_stats["MaxInUse"], _stats["InUse"] + arena)  # while it ran: all that, and its arena
-
-
-observe_runs(_on_run)
