@@ -136,10 +136,10 @@ def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
         if number is None or number < 0:
             raise SettingsError(f"{where} must be a whole number >= 0, got {value!r}")
         return number
-    if f.name == "cache_config":
-        return _cache_config(value, where)
     if f.name == "buckets":
         return _buckets(value, where)
+    if f.name == "cache_config":
+        return _cache_config(value, where)
     if not isinstance(value, str):
         raise SettingsError(f"{where} must be a string, got {value!r}")
     return value

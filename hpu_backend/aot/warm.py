@@ -186,7 +186,8 @@ def _options(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: bool
 
 def open_session(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: bool = True) -> Session:
     """The session a warm-up or prebuild of ``spec`` compiles in: its settings, over the store they ask for."""
-    return Session.open(Settings.from_options(_options(spec, cache_config, execute=execute)))
+    options = _options(spec, cache_config, execute=execute)
+    return Session.open(Settings.from_options(options))
 
 
 def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,

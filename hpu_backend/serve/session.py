@@ -22,16 +22,15 @@ import contextvars
 import dataclasses
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..formats.recipe import Recipe
 from ..lowering import LoweringContext, lower_bucket
-from ..settings import Settings
-from . import device_memory
-from .store import RecipeStore, cache_config
+from recipecache import CacheConfig, ConfigError
 
-if TYPE_CHECKING:
-    from .compiled import CompiledGraph
+from ..settings import Settings, SettingsError
+from . import device_memory
+from .store import RecipeStore
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class Event:
     program: str | None = None  # the key of the stored program the graph belongs to, if any
     env: dict[str, int] | None = None  # "use": the call's symbol values
     compiled_for: str = ""  # "take" of a lowered recipe: "new graph" | "guard failure" | "new bucket"
-    source: "CompiledGraph | None" = None  # the emitting graph, for tests and benchmarks that call it
+    source: Any = None  # the emitting CompiledGraph, for tests and benchmarks that call it
 
 
 Listener = Callable[[Event], None]
@@ -106,7 +105,8 @@ class Session:
     @classmethod
     def open(cls, settings: Settings, runs: list[RunObserver] | None = None) -> "Session":
         """A session over the store ``settings`` ask for (SettingsError for a malformed cache configuration)."""
-        store = RecipeStore.open(cache_config(settings))
+        config = cache_config(settings)
+        store = RecipeStore.open(config)
         return cls(settings, store) if runs is None else cls(settings, store, runs)
 
     def with_settings(self, settings: Settings) -> "Session":
@@ -141,6 +141,22 @@ class Session:
             yield self
         finally:
             _in_use.reset(token)
+
+
+def cache_config(settings: Settings) -> CacheConfig | None:
+    """The disk cache configuration these settings ask for: None with ``cache=False``, else the ``cache_config``
+    option or its environment variable (parsed once, by Settings), else the defaults."""
+    if not settings.cache:
+        return None
+    return settings.cache_config if settings.cache_config is not None else default_config()
+
+
+def default_config() -> CacheConfig:
+    """The configuration of ``PT_HPU_RECIPE_CACHE_CONFIG``, else the defaults (SettingsError if malformed)."""
+    try:
+        return CacheConfig.from_env()
+    except ConfigError as e:
+        raise SettingsError(str(e)) from None
 
 
 _in_use: contextvars.ContextVar[Session | None] = contextvars.ContextVar("hpu_backend_session", default=None)

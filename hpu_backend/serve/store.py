@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, TypeVar
 
-from recipecache import CacheConfig, CacheError, ConfigError, DisabledCache, RecipeCache, open_cache
+from recipecache import CacheConfig, CacheError, DisabledCache, RecipeCache, open_cache
 
 from ..formats.keyparts import toolchain_id
 from .keys import ProgramKey
 from ..formats.program import Program
 from ..formats.recipe import Recipe, RecipeFormatError
 from ..runtime import RecipeLoadError, check_ops
-from ..settings import Settings, SettingsError
+from ..settings import Settings
 
 T = TypeVar("T")
 
@@ -106,22 +106,6 @@ def entry_meta(recipe: Recipe, parts: dict[str, str], detail: dict[str, Any], se
         "key_parts": dict(parts),
         "key_detail": {k: detail[k] for k in ("settings", "toolchain", "bucket") if k in detail},
     }
-
-
-def cache_config(settings: Settings) -> CacheConfig | None:
-    """The disk cache configuration these settings ask for: None with ``cache=False``, else the ``cache_config``
-    option or its environment variable (parsed once, by Settings), else the defaults."""
-    if not settings.cache:
-        return None
-    return settings.cache_config if settings.cache_config is not None else default_config()
-
-
-def default_config() -> CacheConfig:
-    """The configuration of ``PT_HPU_RECIPE_CACHE_CONFIG``, else the defaults (SettingsError if malformed)."""
-    try:
-        return CacheConfig.from_env()
-    except ConfigError as e:
-        raise SettingsError(str(e)) from None
 
 
 def _ident(config: CacheConfig | None) -> tuple | None:
