@@ -18,7 +18,8 @@ from hpu_backend import load_package
 from hpu_backend.formats.recipe import Recipe
 from hpu_backend.runtime import RecipeLoadError, build_callable, ops
 from hpu_backend.runtime.writes import HIDDEN_WRITES, written_inputs
-from hpu_backend.serve.store import reset_stores
+from hpu_backend.serve.session import Session
+from hpu_backend.settings import Settings
 from test_hostile_package import built, crafted, node, recipe, refused  # noqa: F401 (built is a fixture)
 from test_programs import _keys, _rewrite
 
@@ -99,12 +100,15 @@ class Norm(torch.nn.Module):
 
 
 def _compiled_run(cache_dir, model, x, dynamic=False):
+    """``model(x)`` through torch.compile, with a new Dynamo and a session of its own over the cache (as in a
+    fresh process); flushed to disk on return."""
     torch._dynamo.reset()
-    reset_stores()
-    compiled = torch.compile(model, backend="hpu_backend", dynamic=dynamic,
-                             options={"cache_config": f"{cache_dir},false,64"})
-    out = compiled(x)
-    reset_stores()
+    options = {"cache_config": f"{cache_dir},false,64"}
+    session = Session.open(Settings.from_options(options))
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=dynamic, options=options)
+    with session.use():
+        out = compiled(x)
+    session.flush()
     return out
 
 
