@@ -7,17 +7,16 @@ from __future__ import annotations
 import copy
 import json
 
-import msgpack
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cli_helpers import cli
 from conftest import run_python
-from hpu_backend import load_package
+from hpu_backend import PackageError, load_package
 from hpu_backend.formats.recipe import Recipe
 from hpu_backend.runtime import RecipeLoadError, build_callable, ops
-from hpu_backend.runtime.writes import HIDDEN_WRITES, written_inputs
+from hpu_backend.runtime.writes import HIDDEN_WRITES
 from hpu_backend.serve.session import Session
 from hpu_backend.settings import Settings
 from test_hostile_package import built, crafted, node, recipe, refused  # noqa: F401 (built is a fixture)
@@ -70,7 +69,7 @@ def test_batch_norm_in_training_mode_in_a_package_is_refused_and_the_model_is_un
     path = crafted(built, tmp_path, lambda raw: _batch_norm_into(raw, name))
     assert "writes into one of its inputs" in refused(path, model)
     x = built[2].inputs({"batch": 2})[0]
-    with pytest.raises(Exception):
+    with pytest.raises(PackageError):
         load_package(path, model)(x)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
