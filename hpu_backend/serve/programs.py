@@ -268,7 +268,10 @@ def _may_write(node: torch.fx.Node) -> bool:
         return node.op == "call_module"
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     in_place = name.endswith("_") and not name.endswith("__")
-    return (in_place or "out" in node.kwargs or node.kwargs.get("inplace") is True or node.target in _AUGMENTED
+    # torch.nn.functional's activations and dropouts take ``inplace`` positionally too (F.relu(x, True))
+    functional_flag = getattr(node.target, "__module__", "") == "torch.nn.functional" and True in node.args
+    return (in_place or "out" in node.kwargs or node.kwargs.get("inplace") is True or functional_flag
+            or node.target in _AUGMENTED
             or any(w in name for w in _WRITERS) or isinstance(node.target, torch._ops.HigherOrderOperator)
             or getattr(getattr(node.target, "_schema", None), "is_mutable", False))
 
