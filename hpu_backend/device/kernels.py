@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..gaudi.mixed_precision import op_lists
+from . import tensor
 from .tensor import HPU, HpuTensor
 
 aten = torch.ops.aten
@@ -40,10 +41,25 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), _device(device))
 
 
+def _copy_from(src, dst, non_blocking=False):
+    """A copy torch makes below Python dispatch (``torch.tensor(data, device="hpu")``): done on the host tensors,
+    after the device has run any pending work on the destination."""
+    source = src.host if isinstance(src, HpuTensor) else src
+    target = dst.host if isinstance(dst, HpuTensor) else dst
+    device = tensor.DISPATCH[0]
+    if device is not None and device.recorder is not None:
+        device.sync_write(target)
+        if isinstance(src, HpuTensor):
+            device.sync_write(source)
+    target.copy_(source)
+    return dst
+
+
 def register(lib: torch.library.Library) -> None:
     """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library kept alive by the caller)."""
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lower, fp32 = op_lists()
     casts = {name: torch.float32 for name in fp32}
     casts.update({name: None for name in lower})  # None: the autocast dtype; lower precision wins, as on Gaudi

@@ -78,6 +78,17 @@ class _Guard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+def _no_tag(obj) -> None:
+    return None  # device tensors save their host values (HpuTensor.__reduce_ex__): no storage is on the device
+
+
+def _host_storage(storage, location: str):
+    """``torch.load(..., map_location="hpu")`` of storages saved from host tensors: the storage stays in host
+    memory (device tensors have no storage of their own), so those tensors load on the CPU; the checkpoint's
+    device tensors, saved with their device, load on the device."""
+    return storage if location.split(":")[0] == tensor.HPU else None
+
+
 def _register() -> None:
     """Name PrivateUse1 ``hpu`` and install the module, methods and kernels (once per process)."""
     if "lib" in _state:
@@ -94,6 +105,7 @@ def _register() -> None:
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
+    torch.serialization.register_package(15, _no_tag, _host_storage)
     lib = torch.library.Library("aten", "IMPL")
     kernels.register(lib)
     _state["lib"] = lib
