@@ -55,11 +55,27 @@ def _copy_from(src, dst, non_blocking=False):
     return dst
 
 
-def register(lib: torch.library.Library) -> None:
-    """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library kept alive by the caller)."""
+def _pin_memory(self, device=None):
+    """Page-locked host memory for copies to the device: host memory is all the simulated device reads, so a
+    pinned tensor is a plain copy (what a pinned tensor is: a copy in other host memory)."""
+    return self.clone()
+
+
+def _is_pinned(self, device=None) -> bool:
+    return False
+
+
+def register(lib: torch.library.Library, every_op: torch.library.Library) -> None:
+    """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library) and ``every_op`` (a ``_`` IMPL
+    library, for the autocast key's fallthrough); the caller keeps both alive."""
+    every_op.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")  # ops on no list: as they come
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    # DataLoader(pin_memory=True) pins for the current accelerator, now the hpu device: torch asks a C++
+    # backend for a pinned-memory allocator, which a Python backend cannot give, so pinning is a host copy.
+    lib.impl("_pin_memory", _pin_memory, "CPU")
+    lib.impl("is_pinned", _is_pinned, "CPU")
     lower, fp32 = op_lists()
     casts = {name: torch.float32 for name in fp32}
     casts.update({name: None for name in lower})  # None: the autocast dtype; lower precision wins, as on Gaudi

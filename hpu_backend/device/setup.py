@@ -106,6 +106,6 @@ def _register() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch.serialization.register_package(15, _no_tag, _host_storage)
-    lib = torch.library.Library("aten", "IMPL")
-    kernels.register(lib)
-    _state["lib"] = lib
+    lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")
+    kernels.register(lib, every_op)
+    _state["lib"] = (lib, every_op)
