@@ -55,6 +55,19 @@ def _copy_from(src, dst, non_blocking=False):
     return dst
 
 
+# Factories whose CPU kernel fills an ``out=`` tensor it resizes: a device tensor's shape is fixed when it is made,
+# so these are made on the host, whole, and wrapped.
+HOST_FACTORIES = ("arange", "linspace", "logspace", "eye", "randperm", "range", "tril_indices", "triu_indices")
+
+
+def _host_factory(op):
+    def kernel(*args, **kwargs):
+        device = _device(kwargs.get("device"))
+        kwargs["device"] = torch.device("cpu")
+        return HpuTensor(op(*args, **kwargs), device)
+    return kernel
+
+
 def _pin_memory(self, device=None):
     """Page-locked host memory for copies to the device: host memory is all the simulated device reads, so a
     pinned tensor is a plain copy (what a pinned tensor is: a copy in other host memory)."""
@@ -72,6 +85,12 @@ def register(lib: torch.library.Library, every_op: torch.library.Library) -> Non
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    for name in HOST_FACTORIES:
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if not op._schema.is_mutable and any(a.name == "device" for a in op._schema.arguments):
+                lib.impl(f"{name}.{overload}" if overload != "default" else name, _host_factory(op), "PrivateUse1")
     # DataLoader(pin_memory=True) pins for the current accelerator, now the hpu device: torch asks a C++
     # backend for a pinned-memory allocator, which a Python backend cannot give, so pinning is a host copy.
     lib.impl("_pin_memory", _pin_memory, "CPU")

@@ -15,7 +15,7 @@ import torch
 
 from ..gaudi import lazy_mode, memory
 from ..settings import Settings
-from . import kernels, module, tensor
+from . import kernels, module, report as reporting, tensor
 from .dispatch import Device
 
 MODES = ("lazy", "eager")
@@ -41,9 +41,21 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     memory.set_target(settings.target)
     module.TARGET[0] = settings.target
     device = _state["device"] = Device(mode, settings)
+    if "times" not in _state:
+        _state["times"] = reporting.StepTimes()
+        reporting.watch(_state["times"], lambda: _state["device"].ops)
     tensor.DISPATCH[0] = device
     tensor.BEFORE_COMPILED[0] = lambda: device.flush("a compiled graph reads device tensors")
     return module
+
+
+def report() -> dict:
+    """What the run did on the device (``report.py``): mode, target, per-step ops, graphs, recipes compiled and
+    estimated device time, recompiles, CPU fallbacks, host syncs, peak memory against HBM. JSON-ready."""
+    device = _state.get("device")
+    if device is None:
+        raise DeviceSetupError("the hpu device is not enabled: call hpu_backend.device.enable() first")
+    return reporting.build(device, _state["times"])
 
 
 def current() -> Device | None:
