@@ -3,6 +3,7 @@ host reads as syncs, torch.compile on device tensors, pinned-memory loaders."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -157,3 +158,26 @@ def test_pin_memory_loader_feeds_the_device(eager):
     loader = torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)
     batches = [x.to("hpu", non_blocking=True) for x, _ in loader]
     torch.testing.assert_close(torch.cat(batches).cpu(), data.tensors[0])
+
+
+def test_report_names_the_loop_constant_line_syncs_and_memory(lazy):
+    steps = torch.arange(6.0, device="hpu")
+    x = torch.zeros(3, device="hpu")
+    for i in range(4):
+        t_1 = steps[i]  # the docs' pattern: a new graph per iteration, the constant i in it
+        x = x + t_1 * 2
+        gaudi.mark_step()
+    for _ in range(3):  # a steady loop: nothing new
+        x = x * 0.5
+        gaudi.mark_step()
+    assert x.cpu().tolist() == [((0 + 2 + 4 + 6) / 8)] * 3
+    report = hd.report()
+    assert json.loads(json.dumps(report)) == report
+    assert report["mode"] == "lazy" and report["target"] == "gaudi2"
+    line = f"{os.path.basename(__file__)}:{_line('t_1 = steps[i]')}"
+    loop = [r for r in report["recompiles"] if r["kind"] == "lazy graph" and line in r["cause"]]
+    assert len(loop) >= 2 and all("a constant changed: aten.select.int argument 2" in r["cause"] for r in loop)
+    assert all(s["recipes_compiled"] == 0 and not s["new_graphs"] for s in report["lazy_graph_steps"][-2:])
+    assert any(s["source"].endswith(f":{_line('assert x.cpu()')}") for s in report["host_syncs"])
+    assert 0 < report["memory"]["peak_bytes"] <= report["memory"]["hbm_bytes"]
+    assert report["estimated_device_s_per_step"] > 0
