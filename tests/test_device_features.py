@@ -181,3 +181,23 @@ def test_report_names_the_loop_constant_line_syncs_and_memory(lazy):
     assert any(s["source"].endswith(f":{_line('assert x.cpu()')}") for s in report["host_syncs"])
     assert 0 < report["memory"]["peak_bytes"] <= report["memory"]["hbm_bytes"]
     assert report["estimated_device_s_per_step"] > 0
+
+
+def test_eager_ops_lower_once_per_layout_and_add_their_estimate(eager):
+    def graphs():
+        return sum(len(s.graphs) for s in gaudi.lazy_report())
+
+    x = torch.randn(5, 7, device="hpu")
+    start = graphs()
+    y = torch.tanh(x) * 3
+    lowered = graphs() - start
+    z = torch.tanh(x) * 3  # the same ops on the same layouts: nothing lowered again
+    assert lowered == 2 and graphs() - start == 2
+    w = torch.randn(6, 7, device="hpu")
+    before = graphs()
+    torch.tanh(w)  # a new layout: lowered once more
+    assert graphs() - before == 1
+    torch.testing.assert_close(z.cpu(), y.cpu())
+    torch.testing.assert_close(y.cpu(), torch.tanh(x.cpu()) * 3)
+    steps = hd.report()["steps"]
+    assert steps[-1]["estimated_device_s"] > 0

@@ -26,10 +26,15 @@ class StepTimes:
     def __init__(self):
         self.steps: list[dict] = [{"ops": 0, "estimated_device_s": 0.0}]
         self.ops_at_start = 0
+        self.total_s = 0.0  # over the whole run: what an eager op's first run adds is its estimate
 
     def on_run(self, recipe, args, outputs) -> None:
         if recipe is not None:
-            self.steps[-1]["estimated_device_s"] += float(recipe.facts.get("cost", {}).get("total_s") or 0.0)
+            self.add(float(recipe.facts.get("cost", {}).get("total_s") or 0.0))
+
+    def add(self, seconds: float) -> None:
+        self.steps[-1]["estimated_device_s"] += seconds
+        self.total_s += seconds
 
     def end_step(self, ops_now: int) -> None:
         self.steps[-1]["ops"] = ops_now - self.ops_at_start

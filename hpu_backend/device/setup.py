@@ -36,7 +36,7 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     if current is not None and (current.mode, current.settings) == (mode, settings):
         return module
     _register()
-    if current is not None and current.mode == "lazy":
+    if current is not None:
         lazy_mode.release_device_recorder()
     memory.set_target(settings.target)
     module.TARGET[0] = settings.target
@@ -44,6 +44,8 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     if "times" not in _state:
         _state["times"] = reporting.StepTimes()
         reporting.watch(_state["times"], lambda: _state["device"].ops)
+    times = _state["times"]
+    device.on_estimate, device.measure = times.add, lambda: times.total_s
     tensor.DISPATCH[0] = device
     tensor.BEFORE_COMPILED[0] = lambda: device.flush("a compiled graph reads device tensors")
     return module
