@@ -201,3 +201,16 @@ def test_eager_ops_lower_once_per_layout_and_add_their_estimate(eager):
     torch.testing.assert_close(y.cpu(), torch.tanh(x.cpu()) * 3)
     steps = hd.report()["steps"]
     assert steps[-1]["estimated_device_s"] > 0
+
+
+def test_strict_lazy_mode_refuses_the_graph_holding_a_fallback():
+    from hpu_backend.lowering import LoweringError
+
+    hd.enable("lazy", {"strict": True})
+    try:
+        y = torch.digamma(torch.rand(4, dtype=torch.bfloat16, device="hpu"))
+        with pytest.raises(LoweringError, match="^CPU fallback of aten::digamma \\(bfloat16\\) in strict mode"):
+            gaudi.mark_step()
+        del y
+    finally:
+        hd.enable("eager")
