@@ -105,7 +105,7 @@ class Device:
         before = self.measure()
         out = self.recorder.__torch_dispatch__(func, (), args, kwargs)
         if self.recorder.pending():
-            self.recorder.flush("eager op", "eager")
+            self.recorder.flush("eager op", user_line())
         if key is not None and len(self.estimates) < _EAGER_KEYS:
             self.estimates[key] = self.measure() - before
         return out
