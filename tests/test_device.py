@@ -143,3 +143,17 @@ def test_torch_hpu_module():
     assert t.is_hpu if hasattr(t, "is_hpu") else t.device.type == "hpu"
     assert nn.Linear(2, 2).hpu().weight.device.type == "hpu"
     hpu.synchronize()
+
+
+def test_streams_events_and_properties_a_timing_script_uses():
+    hpu = hd.enable("eager")
+    start, end = hpu.Event(enable_timing=True), hpu.Event(enable_timing=True)
+    start.record()
+    torch.ones(8, device="hpu").sum().item()
+    end.record()
+    end.synchronize()
+    assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+    with hpu.stream(hpu.current_stream()):
+        hpu.current_stream().synchronize()
+    props = hpu.get_device_properties(0)
+    assert props.name == hpu.get_device_name() and props.total_memory == hpu.mem_get_info()[1]
