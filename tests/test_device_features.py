@@ -15,6 +15,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hpu_backend.device as hd
+
+# The device exists from collection on: torch's autograd engine sizes its per-device queues at the process's
+# first backward, so a device enabled after one cannot run a backward (a script under the launcher has the
+# device from its first line). Enabling it is global to the process (PrivateUse1 renamed, torch.hpu).
+hd.enable("eager")
 from hpu_backend import gaudi
 from hpu_backend.gaudi import memory
 

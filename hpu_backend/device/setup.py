@@ -29,7 +29,10 @@ class DeviceSetupError(RuntimeError):
 def enable(mode: str | None = None, options: dict | None = None) -> types.ModuleType:
     """Enable the hpu device in ``mode`` ("lazy" | "eager"; None: ``PT_HPU_LAZY_MODE``, unset or 1 → lazy,
     0 → eager) with backend ``options`` (target, cache, strict, ...); returns the ``torch.hpu`` module.
-    Idempotent; a later call with another mode or options switches the device after running pending work."""
+    Idempotent; a later call with another mode or options switches the device after running pending work.
+
+    Call it before the process's first backward: torch's autograd engine sizes its per-device queues then, and
+    a device that did not exist yet cannot run a backward (torch fails an internal assertion)."""
     mode = _mode(mode)
     settings = Settings.from_options(options or {})
     current = _state.get("device")
