@@ -21,7 +21,7 @@ import hpu_backend.device as hd
 # device from its first line). Enabling it is global to the process (PrivateUse1 renamed, torch.hpu).
 hd.enable("eager")
 from hpu_backend import gaudi
-from hpu_backend.gaudi import memory
+from hpu_backend.serve import device_memory as memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

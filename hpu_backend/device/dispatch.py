@@ -15,7 +15,7 @@ of the device ones:
   and runs directly on the host tensors after that, adding its recipe's estimated device time to the step.
 
 Results are wrapped back into device tensors (an in-place op returns the very tensor it wrote); each new
-storage is counted by the allocator (``gaudi/memory.py``).
+storage is counted by the allocator (``serve/device_memory.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``,
   ``WORLD_SIZE``, else 1 (one simulated card per rank, as a server gives each rank its own card).
 - Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
   it, and a seeded script draws the same numbers on the device as on the CPU.
-- Memory: ``memory_allocated`` and friends read the device allocator (``gaudi/memory.py``).
+- Memory: ``memory_allocated`` and friends read the device allocator (``serve/device_memory.py``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from ..gaudi import memory
+from ..serve import device_memory as memory
 from . import tensor
 from .tensor import HPU
-from ..gaudi.memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
+from ..serve.device_memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
                             reset_peak_memory_stats)
 
 _current = [0]

@@ -13,7 +13,9 @@ import types
 
 import torch
 
-from ..gaudi import lazy_mode, memory
+from ..gaudi import lazy_mode
+from ..serve import device_memory as memory
+from ..serve.session import session_for
 from ..settings import Settings
 from . import kernels, module, report as reporting, tensor
 from .dispatch import Device
@@ -46,7 +48,9 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     device = _state["device"] = Device(mode, settings)
     if "times" not in _state:
         _state["times"] = reporting.StepTimes()
-        reporting.watch(_state["times"], lambda: _state["device"].ops)
+        # The device is a front end like the others: it compiles in the session in use, else the process's
+        # (the one its lazy graphs are handed to), and observes the runs of its graphs there.
+        reporting.watch(_state["times"], lambda: _state["device"].ops, session_for(settings))
     times = _state["times"]
     device.on_estimate, device.measure = times.add, lambda: times.total_s
     tensor.DISPATCH[0] = device

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from ..gaudi import memory
+from ..serve import device_memory as memory
 
 HPU = "hpu"
 
