@@ -162,3 +162,18 @@ def test_streams_events_and_properties_a_timing_script_uses():
         hpu.current_stream().synchronize()
     props = hpu.get_device_properties(0)
     assert props.name == hpu.get_device_name() and props.total_memory == hpu.mem_get_info()[1]
+
+
+def test_gradients_accumulate_over_backward_passes_as_on_the_cpu(mode):
+    torch.manual_seed(3)
+    reference = nn.Linear(4, 3)
+    model = nn.Linear(4, 3)
+    model.load_state_dict(reference.state_dict())
+    model.to("hpu")
+    xs = [torch.randn(2, 4) for _ in range(3)]
+    for x in xs:  # no zero_grad: the second and third backward add into .grad
+        reference(x).pow(2).sum().backward()
+        model(x.to("hpu")).pow(2).sum().backward()
+    gaudi.mark_step()
+    torch.testing.assert_close(model.weight.grad.cpu(), reference.weight.grad)
+    torch.testing.assert_close(model.bias.grad.cpu(), reference.bias.grad)
