@@ -40,7 +40,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     ``mode="reduce-overhead"`` replays inference graphs as HPU Graphs do (``compiled.Replay``).
     """
     settings = Settings.from_options(options)
-    _warn_hpu_autocast()
+    _warn_hpu_autocast(example_inputs)
     replay = _mode(kwargs.get("mode"))
     graph_id = next(_graph_ids)
     reason = _compile_reason(settings)
@@ -102,9 +102,12 @@ def _mode(mode: str | None) -> bool:
 _warned_autocast = [False]
 
 
-def _warn_hpu_autocast() -> None:
-    """``torch.autocast(device_type="hpu")`` casts nothing on host tensors: say so once, with the fix."""
+def _warn_hpu_autocast(example_inputs: list) -> None:
+    """``torch.autocast(device_type="hpu")`` casts nothing on host tensors: say so once, with the fix (not for
+    tensors of the hpu device, ``hpu_backend.device``, where autocast applies Gaudi's lists)."""
     if _warned_autocast[0] or not torch.is_autocast_enabled("hpu"):
+        return
+    if any(isinstance(t, torch.Tensor) and t.device.type == "hpu" for t in example_inputs):
         return
     _warned_autocast[0] = True
     log.warning("hpu_backend: torch.autocast(device_type=\"hpu\") casts nothing on the simulated device (its "

@@ -2,7 +2,7 @@
 
 Floors, bottom to top (a module's floor is its longest matching prefix):
 recipecache → errors, metrics, version → formats → settings, targets → runtime → lowering → capture →
-serve → backend → gaudi → aot → the hpu_backend package itself → cli (hpurecipe).
+serve → backend → gaudi, device → aot → the hpu_backend package itself → cli (hpurecipe).
 
 The floors meet at the compile session (``hpu_backend.serve.session``): every front end hands its graphs to
 one, so the session is the one place that runs the bucket passes (``lower_bucket``) outside the lowering
@@ -35,7 +35,7 @@ FLOORS = (
     ("hpu_backend.capture",),
     ("hpu_backend.serve",),
     ("hpu_backend.backend",),
-    ("hpu_backend.gaudi",),
+    ("hpu_backend.gaudi", "hpu_backend.device"),
     ("hpu_backend.aot",),
     ("hpu_backend",),
     ("hpurecipe",),
