@@ -508,11 +508,19 @@ def _huge(conn, stop):
     stop.wait(5)
 
 
+HELLO3 = b"%1\r\n+proto\r\n:3\r\n"  # the map redis-py expects in answer to HELLO 3
+
+# Each case: the crafted replies, the URL's query, and what its one warning says.
 HOSTILE = {
-    "a 4 GB bulk reply": ({"GET": _huge}, "?protocol=2", "limit"),
     "a slow-drip reply": ({"GET": _drip}, "?protocol=2", "within"),
     "an odd reply to HELLO": ({"HELLO": b"+OK\r\n"}, "", "AttributeError"),  # redis-py expects a map
     "an error with escape codes": ({"GET": b"-ERR \x1b[31mred\x1b]0;title\x07\r\n"}, "?protocol=2", "\\x1b[31mred"),
+    "an integer reply of 4e9 to GET": ({"GET": b":4000000000\r\n"}, "?protocol=2", "not a string"),
+    "an integer reply of 1e15 to GET": ({"GET": b":1000000000000000\r\n"}, "?protocol=2", "not a string"),
+    "a float reply to GET": ({"HELLO": HELLO3, "GET": b",1.5\r\n"}, "?protocol=3", "not a string"),
+    "a map reply to GET": ({"HELLO": HELLO3, "GET": b"%1\r\n+a\r\n+b\r\n"}, "?protocol=3", "not a string"),
+    "a 10^15-element array": ({"GET": b"*1000000000000000\r\n:1\r\n"}, "?protocol=2", "elements"),
+    "a negative length": ({"GET": b"$-7\r\n"}, "?protocol=2", "-7 bytes"),
 }
 
 
@@ -539,6 +547,50 @@ def test_a_hostile_server_costs_one_warning_and_a_bounded_wait(tmp_path, case, c
         assert "s3cret" not in caplog.text and "\x1b" not in caplog.text
     finally:
         server.close()
+
+
+def test_a_forged_4_gb_value_is_one_refused_entry_not_a_server_fault(tmp_path, caplog):
+    """The value is refused from its length line, before anything is read; the tier stays on, and the
+    entry is deleted (the server receives the conditional delete)."""
+    seen = []
+
+    def record_eval(conn, stop):
+        seen.append("EVAL")
+        conn.sendall(b":1\r\n")
+
+    server = FakeRedis({"GET": _huge, "EVAL": record_eval})
+    try:
+        cache = _remote_cache(tmp_path / "c", f"redis://127.0.0.1:{server.port}/0?protocol=2")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with caplog.at_level(logging.WARNING, "recipecache"):
+            assert cache.get("aa01") is None and cache.get("bb02") is None
+        assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) * 1024 < 256 * 1024**2
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "4000000000 bytes, over the" in warnings[0], warnings
+        assert cache.remote.available and seen == ["EVAL", "EVAL"]
+    finally:
+        server.close()
+
+
+@needs_redis
+def test_one_oversized_fleet_value_is_skipped_and_deleted_and_pull_fetches_the_rest(tmp_path, redis_server,
+                                                                                   monkeypatch, caplog):
+    """A value over the reply limit (made small here) costs one warning and is deleted, with or without a
+    signing key; the other entries arrive and the tier is not reported unreachable."""
+    import recipecache.remote as remote
+
+    url, _, client = redis_server
+    monkeypatch.setenv(KEY_ENV, "team-secret")
+    _remote_cache(tmp_path / "ci", url).put("aa01", recipe_bytes("a"), wait=True)
+    monkeypatch.setattr(remote, "MAX_REPLY", 64 * 1024)
+    client.set("hpu_recipes:bb02", b"x" * (100 * 1024))
+    host = _remote_cache(tmp_path / "host", url)
+    with caplog.at_level(logging.WARNING, "recipecache"):
+        assert host.pull(["bb02", "aa01"]) == 1
+    assert host.contains("aa01") and not host.contains("bb02") and host.remote.available
+    assert client.exists("hpu_recipes:bb02") == 0 and client.exists("hpu_recipes:aa01") == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "over the 65536-byte limit" in warnings[0], warnings
 
 
 def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkeypatch):
