@@ -174,7 +174,7 @@ class RecipeCache:
     def _touch(self, key: str, now: float) -> float:
         try:
             self._disk.touch(key, now)
-        except OSError as exc:  # evicted meanwhile, or a read-only cache: recency is best effort
+        except (OSError, CorruptEntry) as exc:  # evicted or replaced meanwhile, read-only: recency is best effort
             logger.debug("recipe cache: cannot touch %s: %s", key, exc)
         return now
 

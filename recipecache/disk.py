@@ -273,10 +273,17 @@ class DiskStore:
         return total
 
     def touch(self, key: str, t: float) -> None:
-        """Set an entry's mtime (its last use) without following links; OSError if that fails."""
+        """Set an entry's mtime (its last use) without following links; OSError if that fails, or if the file
+        has another hard link (its times are shared with a file that may be outside the cache)."""
         path = self.entry_path(key)
         with _InDir(path.parent) as dfd:
-            os.utime(path.name, (t, t), dir_fd=dfd, follow_symlinks=False)
+            fd, st = _open_regular(path.name, dfd)
+            try:
+                if st.st_nlink > 1:
+                    raise OSError(errno.EMLINK, "an entry with other hard links is not touched", str(path))
+                os.utime(fd, (t, t))
+            finally:
+                os.close(fd)
 
     def quarantine(self, path) -> bool:
         """Move a bad file (or link, or foreign directory) out of the entries tree, keeping the newest few

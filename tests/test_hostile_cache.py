@@ -183,12 +183,16 @@ def test_links_to_devices_and_huge_files_are_not_read(filled, tmp_path):
     assert [r["code"] for r in results] == [0, 0, 0], results
 
 
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
 @pytest.mark.parametrize("name", ["evictions.log", "hits.log", "eviction.lock", "stats.lock"])
-def test_logs_and_locks_are_never_written_through_a_link(filled, name):
+def test_logs_and_locks_are_never_written_through_a_link(filled, name, link):
     outside = filled.parent / "outside"
     before = snapshot(outside)
     (filled / name).unlink(missing_ok=True)
-    (filled / name).symlink_to(outside / "target")
+    if link == "symbolic":
+        (filled / name).symlink_to(outside / "target")
+    else:
+        os.link(outside / "target", filled / name)
     cache = make_cache(filled)
     assert cache.get("aa01") is not None  # a hit: hits.log is appended on flush
     cache.flush()
@@ -196,6 +200,18 @@ def test_logs_and_locks_are_never_written_through_a_link(filled, name):
         cache.evict(keys=["aa01"])  # a removal: evictions.log is appended under eviction.lock
     cache.put("cc03", b"x", wait=True)
     assert snapshot(outside) == before
+    if name.endswith(".log") and link == "hard":  # the log was replaced by a private file, and still counts
+        assert os.stat(filled / name).st_nlink == 1 and b"aa01" in (filled / name).read_bytes()
+
+
+def test_an_entry_with_a_hard_link_outside_is_served_but_never_touched(filled, tmp_path):
+    cache = make_cache(filled)
+    path = cache._disk.entry_path("aa01")
+    os.link(path, tmp_path / "outside" / "aa01.copy")
+    os.utime(path, (1, 1))  # an old last use: a hit would record the new one
+    assert cache.get("aa01") == recipe_bytes("a")
+    cache.flush()
+    assert os.stat(tmp_path / "outside" / "aa01.copy").st_mtime == 1
 
 
 def test_a_linked_manifests_directory_is_never_written_or_read(filled, tmp_path):
