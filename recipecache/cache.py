@@ -88,6 +88,11 @@ class RecipeCache:
         """False when the disk tier degraded to memory only (or the cache is disabled)."""
         return self._writes.degraded is None
 
+    @property
+    def disk_problem(self) -> str | None:
+        """Why the disk tier stopped writing (a read-only, full or vanished disk), or None."""
+        return self._writes.degraded
+
     # -- reading ----------------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .remote import redact_url
 from .safeio import read_small, write_atomic
 
 ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
@@ -62,7 +63,7 @@ class CacheConfig:
         remote = self.remote or os.environ.get(REMOTE_ENV, "").strip()
         object.__setattr__(self, "remote", "" if remote == "none" else remote)
         if self.remote and not self.remote.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"remote cache {self.remote!r} ({REMOTE_ENV}): expected redis://host:port/db")
+            raise ConfigError(f"remote cache {redact_url(self.remote)!r} ({REMOTE_ENV}): expected redis://host:port/db")
         if not self.remote_ttl_s:
             object.__setattr__(self, "remote_ttl_s", _env_seconds(REMOTE_TTL_ENV, DEFAULT_REMOTE_TTL_S))
         if not math.isfinite(self.remote_ttl_s) or self.remote_ttl_s <= 0:

@@ -25,6 +25,7 @@ class DisabledCache(RecipeCache):
         self.path = self.config.resolved_path()
 
     enabled = False
+    disk_problem = "the cache is disabled"
 
     def get_entry(self, key: str) -> Entry | None:
         validate_key(key)

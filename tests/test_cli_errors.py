@@ -128,3 +128,61 @@ def test_push_and_pull_without_a_remote_tier_are_one_line(tmp_path, monkeypatch)
     for args in (["push", "-d", tmp_path / "c"], ["pull", model, "-d", tmp_path / "d"]):
         assert "no remote cache configured" in one_line(cli(*args, code=1))
     assert "remote" not in cli_json("stats", "-d", tmp_path / "c")  # stats counts a fleet tier only if there is one
+
+
+# -- warm says why the cache lacks what it built (issue 34, cause 8) ----------------------------------------------
+
+def test_warm_into_a_cache_that_cannot_be_written_fails_naming_it_not_the_size(tmp_path, monkeypatch):
+    """Root ignores mode bits: the error a read-only file system gives is injected where entries are written."""
+    import errno
+
+    import recipecache.disk
+
+    def read_only(fd, data):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(recipecache.disk, "_write_file", read_only)
+    model = tiny_model(tmp_path)
+    for args in ([], ["--check"]):
+        cache = tmp_path / f"c{len(args)}"
+        out = " ".join(cli("warm", model, "-d", cache, *args, code=1).output.split())
+        assert "the cache holds none of the entries these buckets use" in out, out
+        assert "3 of the 3 entries these buckets use could not be stored" in out and "Read-only file system" in out
+        assert "too small" not in out and "MiB" not in out
+
+
+def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, capsys):
+    """Another process clears the cache after the last bucket: the report says so and does not blame the size."""
+    import subprocess
+    import sys
+
+    from hpu_backend.aot.modelfile import load_model_file
+    from hpu_backend.aot.warm import flush, warm
+    from hpurecipe.buildcmds import _finish
+
+    spec, config = load_model_file(str(tiny_model(tmp_path))), CacheConfig.parse(f"{tmp_path / 'c'},false,64")
+    clear = f"from recipecache import *; RecipeCache(CacheConfig.parse({str(config.path)!r} + ',false,64')).clear()"
+
+    def clear_after_the_last(point):
+        if point.point == spec.points()[-1]:
+            flush(config)
+            subprocess.run([sys.executable, "-c", clear], check=True, timeout=60)
+
+    report = warm(spec, config, on_point=clear_after_the_last)
+    assert report.fit.evicted and not report.fit.trimmed and not report.fit.unstored, report.fit
+    assert all(how.startswith("clear by another process") for how in report.fit.removed.values())
+    with pytest.raises(typer.Exit) as exc:
+        _finish(report, config, json=False, check=False)  # nothing is left: a CI step must not pass
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.exit_code == 1 and "3 of the 3 entries these buckets use were removed during the run" in err
+    assert "clear by another process" in err and "too small" not in err and "MiB" not in err
+
+
+def test_a_cache_trimmed_for_other_entries_is_never_told_to_shrink():
+    """Entries trimmed while the cache also holds other models' entries: the advice counts those, and is never
+    a size at or below the current limit."""
+    from hpu_backend.aot.cachefit import CacheFit
+
+    mib = 2**20
+    fit = CacheFit(4 * mib, needed=2, needed_bytes=mib, evicted=["a"], trimmed=["a"], other_bytes=mib)
+    assert fit.suggested_mb > 4 and CacheFit(None, 2, mib).suggested_mb == 1.3

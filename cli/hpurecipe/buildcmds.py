@@ -88,19 +88,39 @@ def _finish(report: WarmReport, config, json: bool, check: bool) -> None:
             render.note("CPU fallback ops: {} (they run on the host, not the device)",
                         ", ".join(s["fallback_ops"]))
     if report.fit is not None and not report.fit.fits:
-        too_small = f"{_too_small(report.fit, config)}, and warm again"
-        if check:
-            raise fail(too_small)
-        render.warn(too_small)
+        not_kept = _not_kept(report.fit, config)
+        if check or report.fit.stored_nothing:  # a CI warm step must not pass having stored nothing
+            raise fail(not_kept)
+        render.warn(not_kept)
     if report.summary()["mismatches"]:
         raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
+
+
+def _not_kept(fit, config) -> str:
+    """Why the cache lacks entries the buckets use, cause by cause (the size only when entries were trimmed)."""
+    of = f"of the {fit.needed} entries these buckets use"
+    causes = []
+    if fit.unstored and fit.disk_problem:
+        causes.append(f"{len(fit.unstored)} {of} could not be stored: the cache at {config.resolved_path()} "
+                      f"cannot be written ({fit.disk_problem})")
+    elif fit.unstored:
+        causes.append(f"{len(fit.unstored)} {of} are gone without a record in the eviction log (deleted by "
+                      "hand, or never written)")
+    if fit.removed:
+        hows = sorted(set(fit.removed.values()))
+        causes.append(f"{len(fit.removed)} {of} were removed during the run ({'; '.join(hows)})")
+    if fit.trimmed:
+        causes.append(_too_small(fit, config))
+    prefix = "the cache holds none of the entries these buckets use: " if fit.stored_nothing else ""
+    return prefix + "; ".join(causes) + ("" if fit.unstored and fit.disk_problem else ". Warm again")
 
 
 def _too_small(fit, config) -> str:
     """The cache is too small for what the buckets use: how many entries went, and the size it needs."""
     mb = f"{fit.suggested_mb:g}"
-    return (f"the cache is too small: {len(fit.evicted)} of the {fit.needed} entries these buckets use were "
-            f"evicted (limit {render.size(fit.limit_bytes)}; they take {render.size(fit.needed_bytes)}). "
+    others = f", and the cache holds {render.size(fit.other_bytes)} of other entries" if fit.other_bytes else ""
+    return (f"the cache is too small: {len(fit.trimmed)} of the {fit.needed} entries these buckets use were "
+            f"evicted (limit {render.size(fit.limit_bytes)}; they take {render.size(fit.needed_bytes)}{others}). "
             f"Give it at least {mb} MiB, e.g. {ENV_VAR}={config.resolved_path()},false,{mb}")
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from recipecache import CacheConfig, RecipeCache
+from recipecache.remote import redact_url
 
 from .. import metrics
 from ..serve.compiled import Event, listen
@@ -273,7 +274,7 @@ def _recorded(report: WarmReport, spec: ModelSpec, cache_config: CacheConfig | N
     report.fit = cache_fit(report, cache)
     doc = manifest(report, spec)
     if cache.config.remote and not send_manifest(cache.config, doc):  # so that other hosts pull just these keys
-        report.warnings.append(f"could not send the manifest to {cache.config.remote}; hosts will compile to "
+        report.warnings.append(f"could not send the manifest to {redact_url(cache.config.remote)}; hosts will compile to "
                                "learn the keys")
     try:
         report.manifest = str(write_manifest(cache.config.resolved_path(), doc))
