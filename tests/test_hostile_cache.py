@@ -644,3 +644,40 @@ def test_the_cache_core_does_not_import_the_disabled_cache():
     tree = ast.parse((ROOT / "recipecache" / "cache.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "disabled" not in imported and "recipecache.disabled" not in imported
+
+
+# -- a stored program whose template guard cannot be evaluated (issue 34, cause 9) --------------------------------
+
+def test_a_program_template_guard_with_a_huge_power_is_quarantined_not_failing_every_run(tmp_path, caplog):
+    import torch
+
+    from hpu_backend.formats.program import Program
+    from hpu_backend.serve.store import reset_stores
+    from recipecache import decode_entry
+
+    config = CacheConfig(path=tmp_path / "c", fsync=False)
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+
+    def compiled():
+        torch._dynamo.reset()
+        reset_stores()
+        return torch.compile(model, backend="hpu_backend", dynamic=True, options={"cache_config": config})
+
+    compiled()(x)
+    reset_stores()
+    cache = RecipeCache(config)
+    [key] = [i.key for i in cache.entries() if i.meta.get("kind") == "program"]
+    path = cache._disk.entry_path(key)
+    entry = decode_entry(path.read_bytes())
+    program = Program.from_bytes(entry.payload)
+    program.graphs[0].template.guards.append(["eq", ["pow", program.symbols[0], 10**6], 1])
+    path.chmod(0o600)
+    path.write_bytes(encode_entry(key, program.to_bytes(), entry.meta, entry.created))
+    with caplog.at_level(logging.WARNING):
+        torch.testing.assert_close(compiled()(x), model(x))  # served eagerly this time
+    reset_stores()
+    assert "cannot be evaluated" in caplog.text and not RecipeCache(config).contains(key)
+    assert any(p.name.startswith(key) for p in (tmp_path / "c" / "quarantine").iterdir())
+    torch.testing.assert_close(compiled()(x), model(x))  # and compiled afresh the next time
+    reset_stores()
+    assert RecipeCache(config).contains(key)
