@@ -324,8 +324,9 @@ def test_gzip_bomb_bundles_are_refused_quickly_in_bounded_memory(tmp_path):
 
 # -- one unreadable shard (item 12) ------------------------------------------------------------------------------
 
-def test_an_unreadable_shard_is_skipped_reported_and_verify_goes_on():
-    """Run as another user (root reads everything): a forked child drops to ``nobody`` on a cache it owns."""
+def _as_nobody(run) -> None:
+    """``run(base, nobody)`` in a fresh directory traversable by ``nobody`` (root reads everything, so a cache
+    is made unreadable to another user; the test is skipped unless we are root and ``nobody`` exists)."""
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
@@ -334,39 +335,89 @@ def test_an_unreadable_shard_is_skipped_reported_and_verify_goes_on():
         pytest.skip("needs root to run the cache as another user")
     base = Path(tempfile.mkdtemp(dir="/tmp"))
     try:
-        _unreadable_shard(base, nobody)
+        os.chmod(base, 0o711)  # traversable by nobody
+        run(base, nobody)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _unreadable_shard(base: Path, nobody) -> None:
-    os.chmod(base, 0o711)  # traversable by nobody
-    cache_dir = base / "cache"
+def _seeded_for(nobody, cache_dir: Path, keys=("aa01", "bb02")) -> None:
     seed = make_cache(cache_dir)
-    seed.put("aa01", recipe_bytes("a"), wait=True)
-    seed.put("bb02", recipe_bytes("b"), wait=True)
+    for key in keys:
+        seed.put(key, recipe_bytes(key), wait=True)
     seed.flush()
     for p in [cache_dir, *cache_dir.rglob("*")]:
         os.lchown(p, nobody.pw_uid, nobody.pw_gid)
-    os.chmod(cache_dir / "entries" / "aa", 0o000)
+
+
+def _child_as(nobody, work) -> dict:
+    """``work()`` (a JSON-able dict) in a forked child running as ``nobody``."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
-            cache = make_cache(cache_dir)
-            report = {"verify": cache.verify(), "keys": cache.keys(), "entries": [i.key for i in cache.entries()],
-                      "enabled": cache.enabled, "get": cache.get("bb02") == recipe_bytes("b")}
-            os.write(write, json.dumps(report).encode())
+            os.write(write, json.dumps(work()).encode())
         finally:
             os._exit(0)
     os.close(write)
     with os.fdopen(read) as f:
         report = json.loads(f.read() or "{}")
     os.waitpid(pid, 0)
+    return report
+
+
+def test_an_unreadable_shard_is_skipped_reported_and_verify_goes_on():
+    _as_nobody(_unreadable_shard)
+
+
+def _unreadable_shard(base: Path, nobody) -> None:
+    cache_dir = base / "cache"
+    _seeded_for(nobody, cache_dir)
+    os.chmod(cache_dir / "entries" / "aa", 0o000)
+
+    def work():
+        cache = make_cache(cache_dir)
+        return {"verify": cache.verify(), "keys": cache.keys(), "entries": [i.key for i in cache.entries()],
+                "enabled": cache.enabled, "get": cache.get("bb02") == recipe_bytes("bb02")}
+
+    report = _child_as(nobody, work)
     assert report["enabled"] and report["get"] and report["keys"] == report["entries"] == ["bb02"], report
     assert [reason.split(" (")[0] for _, reason in report["verify"]] == ["unreadable shard directory"], report
+
+
+def test_one_unreadable_entry_is_reported_and_verify_goes_on():
+    _as_nobody(_unreadable_entry)
+
+
+def _unreadable_entry(base: Path, nobody) -> None:
+    cache_dir = base / "cache"
+    _seeded_for(nobody, cache_dir, ("aa01", "bb02", "cc03"))
+    os.chmod(cache_dir / "entries" / "aa" / "aa01.rcp", 0o000)
+    (cache_dir / "entries" / "cc" / "cc03.rcp").write_bytes(b"damaged")
+
+    def work():
+        try:
+            return {"verify": make_cache(cache_dir).verify()}
+        except Exception as exc:  # reported to the parent, which fails the test with it
+            return {"error": repr(exc)}
+
+    report = _child_as(nobody, work)
+    assert sorted(name for name, _ in report.get("verify", [])) == ["aa01", "cc03"], report
+    assert dict(report["verify"])["aa01"].startswith("unreadable"), report
+
+
+def test_verify_fix_survives_a_foreign_file_with_a_250_character_name(filled):
+    long_name = filled / "entries" / "aa" / ("x" * 250)
+    long_name.write_bytes(b"foreign")
+    damaged = filled / "entries" / "bb" / "bb02.rcp"
+    damaged.chmod(0o600)
+    damaged.write_bytes(b"damaged")
+    out = json.loads(cli_in("verify", "--fix", "--json", "-d", filled, code=None).stdout)
+    assert out["bad"] == 2 and not long_name.exists() and not damaged.exists(), out
+    assert len(list((filled / "quarantine").iterdir())) == 2
+    assert json.loads(cli_in("verify", "--json", "-d", filled).stdout)["bad"] == 0
 
 
 # -- entries that parse but cannot be served (item 13) -----------------------------------------------------------
