@@ -186,3 +186,33 @@ def test_a_cache_trimmed_for_other_entries_is_never_told_to_shrink():
     mib = 2**20
     fit = CacheFit(4 * mib, needed=2, needed_bytes=mib, evicted=["a"], trimmed=["a"], other_bytes=mib)
     assert fit.suggested_mb > 4 and CacheFit(None, 2, mib).suggested_mb == 1.3
+
+
+# -- numeric options are bounded when parsed (issue 34, cause 9) -------------------------------------------------
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize("args, says", [
+    (["analyze", "M", "--train", "--seq", "16", "--global-batch", "8", "--bucket-mb", "inf"],
+     "--bucket-mb inf: expected a number from 0.001 to 1,048,576"),
+    (["analyze", "M", "--bucket-mb", "nan"], "--bucket-mb nan: expected a number"),
+    (["analyze", "M", "--timeout", "1e308"], "--timeout 1e+308: expected a number from 0 to 604,800"),
+    (["warm", "M", "--timeout", "nan"], "--timeout nan"),
+    (["analyze", "M", "--input-len", "8", "--output-len", "8", "--batch", "99999999999999999999"],
+     "--batch 99999999999999999999: expected a positive integer, at most 1,048,576"),
+    (["analyze", "M", "--train", "--seq", HUGE, "--global-batch", "8"], "--seq 9999"),
+    (["analyze", "M", "--zero", "-1"], "--zero -1: expected an integer from 0 to 3"),
+    (["prebuild", "M", "--jobs", "100000"], "--jobs 100000: expected a positive integer"),
+    (["evict", "--older-than", HUGE + "d", "--yes"], "--older-than"),
+    (["evict", "--max-size", HUGE + "GB", "--yes"], "--max-size"),
+], ids=["inf", "nan", "timeout-1e308", "timeout-nan", "batch-20-digits", "seq-400-digits", "zero", "jobs",
+        "older-than", "max-size"])
+def test_numeric_options_out_of_range_are_one_usage_line_naming_the_range(tmp_path, args, says):
+    model = tiny_model(tmp_path)
+    args = [model if a == "M" else a for a in args]
+    start = time.perf_counter()
+    line = " ".join(cli(*args, "-d" if args[0] == "evict" else "--json", *(
+        [tmp_path / "c"] if args[0] == "evict" else []), code=2).output.split())
+    assert line.startswith("error:") and line.count("error:") == 1 and says in line, line
+    assert "unexpected" not in line and time.perf_counter() - start < 30
