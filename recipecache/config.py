@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,11 @@ class CacheConfig:
     # The fleet tier behind the disk ("" means $HPU_RECIPE_CACHE_REMOTE, if set; "none" turns it off).
     remote: str = ""
     remote_ttl_s: float = 0.0  # 0 means $HPU_RECIPE_CACHE_REMOTE_TTL, else 7 days
+
+    def __repr__(self) -> str:  # a configuration may be logged or shown: never with the fleet tier's password
+        fields = ", ".join(f"{f.name}={redact_url(v) if f.name == 'remote' and v else v!r}"
+                           for f in dataclasses.fields(self) for v in [getattr(self, f.name)])
+        return f"CacheConfig({fields})"
 
     def __post_init__(self):
         path = default_cache_dir() if self.path in (None, "") else Path(self.path).expanduser()

@@ -667,6 +667,9 @@ def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkey
     monkeypatch.setenv("HPU_RECIPE_CACHE_REMOTE_TTL", "nan")
     result = cli_in("push", "-d", filled, "--remote", url, code=2, says="finite")
     assert "unexpected" not in result.output
+    monkeypatch.delenv("HPU_RECIPE_CACHE_REMOTE_TTL")
+    result = cli_in("push", "-d", filled, "--remote", "http://:s3cret-pw@127.0.0.1/0", code=2, says="expected redis")
+    assert "s3cret" not in result.output and "s3cret" not in repr(CacheConfig(path=filled, remote=url))
 
 
 def test_a_server_that_dies_during_warm_costs_one_warning(tmp_path, caplog):
@@ -674,7 +677,7 @@ def test_a_server_that_dies_during_warm_costs_one_warning(tmp_path, caplog):
 
     from hpu_backend.serve.store import reset_stores
 
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: every call fails, as after a crash
+    url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens: every call fails, as after a crash
     reset_stores()
     try:
         with caplog.at_level(logging.WARNING):
@@ -685,6 +688,9 @@ def test_a_server_that_dies_during_warm_costs_one_warning(tmp_path, caplog):
     assert result.exit_code == 0, result.output
     remote = [r.getMessage() for r in caplog.records if "remote" in r.getMessage() or "manifest" in r.getMessage()]
     assert len(remote) == 1 and "unavailable" in remote[0], remote  # not a second one for the manifest
+    output = " ".join(result.output.split())
+    assert "could not send the manifest to redis://:***@127.0.0.1" in output, output
+    assert "s3cret" not in output and "s3cret" not in caplog.text
 
 
 # -- no import cycle (issue 22) ----------------------------------------------------------------------------------
