@@ -295,10 +295,23 @@ def _capped_parser(url: str):
     oversized = _oversized_value()
 
     class CappedBuffer(SocketBuffer):
+        lines = 0  # read since the last complete reply: nested arrays, each within MAX_ITEMS, stay bounded too
+
         def readline(self, timeout=SENTINEL) -> bytes:
             line = super().readline(timeout)
+            self.lines += 1
+            if self.lines > MAX_ITEMS:
+                raise InvalidResponse(f"a reply of more than {MAX_ITEMS} elements")
             _check_line(line, oversized, InvalidResponse)
             return line
+
+        def purge(self) -> None:  # a reply was read whole
+            self.lines = 0
+            super().purge()
+
+        def rewind(self, pos: int) -> None:  # it will be read again
+            self.lines = 0
+            super().rewind(pos)
 
         def read(self, length: int, timeout=SENTINEL) -> bytes:
             if length > MAX_REPLY:

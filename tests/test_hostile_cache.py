@@ -639,6 +639,21 @@ def test_a_forged_4_gb_value_is_one_refused_entry_not_a_server_fault(tmp_path, c
         server.close()
 
 
+def test_nested_arrays_are_bounded_in_all_not_only_each(tmp_path, monkeypatch, caplog):
+    """Two arrays within the element limit (made small here), nested in one reply, exceed it in all."""
+    import recipecache.remote as remote
+
+    monkeypatch.setattr(remote, "MAX_ITEMS", 1000)
+    server = FakeRedis({"GET": b"*2\r\n" + (b"*1000\r\n" + b":1\r\n" * 1000) * 2})
+    try:
+        cache = _remote_cache(tmp_path / "c", f"redis://127.0.0.1:{server.port}/0?protocol=2")
+        with caplog.at_level(logging.WARNING, "recipecache"):
+            assert cache.get("aa01") is None
+        assert "a reply of more than 1000 elements" in caplog.text and not cache.remote.available
+    finally:
+        server.close()
+
+
 @needs_redis
 def test_one_oversized_fleet_value_is_skipped_and_deleted_and_pull_fetches_the_rest(tmp_path, redis_server,
                                                                                    monkeypatch, caplog):
