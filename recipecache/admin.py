@@ -168,12 +168,12 @@ class Admin:
 
     def _intact(self, item: FileItem) -> bytes | None:
         """The bytes of an entry file that decodes cleanly, else None."""
-        result = read_file(item.path, self.disk.allow_shared)
-        if result is None or result.problem:
-            return None
         try:
+            result = read_file(item.path, self.disk.allow_shared)
+            if result is None or result.problem:
+                return None
             decode_entry(result.data)
-        except CorruptEntry:  # a VersionMismatch too
+        except (CorruptEntry, OSError):  # a VersionMismatch too; or a file we may not read
             return None
         return result.data
 

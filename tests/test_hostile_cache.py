@@ -184,7 +184,8 @@ def test_links_to_devices_and_huge_files_are_not_read(filled, tmp_path):
 
 
 @pytest.mark.parametrize("link", ["symbolic", "hard"])
-@pytest.mark.parametrize("name", ["evictions.log", "hits.log", "eviction.lock", "stats.lock"])
+@pytest.mark.parametrize("name", ["evictions.log", "hits.log", "eviction.lock", "stats.lock", "size.json",
+                                  "stats.json"])
 def test_logs_and_locks_are_never_written_through_a_link(filled, name, link):
     outside = filled.parent / "outside"
     before = snapshot(outside)
