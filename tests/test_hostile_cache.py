@@ -746,6 +746,10 @@ def test_a_program_template_guard_with_a_huge_power_is_quarantined_not_failing_e
     program.graphs[0].template.guards.append(["eq", ["pow", program.symbols[0], 10**6], 1])
     path.chmod(0o600)
     path.write_bytes(encode_entry(key, program.to_bytes(), entry.meta, entry.created))
+    verified = cli_in("verify", "--json", "-d", config.path, code=None)
+    listed = json.loads(verified.stdout)["problems"]
+    assert verified.exit_code == 1 and [p["entry"] for p in listed] == [key], listed
+    assert "cannot be evaluated" in listed[0]["reason"]
     with caplog.at_level(logging.WARNING):
         torch.testing.assert_close(compiled()(x), model(x))  # served eagerly this time
     reset_stores()
