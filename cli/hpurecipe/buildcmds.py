@@ -46,7 +46,7 @@ def progress(total: int, quiet: bool) -> Iterator:
 
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
-                                             "if the cache is too small to keep what it built.")] = False,
+                                             "if the cache did not keep everything the buckets use.")] = False,
          timeout: Timeout = None, json: Json = False) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recipecache import RecipeCache
-from recipecache.eviction import EVICTIONS_LOG, EvictionLog
+from recipecache.eviction import EVICTIONS_LOG, EvictionLog, Removal
 
 if TYPE_CHECKING:
     from .warm import WarmReport
@@ -76,7 +76,7 @@ def cache_fit(report: WarmReport, cache: RecipeCache) -> CacheFit:
                     other_bytes=sum(info.size for info in infos if info.key not in keys))
 
 
-def _how(removal) -> str:
+def _how(removal: Removal) -> str:
     """'clear by another process (pid 123)', 'evict by this process'."""
     who = "this process" if removal.pid == os.getpid() else f"another process (pid {removal.pid})"
     return f"{removal.reason} by {who}"
