@@ -130,13 +130,22 @@ class RemoteTier:
         return self._call(count, raise_errors=True, deadline_s=ADMIN_DEADLINE_S)
 
     def _value(self, name: str) -> bytes | None:
-        """GET ``name``: its bytes, or None. A value over MAX_REPLY bytes is refused before it is read and
-        deleted (unless replaced meanwhile by one that fits); any reply but a string or nothing is BadReply."""
+        """GET ``name``: its bytes, or None. A value no host could read (over MAX_REPLY bytes, refused before
+        it is read; or not a string) is deleted, unless replaced meanwhile by a good one: a bad value is one
+        miss, not a server fault. Any reply but a string or nothing is BadReply."""
+        from redis.exceptions import ResponseError
+
         try:
             value = self._client.get(name)
         except _oversized_value() as exc:  # the connection is closed: the rest of the value is never read
             self._client.eval(_DELETE_IF_LONGER, 1, name, MAX_REPLY)
             self._report(name, f"{exc}; deleted")
+            return None
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            self._client.eval(_DELETE_IF_NOT_STRING, 1, name)
+            self._report(name, "not a string (a list, set or hash in its place); deleted")
             return None
         if value is not None and not isinstance(value, bytes):
             raise BadReply(f"GET answered {clean(type(value).__name__)}, not a string")
@@ -219,6 +228,9 @@ class RemoteTier:
 
 # Delete KEYS[1] only if it still holds ARGV[1]: a host replacing a bad entry never deletes a good one.
 _COMPARE_AND_DELETE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# Delete KEYS[1] only if it is still something other than a string (a list, set, hash...).
+_DELETE_IF_NOT_STRING = ("local t = redis.call('TYPE', KEYS[1]).ok if t ~= 'string' and t ~= 'none' then "
+                         "return redis.call('DEL', KEYS[1]) end return 0")
 # Delete KEYS[1] only if it is still a string longer than ARGV[1] bytes (one no host can read).
 _DELETE_IF_LONGER = ("if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('STRLEN', KEYS[1]) > "
                      "tonumber(ARGV[1]) then return redis.call('DEL', KEYS[1]) end return 0")

@@ -658,8 +658,8 @@ def test_nested_arrays_are_bounded_in_all_not_only_each(tmp_path, monkeypatch, c
 @needs_redis
 def test_one_oversized_fleet_value_is_skipped_and_deleted_and_pull_fetches_the_rest(tmp_path, redis_server,
                                                                                    monkeypatch, caplog):
-    """A value over the reply limit (made small here) costs one warning and is deleted, with or without a
-    signing key; the other entries arrive and the tier is not reported unreachable."""
+    """A value over the reply limit (made small here), or a list in a value's place, costs one warning and is
+    deleted, with or without a signing key; the other entries arrive and the tier is not reported unreachable."""
     import recipecache.remote as remote
 
     url, _, client = redis_server
@@ -667,11 +667,12 @@ def test_one_oversized_fleet_value_is_skipped_and_deleted_and_pull_fetches_the_r
     _remote_cache(tmp_path / "ci", url).put("aa01", recipe_bytes("a"), wait=True)
     monkeypatch.setattr(remote, "MAX_REPLY", 64 * 1024)
     client.set("hpu_recipes:bb02", b"x" * (100 * 1024))
+    client.rpush("hpu_recipes:cc03", b"a list where a value belongs")
     host = _remote_cache(tmp_path / "host", url)
     with caplog.at_level(logging.WARNING, "recipecache"):
-        assert host.pull(["bb02", "aa01"]) == 1
+        assert host.pull(["bb02", "cc03", "aa01"]) == 1
     assert host.contains("aa01") and not host.contains("bb02") and host.remote.available
-    assert client.exists("hpu_recipes:bb02") == 0 and client.exists("hpu_recipes:aa01") == 1
+    assert client.exists("hpu_recipes:bb02", "hpu_recipes:cc03") == 0 and client.exists("hpu_recipes:aa01") == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "over the 65536-byte limit" in warnings[0], warnings
 
