@@ -205,6 +205,27 @@ def test_logs_and_locks_are_never_written_through_a_link(filled, name, link):
         assert os.stat(filled / name).st_nlink == 1 and b"aa01" in (filled / name).read_bytes()
 
 
+def test_every_bookkeeping_file_hard_linked_outside_is_never_written(filled, tmp_path):
+    """Each bookkeeping file is a second name of a file outside the cache: serving, flushing stats and every
+    command that changes the directory leave the outside files as they were."""
+    outside = tmp_path / "outside"
+    for i, name in enumerate(BOOKKEEPING):
+        (filled / name).parent.mkdir(exist_ok=True)
+        (filled / name).unlink(missing_ok=True)
+        (outside / f"f{i}").write_bytes(b"precious %d\n" % i)
+        os.link(outside / f"f{i}", filled / name)
+    before = snapshot(outside)
+    cache = make_cache(filled)
+    assert cache.get("aa01") == recipe_bytes("a")
+    cache.put("cc03", b"x" * 100, {"model": "m"}, wait=True)
+    cache.flush()
+    for args in (["stats"], ["ls"], ["verify"], ["evict", "--max-size", "1", "--yes"], ["clear", "--yes"],
+                 ["stats", "--zero"]):
+        result = cli_in(*args, "-d", filled, code=None)
+        assert result.exit_code in (0, 1) and "Traceback" not in result.output, (args, result.output)
+    assert snapshot(outside) == before
+
+
 def test_an_entry_with_a_hard_link_outside_is_served_but_never_touched(filled, tmp_path):
     cache = make_cache(filled)
     path = cache._disk.entry_path("aa01")
