@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -287,7 +287,8 @@ def _check_line(line: bytes, oversized: type, invalid: type) -> None:
     unit = _LENGTHS.get(line[:1])
     if unit is None:
         return
-    if len(line) > 24 or not line[1:].lstrip(b"-").isdigit():
+    digits = line[2:] if line[1:2] == b"-" else line[1:]
+    if len(line) > 24 or not digits.isdigit():
         raise invalid(f"a malformed reply length {clean(line[:40])}")
     n, limit = int(line[1:]), MAX_REPLY if unit == "bytes" else MAX_ITEMS
     if n > limit:

@@ -60,7 +60,8 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
 
 
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
-             jobs: Annotated[int, typer.Option("--jobs", "-j", callback=bounded("--jobs"), help="Worker processes.")] = 1,
+             jobs: Annotated[int, typer.Option("--jobs", "-j", callback=bounded("--jobs"),
+                                               help="Worker processes.")] = 1,
              json: Json = False) -> None:
     """Compile every bucket without running recipes (compile-only), across worker processes."""
     from hpu_backend.aot.warm import prebuild as prebuild_spec
@@ -166,32 +167,41 @@ DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without impo
 def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             target: Annotated[str, typer.Option(help=f"Device to plan for: {' or '.join(TARGETS)}.")] = TARGETS[0],
             input_len: Annotated[Optional[int], typer.Option(
-                "--input-len", callback=bounded("--input-len"), help="Capacity planning: prompt tokens per sequence (with --output-len).",
+                "--input-len", callback=bounded("--input-len"),
+                help="Capacity planning: prompt tokens per sequence (with --output-len).",
                 show_default=False)] = None,
             output_len: Annotated[Optional[int], typer.Option(
-                "--output-len", callback=bounded("--output-len"), help="Capacity planning: generated tokens per sequence (with --input-len).",
+                "--output-len", callback=bounded("--output-len"),
+                help="Capacity planning: generated tokens per sequence (with --input-len).",
                 show_default=False)] = None,
             dtype: Annotated[Optional[str], typer.Option(
                 help="Capacity planning: bf16, or fp8 (weights and matmul inputs in fp8). Default bf16.",
                 show_default=False)] = None,
             batch: Annotated[Optional[int], typer.Option(
-                callback=bounded("--batch"), help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
+                callback=bounded("--batch"),
+                help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
                 show_default=False)] = None,
             cards: Annotated[Optional[int], typer.Option(
-                callback=bounded("--cards"), help="Capacity planning: tensor parallel over this many cards of one server (per-card plan; "
+                callback=bounded("--cards"),
+                help="Capacity planning: tensor parallel over this many cards of one server (per-card plan; "
                      "a model file with PER_CARD).", show_default=False)] = None,
             lazy: Annotated[bool, typer.Option(
                 "--lazy", help="Run the model eagerly in lazy mode (mark_step after each step) and report its "
                 "lazy graphs' recipes instead of torch.compile's.")] = False,
             seq: Annotated[Optional[int], typer.Option(
-                callback=bounded("--seq"), help="Training plan (with --train): tokens per sequence.", show_default=False)] = None,
-            global_batch: Annotated[Optional[int], typer.Option(
-                "--global-batch", callback=bounded("--global-batch"), help="Training plan: sequences per optimizer step over all cards.",
+                callback=bounded("--seq"), help="Training plan (with --train): tokens per sequence.",
                 show_default=False)] = None,
-            zero: Annotated[int, typer.Option(callback=bounded("--zero"), help="Training plan: ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
-            tp: Annotated[int, typer.Option(callback=bounded("--tp"), help="Training plan: tensor-parallel cards (of --cards).")] = 1,
+            global_batch: Annotated[Optional[int], typer.Option(
+                "--global-batch", callback=bounded("--global-batch"),
+                help="Training plan: sequences per optimizer step over all cards.",
+                show_default=False)] = None,
+            zero: Annotated[int, typer.Option(
+                callback=bounded("--zero"), help="Training plan: ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
+            tp: Annotated[int, typer.Option(
+                callback=bounded("--tp"), help="Training plan: tensor-parallel cards (of --cards).")] = 1,
             bucket_mb: Annotated[float, typer.Option(
-                "--bucket-mb", callback=bounded("--bucket-mb"), help="Training plan: DDP/ZeRO gradient bucket size in MB.")] = 25.0,
+                "--bucket-mb", callback=bounded("--bucket-mb"),
+                help="Training plan: DDP/ZeRO gradient bucket size in MB.")] = 25.0,
             checkpointing: Annotated[str, typer.Option(
                 help="Training plan: activation checkpointing, none or full.")] = "none",
             search: Annotated[bool, typer.Option(

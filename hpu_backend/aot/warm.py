@@ -274,8 +274,8 @@ def _recorded(report: WarmReport, spec: ModelSpec, cache_config: CacheConfig | N
     report.fit = cache_fit(report, cache)
     doc = manifest(report, spec)
     if cache.config.remote and not send_manifest(cache.config, doc):  # so that other hosts pull just these keys
-        report.warnings.append(f"could not send the manifest to {redact_url(cache.config.remote)}; hosts will compile to "
-                               "learn the keys")
+        report.warnings.append(f"could not send the manifest to {redact_url(cache.config.remote)}; hosts will "
+                               "compile to learn the keys")
     try:
         report.manifest = str(write_manifest(cache.config.resolved_path(), doc))
     except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing
