@@ -157,7 +157,9 @@ def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, cap
     import sys
 
     from hpu_backend.aot.modelfile import load_model_file
-    from hpu_backend.aot.warm import flush, warm
+    from hpu_backend.aot.warm import warm
+    from hpu_backend.serve.session import session_for
+    from hpu_backend.settings import Settings
     from hpurecipe.buildcmds import _finish
 
     spec, config = load_model_file(str(tiny_model(tmp_path))), CacheConfig.parse(f"{tmp_path / 'c'},false,64")
@@ -165,7 +167,7 @@ def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, cap
 
     def clear_after_the_last(point):
         if point.point == spec.points()[-1]:
-            flush(config)
+            session_for(Settings.from_options({"cache_config": config})).store.flush()  # the warm-up's own store
             subprocess.run([sys.executable, "-c", clear], check=True, timeout=60)
 
     report = warm(spec, config, on_point=clear_after_the_last)
@@ -181,7 +183,7 @@ def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, cap
 def test_a_cache_trimmed_for_other_entries_is_never_told_to_shrink():
     """Entries trimmed while the cache also holds other models' entries: the advice counts those, and is never
     a size at or below the current limit."""
-    from hpu_backend.aot.cachefit import CacheFit
+    from hpu_backend.aot.reports import CacheFit
 
     mib = 2**20
     fit = CacheFit(4 * mib, needed=2, needed_bytes=mib, evicted=["a"], trimmed=["a"], other_bytes=mib)

@@ -713,16 +713,10 @@ def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkey
 def test_a_server_that_dies_during_warm_costs_one_warning(tmp_path, caplog):
     from cli_helpers import tiny_model
 
-    from hpu_backend.serve.store import reset_stores
-
     url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens: every call fails, as after a crash
-    reset_stores()
-    try:
-        with caplog.at_level(logging.WARNING):
-            result = CliRunner().invoke(app, ["warm", str(tiny_model(tmp_path)), "-d", str(tmp_path / "c")],
-                                        env={"HPU_RECIPE_CACHE_REMOTE": url})
-    finally:
-        reset_stores()
+    with caplog.at_level(logging.WARNING):  # warm opens a session of its own: a store of its own over the cache
+        result = CliRunner().invoke(app, ["warm", str(tiny_model(tmp_path)), "-d", str(tmp_path / "c")],
+                                    env={"HPU_RECIPE_CACHE_REMOTE": url})
     assert result.exit_code == 0, result.output
     remote = [r.getMessage() for r in caplog.records if "remote" in r.getMessage() or "manifest" in r.getMessage()]
     assert len(remote) == 1 and "unavailable" in remote[0], remote  # not a second one for the manifest
@@ -747,19 +741,24 @@ def test_a_program_template_guard_with_a_huge_power_is_quarantined_not_failing_e
     import torch
 
     from hpu_backend.formats.program import Program
-    from hpu_backend.serve.store import reset_stores
+    from hpu_backend.serve.session import Session
+    from hpu_backend.settings import Settings
     from recipecache import decode_entry
 
     config = CacheConfig(path=tmp_path / "c", fsync=False)
     model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
 
-    def compiled():
+    def run():
+        """A new Dynamo and a session of its own over the cache (as in a fresh process), flushed on return."""
         torch._dynamo.reset()
-        reset_stores()
-        return torch.compile(model, backend="hpu_backend", dynamic=True, options={"cache_config": config})
+        session = Session.open(Settings.from_options({"cache_config": config}))
+        compiled = torch.compile(model, backend="hpu_backend", dynamic=True, options={"cache_config": config})
+        with session.use():
+            out = compiled(x)
+        session.flush()
+        return out
 
-    compiled()(x)
-    reset_stores()
+    run()
     cache = RecipeCache(config)
     [key] = [i.key for i in cache.entries() if i.meta.get("kind") == "program"]
     path = cache._disk.entry_path(key)
@@ -773,10 +772,8 @@ def test_a_program_template_guard_with_a_huge_power_is_quarantined_not_failing_e
     assert verified.exit_code == 1 and [p["entry"] for p in listed] == [key], listed
     assert "cannot be evaluated" in listed[0]["reason"]
     with caplog.at_level(logging.WARNING):
-        torch.testing.assert_close(compiled()(x), model(x))  # served eagerly this time
-    reset_stores()
+        torch.testing.assert_close(run(), model(x))  # served eagerly this time
     assert "cannot be evaluated" in caplog.text and not RecipeCache(config).contains(key)
     assert any(p.name.startswith(key) for p in (tmp_path / "c" / "quarantine").iterdir())
-    torch.testing.assert_close(compiled()(x), model(x))  # and compiled afresh the next time
-    reset_stores()
+    torch.testing.assert_close(run(), model(x))  # and compiled afresh the next time
     assert RecipeCache(config).contains(key)

@@ -31,7 +31,7 @@ from ..capture.lazy import LazyRecorder, Pending
 from ..lowering import LoweringContext, LoweringError
 from ..serve.compiled import CompiledGraph, boxed, collect_recipes
 from ..serve.keys import Unkeyable, program_key
-from ..serve.store import cache_config, store_for
+from ..serve.session import session_for
 from ..settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,12 @@ class _Eager:
 
 
 class LazyRunner:
-    """Runs cut graphs: structure → compiled graph (this process), else lowered and its recipe taken from the store."""
+    """Runs cut graphs: structure → compiled graph (this process), else lowered and its recipe taken from the store
+    of the session the graphs are handed to."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.store = store_for(cache_config(settings))
+        self.session = session_for(settings)
         self.graphs: OrderedDict[str, tuple[CompiledGraph | _Eager, list]] = OrderedDict()  # structure -> graph, summary
         self.steps = LazyReport([Step(0)])
 
@@ -135,7 +136,7 @@ class LazyRunner:
         found, compiled = self._build(pending)
         if structure:
             self.graphs[structure] = found
-            if len(self.graphs) > self.store.capacity:
+            if len(self.graphs) > self.session.store.capacity:
                 self.graphs.popitem(last=False)
         return found[0], compiled, new
 
@@ -146,7 +147,7 @@ class LazyRunner:
         ctx = LoweringContext(settings=self.settings, name=name, kind="lazy", gm=pending.gm)
         try:
             with collect_recipes() as taken:
-                graph = CompiledGraph.build(pending.gm, ctx, self.store, "new graph")
+                graph = CompiledGraph.build(pending.gm, ctx, self.session, "new graph")
         except LoweringError as e:
             if self.settings.strict:
                 raise
@@ -236,6 +237,22 @@ class _Lazy:
         self.runner: LazyRunner | None = None
         self.recorder: LazyRecorder | None = None
         self.depth = 0
+        self.from_env = False  # PT_HPU_LAZY_MODE=1 entered the process-wide mode
+        self.device = False  # the hpu device records its ops into the recorder (not pushed as a mode)
+
+    def for_device(self, settings: Settings) -> LazyRecorder:
+        """The recorder the hpu device hands its ops to. The process-wide mode of PT_HPU_LAZY_MODE=1 steps
+        aside: on the device, lazy mode records the device's ops only, as on Gaudi."""
+        if self.from_env:
+            self.from_env = False
+            self.exit()
+        if self.depth:
+            raise RuntimeError("the hpu device cannot start inside a hpu_backend.gaudi.lazy() block")
+        if self.runner is None or settings != self.runner.settings:
+            self.runner = LazyRunner(settings)
+            self.recorder = LazyRecorder(self.runner, self.runner.sync)
+        self.device = True
+        return self.recorder
 
     def enter(self, options: dict | None = None) -> None:
         if self.depth == 0:
@@ -258,12 +275,21 @@ class _Lazy:
                 self.recorder.host.__exit__(None, None, None)
 
     def mark_step(self) -> None:
-        if self.depth:
+        if self.depth or self.device:
             self.recorder.flush("mark_step")
             self.runner.end_step()
+        for fn in _STEP_OBSERVERS:
+            fn()
 
 
 _state = _Lazy()
+_STEP_OBSERVERS: list[Callable[[], None]] = []
+
+
+def observe_steps(fn: Callable[[], None]) -> None:
+    """Call ``fn()`` after every ``mark_step()``, in or out of lazy mode (once per fn): the device's step report."""
+    if fn not in _STEP_OBSERVERS:
+        _STEP_OBSERVERS.append(fn)
 
 
 @contextlib.contextmanager
@@ -288,6 +314,20 @@ def mark_step() -> None:
     _state.mark_step()
 
 
+def device_recorder(settings: Settings) -> LazyRecorder:
+    """The lazy recorder of the hpu device (``hpu_backend.device``): ``mark_step()`` cuts its graphs too, and
+    ``lazy_report()`` reports them."""
+    return _state.for_device(settings)
+
+
+def release_device_recorder() -> None:
+    """The hpu device left lazy mode: run what it left pending; ``mark_step()`` no longer cuts its graphs."""
+    if _state.device:
+        _state.device = False
+        _state.recorder.flush("end of lazy mode")
+        _state.runner.end_step()
+
+
 def lazy_report() -> LazyReport:
     """The steps of this process's lazy-mode run so far (empty if lazy mode never ran)."""
     return LazyReport() if _state.runner is None else LazyReport(
@@ -301,6 +341,7 @@ def _from_env() -> None:
         log.warning("hpu_backend: %s=%r is not 0 or 1; lazy mode stays off", ENV_VAR, value)
     elif value == "1":
         _state.enter()
+        _state.from_env = True
 
 
 _from_env()

@@ -1,0 +1,237 @@
+"""``torch.hpu``: the device module of the simulated hpu device (registered by ``hpu_backend.device.enable``).
+
+The names Gaudi scripts call on ``torch.hpu`` / ``habana_frameworks.torch.hpu``, and the hooks torch asks a
+PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``, the RNG state, ``device``).
+
+- Cards: ``device_count()`` is ``HPU_SIM_CARDS`` when set, else the launcher's ``LOCAL_WORLD_SIZE`` or
+  ``WORLD_SIZE``, else 1 (one simulated card per rank, as a server gives each rank its own card).
+- Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
+  it, and a seeded script draws the same numbers on the device as on the CPU.
+- Memory: ``memory_allocated`` and friends read the device allocator (``serve/device_memory.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+
+import torch
+
+from ..serve import device_memory as memory
+from . import tensor
+from .tensor import HPU
+from ..serve.device_memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
+                            reset_peak_memory_stats)
+
+_current = [0]
+_names = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
+TARGET = ["gaudi2"]  # set by enable()
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def init() -> None:
+    """Nothing to initialize: the simulated device is ready once enabled."""
+
+
+def device_count() -> int:
+    for name in ("HPU_SIM_CARDS", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return 1
+
+
+def current_device() -> int:
+    return _current[0]
+
+
+def set_device(device) -> None:
+    index = _index(device)
+    if not 0 <= index < device_count():
+        raise ValueError(f"hpu device {index} does not exist: device_count() is {device_count()}")
+    _current[0] = index
+
+
+def _index(device) -> int:
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return device.index if device.index is not None else _current[0]
+
+
+def get_device_name(device=None) -> str:
+    return _names[TARGET[0]]
+
+
+def synchronize(device=None) -> None:
+    """Wait for the device's work: ops run on the host as they are launched, so nothing is outstanding."""
+
+
+@contextlib.contextmanager
+def device(index):
+    """Make ``index`` the current device for the block (torch's loader uses this to place storages)."""
+    previous = _current[0]
+    set_device(index)
+    try:
+        yield
+    finally:
+        _current[0] = previous
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    total_memory: int
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    return DeviceProperties(get_device_name(device), memory.capacity())
+
+
+# -- streams and events: host-synchronous (an op has run when its call returns) -------------------------------------
+
+class Stream:
+    """A device stream. Work runs as it is issued, so a stream has nothing outstanding."""
+
+    def __init__(self, device=None, priority: int = 0):
+        self.device = torch.device(HPU, _index(device if device is not None else _current[0]))
+
+    def synchronize(self) -> None:
+        """Nothing is outstanding."""
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream: "Stream") -> None:
+        """Streams are already in order."""
+
+    def wait_event(self, event: "Event") -> None:
+        """Events are already complete."""
+
+
+_stream = [None]
+
+
+def current_stream(device=None) -> Stream:
+    if _stream[0] is None:
+        _stream[0] = Stream(device)
+    return _stream[0]
+
+
+default_stream = current_stream
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None):
+    yield s
+
+
+class Event:
+    """A timing event: ``record()`` takes the host clock, ``elapsed_time(end)`` is in milliseconds, as torch's."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        self.time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        """A recorded event is complete."""
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Nothing to wait for."""
+
+    def elapsed_time(self, end: "Event") -> float:
+        if self.time is None or end.time is None:
+            raise RuntimeError("both events must be recorded before elapsed_time()")
+        return (end.time - self.time) * 1e3
+
+
+# -- memory ---------------------------------------------------------------------------------------------------
+
+def memory_reserved(device=None) -> int:
+    return memory.memory_allocated()
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory.max_memory_allocated()
+
+
+def empty_cache() -> None:
+    """The simulated allocator holds no cache: freed storages leave the count at once."""
+
+
+# -- random numbers: the host's generator ------------------------------------------------------------------------
+
+def manual_seed(seed: int) -> None:
+    """Seed the device's generator. Pending lazy work draws its random numbers first: it was issued before the
+    seed (``torch.manual_seed`` calls this after seeding the host, so the flush draws from the new seed: the
+    numbers a pending op would have drawn had it run at once)."""
+    device = tensor.DISPATCH[0]
+    if device is not None:
+        device.flush("manual_seed")
+    torch.default_generator.manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    torch.default_generator.seed()
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    return torch.default_generator.initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    return torch.default_generator.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device=None) -> None:
+    torch.default_generator.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states) -> None:
+    set_rng_state(states[0])
+
+
+# -- hooks torch asks a PrivateUse1 module for ---------------------------------------------------------------------
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("hpu")
+
+
+def get_autocast_dtype() -> torch.dtype:
+    return torch.get_autocast_dtype("hpu")
