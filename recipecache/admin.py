@@ -3,6 +3,7 @@ change the directory let pending writes land, hold eviction.lock and report disk
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Callable
 
@@ -12,7 +13,9 @@ from .entry import Entry, EntryInfo, decode_as, decode_entry, validate_key
 from .errors import CacheError, CorruptEntry
 from .eviction import TRIM_RATIO, select
 from .ledger import Ledger
-from .remote import RemoteTier
+from .remote import RemoteTier, clean
+
+logger = logging.getLogger("recipecache")
 
 
 class Admin:
@@ -102,9 +105,16 @@ class Admin:
         if fix and bad:
             with self._held():
                 for path, _, _ in bad:
-                    self.disk.quarantine(path)
+                    self._set_aside(path)
                 self.space.reconcile_locked()
         return [(name, reason) for _, name, reason in bad]
+
+    def _set_aside(self, path) -> None:
+        """Quarantine one bad file; one that cannot be moved is reported and the others are still moved."""
+        try:
+            self.disk.quarantine(path)
+        except OSError as exc:
+            logger.warning("recipe cache: cannot move %s to the quarantine: %s", clean(path), exc.strerror or exc)
 
     def _check(self, item: FileItem, check: Callable[[bytes], str | None] | None) -> str | None:
         try:
@@ -116,6 +126,8 @@ class Admin:
             entry = decode_as(item.key, result.data)
         except CorruptEntry as exc:
             return str(exc)
+        except OSError as exc:  # one file we may not read never stops the check of the others
+            return f"unreadable ({exc.strerror or exc})"
         return None if check is None else check(entry.payload)
 
     def push(self, remote: RemoteTier | None, keys: list[str] | None = None) -> int:
@@ -156,12 +168,12 @@ class Admin:
 
     def _intact(self, item: FileItem) -> bytes | None:
         """The bytes of an entry file that decodes cleanly, else None."""
-        result = read_file(item.path, self.disk.allow_shared)
-        if result is None or result.problem:
-            return None
         try:
+            result = read_file(item.path, self.disk.allow_shared)
+            if result is None or result.problem:
+                return None
             decode_entry(result.data)
-        except CorruptEntry:  # a VersionMismatch too
+        except (CorruptEntry, OSError):  # a VersionMismatch too; or a file we may not read
             return None
         return result.data
 

@@ -88,6 +88,11 @@ class RecipeCache:
         """False when the disk tier degraded to memory only (or the cache is disabled)."""
         return self._writes.degraded is None
 
+    @property
+    def disk_problem(self) -> str | None:
+        """Why the disk tier stopped writing (a read-only, full or vanished disk), or None."""
+        return self._writes.degraded
+
     # -- reading ----------------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
@@ -174,7 +179,7 @@ class RecipeCache:
     def _touch(self, key: str, now: float) -> float:
         try:
             self._disk.touch(key, now)
-        except OSError as exc:  # evicted meanwhile, or a read-only cache: recency is best effort
+        except (OSError, CorruptEntry) as exc:  # evicted or replaced meanwhile, read-only: recency is best effort
             logger.debug("recipe cache: cannot touch %s: %s", key, exc)
         return now
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .remote import redact_url
 from .safeio import read_small, write_atomic
 
 ENV_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
@@ -48,6 +50,11 @@ class CacheConfig:
     remote: str = ""
     remote_ttl_s: float = 0.0  # 0 means $HPU_RECIPE_CACHE_REMOTE_TTL, else 7 days
 
+    def __repr__(self) -> str:  # a configuration may be logged or shown: never with the fleet tier's password
+        fields = ", ".join(f"{f.name}={redact_url(v) if f.name == 'remote' and v else v!r}"
+                           for f in dataclasses.fields(self) for v in [getattr(self, f.name)])
+        return f"CacheConfig({fields})"
+
     def __post_init__(self):
         path = default_cache_dir() if self.path in (None, "") else Path(self.path).expanduser()
         object.__setattr__(self, "path", path)
@@ -62,7 +69,7 @@ class CacheConfig:
         remote = self.remote or os.environ.get(REMOTE_ENV, "").strip()
         object.__setattr__(self, "remote", "" if remote == "none" else remote)
         if self.remote and not self.remote.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"remote cache {self.remote!r} ({REMOTE_ENV}): expected redis://host:port/db")
+            raise ConfigError(f"remote cache {redact_url(self.remote)!r} ({REMOTE_ENV}): expected redis://host:port/db")
         if not self.remote_ttl_s:
             object.__setattr__(self, "remote_ttl_s", _env_seconds(REMOTE_TTL_ENV, DEFAULT_REMOTE_TTL_S))
         if not math.isfinite(self.remote_ttl_s) or self.remote_ttl_s <= 0:

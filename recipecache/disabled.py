@@ -20,11 +20,17 @@ class DisabledCache(RecipeCache):
     """Nothing is stored or found and no directory is touched; every call keeps its signature, validation
     and return type."""
 
-    def __init__(self, config: CacheConfig | None = None):
+    def __init__(self, config: CacheConfig | None = None, problem: str | None = None):
+        """``problem``: why a cache that was asked for is off (it could not be opened), if it is."""
         self.config = CacheConfig.from_env() if config is None else config
         self.path = self.config.resolved_path()
+        self._problem = problem or "the cache is disabled"
 
     enabled = False
+
+    @property
+    def disk_problem(self) -> str:
+        return self._problem
 
     def get_entry(self, key: str) -> Entry | None:
         validate_key(key)

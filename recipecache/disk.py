@@ -26,6 +26,7 @@ TEMP_PREFIX = "."
 TEMP_SUFFIX = ".tmp"
 STALE_TEMP_S = 600.0
 QUARANTINE_KEEP = 64
+QUARANTINE_NAME = 200  # characters of a file's name kept in its quarantine name (with a 20-digit time: < 255)
 _HEADER_PEEK = 4096
 # Files in the cache are opened relative to their directory, neither of which may be a symbolic link,
 # and without blocking (a FIFO named like an entry must not hang a reader); then fstat must say "regular".
@@ -273,16 +274,23 @@ class DiskStore:
         return total
 
     def touch(self, key: str, t: float) -> None:
-        """Set an entry's mtime (its last use) without following links; OSError if that fails."""
+        """Set an entry's mtime (its last use) without following links; OSError if that fails, or if the file
+        has another hard link (its times are shared with a file that may be outside the cache)."""
         path = self.entry_path(key)
         with _InDir(path.parent) as dfd:
-            os.utime(path.name, (t, t), dir_fd=dfd, follow_symlinks=False)
+            fd, st = _open_regular(path.name, dfd)
+            try:
+                if st.st_nlink > 1:
+                    raise OSError(errno.EMLINK, "an entry with other hard links is not touched", str(path))
+                os.utime(fd, (t, t))
+            finally:
+                os.close(fd)
 
     def quarantine(self, path) -> bool:
         """Move a bad file (or link, or foreign directory) out of the entries tree, keeping the newest few
         for inspection. Never moves anything into or out of a directory reached through a link."""
         path = Path(path)
-        target = f"{path.name}.{time.time_ns()}"
+        target = f"{path.name[:QUARANTINE_NAME]}.{time.time_ns()}"  # a foreign name may be as long as allowed
         try:
             with _InDir(path.parent) as src, _InDir(self.quarantine_dir) as dst:
                 os.replace(path.name, target, src_dir_fd=src, dst_dir_fd=dst)

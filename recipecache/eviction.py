@@ -80,15 +80,29 @@ class EvictionLog:
 
     def sizes(self) -> dict[str, int]:
         """Each removed key's size in bytes, as the log (and its rotated predecessor) records it."""
-        found: dict[str, int] = {}
+        return {key: record.size for key, record in self.records().items()}
+
+    def records(self) -> dict[str, "Removal"]:
+        """The last removal the log (and its rotated predecessor) records for each key."""
+        found: dict[str, Removal] = {}
         for path in (self.path.with_name(self.path.name + ".1"), self.path):
             try:
                 lines = read_small(path).decode(errors="replace").splitlines()
             except OSError:  # missing, or not a regular file
                 continue
-            found.update((parts[3], int(parts[4])) for parts in map(str.split, lines)
-                         if len(parts) == 5 and parts[4].isdigit())
+            found.update((parts[3], Removal(int(parts[4]), parts[2], int(parts[1])))
+                         for parts in map(str.split, lines)
+                         if len(parts) == 5 and parts[4].isdigit() and parts[1].isdigit())
         return found
+
+
+class Removal(NamedTuple):
+    """One line of evictions.log: the entry's size, why it went (``limit``: trimmed to stay under the size
+    limit; ``evict``, ``remove``, ``clear``, ``delete_on_start``: asked for) and the process that removed it."""
+
+    size: int
+    reason: str
+    pid: int
 
 
 def log_removal(key: str, remaining: int) -> None:

@@ -30,8 +30,9 @@ class DirLock:
         # filelock would recreate a deleted cache directory with default permissions; refuse instead.
         if not self.path.parent.is_dir():
             raise FileNotFoundError(errno.ENOENT, "cache directory vanished", str(self.path.parent))
-        # filelock opens its file with O_TRUNC, following links: make sure a regular file is there first.
-        os.close(open_regular(self.path, os.O_RDONLY | os.O_CREAT))
+        # filelock opens its file with O_TRUNC, following links: make sure a regular file with no other name
+        # (no hard link from outside the cache) is there first; anything else is refused (OSError).
+        os.close(open_regular(self.path, os.O_RDONLY | os.O_CREAT, one_name=True))
         try:
             self._lock.acquire(timeout=self.timeout_s, poll_interval=_POLL_S)
         except Timeout:

@@ -7,14 +7,18 @@ the key takes only values sealed with it (anything else is a miss, one warning, 
 a signed entry can take its place). A host without a key checks no seal and trusts the namespace.
 
 The server is not trusted to behave either: each operation has a total deadline (not a per-read
-timeout), a reply may not exceed ``MAX_REPLY`` bytes, and anything redis-py raises, whatever its
-type, costs one warning and a short, bounded wait; the tier then stays off for ``RETRY_AFTER_S``
-before it is tried again, so a process keeps compiling with its local tiers and never waits on every
-call. Warnings show the URL without its password and the server's text with control characters escaped.
+timeout); every length in a reply is checked before anything is allocated (a string may not exceed
+``MAX_REPLY`` bytes, an array ``MAX_ITEMS`` elements); GET must answer a string or nothing; and
+anything redis-py raises, whatever its type, costs one warning and a short, bounded wait; the tier
+then stays off for ``RETRY_AFTER_S`` before it is tried again, so a process keeps compiling with its
+local tiers and never waits on every call. One value over ``MAX_REPLY`` is not a server fault: it is
+a miss, and it is deleted (no host could ever read it), so it cannot block every host's pull.
+Warnings show the URL without its password and the server's text with control characters escaped.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -33,8 +37,13 @@ DEADLINE_S = 1.0  # one whole operation, however the server drips its reply
 ADMIN_DEADLINE_S = 60.0  # a SCAN for the CLI's stats
 RETRY_AFTER_S = 30.0
 MAX_REPLY = 64 * 1024 * 1024  # one reply (an entry is KBs to a few MB; a bundle member is capped alike)
+MAX_ITEMS = 1 << 20  # elements of one array or map reply (a SCAN page asks for 1000)
 SEAL = b"HPRS"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class BadReply(Exception):
+    """The server answered a command with a reply of the wrong type (e.g. a number to GET)."""
 
 
 class RemoteTier:
@@ -77,7 +86,7 @@ class RemoteTier:
     def get(self, key: str) -> bytes | None:
         """The entry bytes under key, or None (absent, the tier is down, or refused: unsigned or forged)."""
         name = self.name(key)
-        return self._opened(name, self._call(lambda: self._client.get(name)), delete=True)
+        return self._opened(name, self._call(lambda: self._value(name)), delete=True)
 
     def put(self, key: str, data: bytes) -> bool:
         """Store unless present (first writer wins, like the disk tier); True if the call went through."""
@@ -93,7 +102,7 @@ class RemoteTier:
 
     def get_doc(self, name: str) -> bytes | None:
         full = f"{self.prefix}doc:{name}"
-        return self._opened(full, self._call(lambda: self._client.get(full)), delete=False)
+        return self._opened(full, self._call(lambda: self._value(full)), delete=False)
 
     def delete(self, key: str) -> None:
         self._call(lambda: self._client.delete(self.name(key)))
@@ -102,7 +111,7 @@ class RemoteTier:
         """Delete the entry under key if ``unusable(its bytes)``, unless another host replaced it meanwhile
         (compare and delete in one server-side step); True if it was deleted."""
         name = self.name(key)
-        raw = self._call(lambda: self._client.get(name))
+        raw = self._call(lambda: self._value(name))
         data = self._opened(name, raw, delete=False) if raw is not None else None
         if raw is None or (data is not None and not unusable(data)):
             return False
@@ -120,6 +129,28 @@ class RemoteTier:
             return {"entries": entries, "bytes": size}
         return self._call(count, raise_errors=True, deadline_s=ADMIN_DEADLINE_S)
 
+    def _value(self, name: str) -> bytes | None:
+        """GET ``name``: its bytes, or None. A value no host could read (over MAX_REPLY bytes, refused before
+        it is read; or not a string) is deleted, unless replaced meanwhile by a good one: a bad value is one
+        miss, not a server fault. Any reply but a string or nothing is BadReply."""
+        from redis.exceptions import ResponseError
+
+        try:
+            value = self._client.get(name)
+        except _oversized_value() as exc:  # the connection is closed: the rest of the value is never read
+            self._client.eval(_DELETE_IF_LONGER, 1, name, MAX_REPLY)
+            self._report(name, f"{exc}; deleted")
+            return None
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            self._client.eval(_DELETE_IF_NOT_STRING, 1, name)
+            self._report(name, "not a string (a list, set or hash in its place); deleted")
+            return None
+        if value is not None and not isinstance(value, bytes):
+            raise BadReply(f"GET answered {clean(type(value).__name__)}, not a string")
+        return value
+
     # -- sealing -------------------------------------------------------------------------------------------
 
     def _sealed(self, name: str, data: bytes) -> bytes:
@@ -132,7 +163,6 @@ class RemoteTier:
         (one warning per process; the entry is then deleted, with ``delete``)."""
         if value is None:
             return None
-        value = bytes(value)
         sealed = value.startswith(SEAL) and len(value) >= len(SEAL) + TAG_BYTES
         data = value[len(SEAL) + TAG_BYTES:] if sealed else value
         if self._key is None:
@@ -146,10 +176,14 @@ class RemoteTier:
         return None
 
     def _refuse(self, name: str, why: str) -> None:
+        self._report(name, f"{why}, and a signing key is set")
+
+    def _report(self, name: str, why: str) -> None:
+        """One warning per process for an entry the tier will not serve (the rest at debug level)."""
         with self._mutex:
             first, self._refused_once = not self._refused_once, True
         log = logger.warning if first else logger.debug
-        log("recipe cache: refusing remote entry %s from %s: %s, and a signing key is set; treated as a miss%s",
+        log("recipe cache: refusing remote entry %s from %s: %s; treated as a miss%s",
             clean(name), self.url, why, " (further refusals are not reported)" if first else "")
 
     # -- calling the server ----------------------------------------------------------------------------------
@@ -194,6 +228,12 @@ class RemoteTier:
 
 # Delete KEYS[1] only if it still holds ARGV[1]: a host replacing a bad entry never deletes a good one.
 _COMPARE_AND_DELETE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# Delete KEYS[1] only if it is still something other than a string (a list, set, hash...).
+_DELETE_IF_NOT_STRING = ("local t = redis.call('TYPE', KEYS[1]).ok if t ~= 'string' and t ~= 'none' then "
+                         "return redis.call('DEL', KEYS[1]) end return 0")
+# Delete KEYS[1] only if it is still a string longer than ARGV[1] bytes (one no host can read).
+_DELETE_IF_LONGER = ("if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('STRLEN', KEYS[1]) > "
+                     "tonumber(ARGV[1]) then return redis.call('DEL', KEYS[1]) end return 0")
 
 
 def redact_url(url: str) -> str:
@@ -224,17 +264,71 @@ def describe(exc: BaseException) -> str:
     return message if expected and message else f"{type(exc).__name__}: {message}".rstrip(": ")
 
 
+@functools.cache
+def _oversized_value() -> type:
+    """OversizedValue: a redis-py InvalidResponse (so the client closes the connection it came on), made on
+    first use because this module must import without redis-py."""
+    from redis.exceptions import InvalidResponse
+
+    class OversizedValue(InvalidResponse):
+        """A string reply longer than MAX_REPLY bytes, refused before it is read."""
+
+    return OversizedValue
+
+
+# The RESP types whose line announces a length in bytes, or a count of elements.
+_LENGTHS = {b"$": "bytes", b"=": "bytes", b"!": "bytes", b"*": "elements", b"%": "elements", b"~": "elements",
+            b">": "elements", b"|": "elements"}
+
+
+def _check_line(line: bytes, oversized: type, invalid: type) -> None:
+    """Refuse a length or count line announcing more than its limit (or a malformed one), before the parser
+    allocates for it: a forged 4 GB string or a 10^15-element array costs nothing."""
+    unit = _LENGTHS.get(line[:1])
+    if unit is None:
+        return
+    digits = line[2:] if line[1:2] == b"-" else line[1:]
+    if len(line) > 24 or not digits.isdigit():
+        raise invalid(f"a malformed reply length {clean(line[:40])}")
+    n, limit = int(line[1:]), MAX_REPLY if unit == "bytes" else MAX_ITEMS
+    if n > limit:
+        error = oversized if line[:1] == b"$" else invalid
+        raise error(f"a reply of {n} {unit}, over the {limit}-{unit[:-1]} limit")
+    if n < -1:
+        raise invalid(f"a reply of {n} {unit}")
+
+
 def _capped_parser(url: str):
-    """redis-py's pure-Python parser for the URL's protocol, refusing any reply over MAX_REPLY bytes before
-    it is read (a forged 4 GB length costs nothing)."""
+    """redis-py's pure-Python parser for the URL's protocol, checking every length and count a reply
+    announces before it is read (see _check_line)."""
     from redis._parsers import _RESP2Parser, _RESP3Parser
     from redis._parsers.socket import SENTINEL, SocketBuffer
     from redis.exceptions import InvalidResponse
 
+    oversized = _oversized_value()
+
     class CappedBuffer(SocketBuffer):
+        lines = 0  # read since the last complete reply: nested arrays, each within MAX_ITEMS, stay bounded too
+
+        def readline(self, timeout=SENTINEL) -> bytes:
+            line = super().readline(timeout)
+            self.lines += 1
+            if self.lines > MAX_ITEMS:
+                raise InvalidResponse(f"a reply of more than {MAX_ITEMS} elements")
+            _check_line(line, oversized, InvalidResponse)
+            return line
+
+        def purge(self) -> None:  # a reply was read whole
+            self.lines = 0
+            super().purge()
+
+        def rewind(self, pos: int) -> None:  # it will be read again
+            self.lines = 0
+            super().rewind(pos)
+
         def read(self, length: int, timeout=SENTINEL) -> bytes:
             if length > MAX_REPLY:
-                raise InvalidResponse(f"a reply of {length} bytes, over the {MAX_REPLY}-byte limit")
+                raise oversized(f"a reply of {length} bytes, over the {MAX_REPLY}-byte limit")
             return super().read(length, timeout)
 
         def _read_from_socket(self, length=None, timeout=SENTINEL, raise_on_timeout=True) -> bool:

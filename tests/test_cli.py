@@ -120,7 +120,7 @@ def test_warm_says_when_the_cache_is_too_small_and_how_large_it_must_be(tmp_path
     large = tmp_path / "large"  # the size it asked for is enough
     monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{large},false,{fit['suggested_mb']}")
     assert cli_json("warm", tiny_file, "-d", large, "--check")["cache_fit"] == dict(
-        fit, fits=True, evicted=[], limit_bytes=int(fit["suggested_mb"] * 2**20))
+        fit, fits=True, evicted=[], trimmed=[], limit_bytes=int(fit["suggested_mb"] * 2**20))
 
 
 @pytest.mark.parametrize("command", ["analyze", "coverage"])

@@ -128,3 +128,93 @@ def test_push_and_pull_without_a_remote_tier_are_one_line(tmp_path, monkeypatch)
     for args in (["push", "-d", tmp_path / "c"], ["pull", model, "-d", tmp_path / "d"]):
         assert "no remote cache configured" in one_line(cli(*args, code=1))
     assert "remote" not in cli_json("stats", "-d", tmp_path / "c")  # stats counts a fleet tier only if there is one
+
+
+# -- warm says why the cache lacks what it built (issue 34, cause 8) ----------------------------------------------
+
+def test_warm_into_a_cache_that_cannot_be_written_fails_naming_it_not_the_size(tmp_path, monkeypatch):
+    """Root ignores mode bits: the error a read-only file system gives is injected where entries are written."""
+    import errno
+
+    import recipecache.disk
+
+    def read_only(fd, data):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(recipecache.disk, "_write_file", read_only)
+    model = tiny_model(tmp_path)
+    for args in ([], ["--check"]):
+        cache = tmp_path / f"c{len(args)}"
+        out = " ".join(cli("warm", model, "-d", cache, *args, code=1).output.split())
+        assert "the cache holds none of the entries these buckets use" in out, out
+        assert "3 of the 3 entries these buckets use could not be stored" in out and "Read-only file system" in out
+        assert "too small" not in out and "MiB" not in out
+
+
+def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, capsys):
+    """Another process clears the cache after the last bucket: the report says so and does not blame the size."""
+    import subprocess
+    import sys
+
+    from hpu_backend.aot.modelfile import load_model_file
+    from hpu_backend.aot.warm import warm
+    from hpu_backend.serve.session import session_for
+    from hpu_backend.settings import Settings
+    from hpurecipe.buildcmds import _finish
+
+    spec, config = load_model_file(str(tiny_model(tmp_path))), CacheConfig.parse(f"{tmp_path / 'c'},false,64")
+    clear = f"from recipecache import *; RecipeCache(CacheConfig.parse({str(config.path)!r} + ',false,64')).clear()"
+
+    def clear_after_the_last(point):
+        if point.point == spec.points()[-1]:
+            session_for(Settings.from_options({"cache_config": config})).store.flush()  # the warm-up's own store
+            subprocess.run([sys.executable, "-c", clear], check=True, timeout=60)
+
+    report = warm(spec, config, on_point=clear_after_the_last)
+    assert report.fit.evicted and not report.fit.trimmed and not report.fit.unstored, report.fit
+    assert all(how.startswith("clear by another process") for how in report.fit.removed.values())
+    with pytest.raises(typer.Exit) as exc:
+        _finish(report, config, json=False, check=False)  # nothing is left: a CI step must not pass
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.exit_code == 1 and "3 of the 3 entries these buckets use were removed during the run" in err
+    assert "clear by another process" in err and "too small" not in err and "MiB" not in err
+
+
+def test_a_cache_trimmed_for_other_entries_is_never_told_to_shrink():
+    """Entries trimmed while the cache also holds other models' entries: the advice counts those, and is never
+    a size at or below the current limit."""
+    from hpu_backend.aot.reports import CacheFit
+
+    mib = 2**20
+    fit = CacheFit(4 * mib, needed=2, needed_bytes=mib, evicted=["a"], trimmed=["a"], other_bytes=mib)
+    assert fit.suggested_mb > 4 and CacheFit(None, 2, mib).suggested_mb == 1.3
+
+
+# -- numeric options are bounded when parsed (issue 34, cause 9) -------------------------------------------------
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize("args, says", [
+    (["analyze", "M", "--train", "--seq", "16", "--global-batch", "8", "--bucket-mb", "inf"],
+     "--bucket-mb inf: expected a number from 0.001 to 1,048,576"),
+    (["analyze", "M", "--bucket-mb", "nan"], "--bucket-mb nan: expected a number"),
+    (["analyze", "M", "--timeout", "1e308"], "--timeout 1e+308: expected a number from 0 to 604,800"),
+    (["warm", "M", "--timeout", "nan"], "--timeout nan"),
+    (["analyze", "M", "--input-len", "8", "--output-len", "8", "--batch", "99999999999999999999"],
+     "--batch 99999999999999999999: expected a positive integer, at most 1,048,576"),
+    (["analyze", "M", "--train", "--seq", HUGE, "--global-batch", "8"], "--seq 9999"),
+    (["analyze", "M", "--zero", "-1"], "--zero -1: expected an integer from 0 to 3"),
+    (["prebuild", "M", "--jobs", "100000"], "--jobs 100000: expected a positive integer"),
+    (["evict", "--older-than", HUGE + "d", "--yes"], "--older-than"),
+    (["evict", "--max-size", HUGE + "GB", "--yes"], "--max-size"),
+], ids=["inf", "nan", "timeout-1e308", "timeout-nan", "batch-20-digits", "seq-400-digits", "zero", "jobs",
+        "older-than", "max-size"])
+def test_numeric_options_out_of_range_are_one_usage_line_naming_the_range(tmp_path, args, says):
+    model = tiny_model(tmp_path)
+    args = [model if a == "M" else a for a in args]
+    start = time.perf_counter()
+    line = " ".join(cli(*args, "-d" if args[0] == "evict" else "--json", *(
+        [tmp_path / "c"] if args[0] == "evict" else []), code=2).output.split())
+    assert line.startswith("error:") and line.count("error:") == 1 and says in line, line
+    assert "unexpected" not in line and time.perf_counter() - start < 30

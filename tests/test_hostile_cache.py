@@ -183,12 +183,17 @@ def test_links_to_devices_and_huge_files_are_not_read(filled, tmp_path):
     assert [r["code"] for r in results] == [0, 0, 0], results
 
 
-@pytest.mark.parametrize("name", ["evictions.log", "hits.log", "eviction.lock", "stats.lock"])
-def test_logs_and_locks_are_never_written_through_a_link(filled, name):
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+@pytest.mark.parametrize("name", ["evictions.log", "hits.log", "eviction.lock", "stats.lock", "size.json",
+                                  "stats.json"])
+def test_logs_and_locks_are_never_written_through_a_link(filled, name, link):
     outside = filled.parent / "outside"
     before = snapshot(outside)
     (filled / name).unlink(missing_ok=True)
-    (filled / name).symlink_to(outside / "target")
+    if link == "symbolic":
+        (filled / name).symlink_to(outside / "target")
+    else:
+        os.link(outside / "target", filled / name)
     cache = make_cache(filled)
     assert cache.get("aa01") is not None  # a hit: hits.log is appended on flush
     cache.flush()
@@ -196,6 +201,39 @@ def test_logs_and_locks_are_never_written_through_a_link(filled, name):
         cache.evict(keys=["aa01"])  # a removal: evictions.log is appended under eviction.lock
     cache.put("cc03", b"x", wait=True)
     assert snapshot(outside) == before
+    if name.endswith(".log") and link == "hard":  # the log was replaced by a private file, and still counts
+        assert os.stat(filled / name).st_nlink == 1 and b"aa01" in (filled / name).read_bytes()
+
+
+def test_every_bookkeeping_file_hard_linked_outside_is_never_written(filled, tmp_path):
+    """Each bookkeeping file is a second name of a file outside the cache: serving, flushing stats and every
+    command that changes the directory leave the outside files as they were."""
+    outside = tmp_path / "outside"
+    for i, name in enumerate(BOOKKEEPING):
+        (filled / name).parent.mkdir(exist_ok=True)
+        (filled / name).unlink(missing_ok=True)
+        (outside / f"f{i}").write_bytes(b"precious %d\n" % i)
+        os.link(outside / f"f{i}", filled / name)
+    before = snapshot(outside)
+    cache = make_cache(filled)
+    assert cache.get("aa01") == recipe_bytes("a")
+    cache.put("cc03", b"x" * 100, {"model": "m"}, wait=True)
+    cache.flush()
+    for args in (["stats"], ["ls"], ["verify"], ["evict", "--max-size", "1", "--yes"], ["clear", "--yes"],
+                 ["stats", "--zero"]):
+        result = cli_in(*args, "-d", filled, code=None)
+        assert result.exit_code in (0, 1) and "Traceback" not in result.output, (args, result.output)
+    assert snapshot(outside) == before
+
+
+def test_an_entry_with_a_hard_link_outside_is_served_but_never_touched(filled, tmp_path):
+    cache = make_cache(filled)
+    path = cache._disk.entry_path("aa01")
+    os.link(path, tmp_path / "outside" / "aa01.copy")
+    os.utime(path, (1, 1))  # an old last use: a hit would record the new one
+    assert cache.get("aa01") == recipe_bytes("a")
+    cache.flush()
+    assert os.stat(tmp_path / "outside" / "aa01.copy").st_mtime == 1
 
 
 def test_a_linked_manifests_directory_is_never_written_or_read(filled, tmp_path):
@@ -308,8 +346,9 @@ def test_gzip_bomb_bundles_are_refused_quickly_in_bounded_memory(tmp_path):
 
 # -- one unreadable shard (item 12) ------------------------------------------------------------------------------
 
-def test_an_unreadable_shard_is_skipped_reported_and_verify_goes_on():
-    """Run as another user (root reads everything): a forked child drops to ``nobody`` on a cache it owns."""
+def _as_nobody(run) -> None:
+    """``run(base, nobody)`` in a fresh directory traversable by ``nobody`` (root reads everything, so a cache
+    is made unreadable to another user; the test is skipped unless we are root and ``nobody`` exists)."""
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
@@ -318,39 +357,89 @@ def test_an_unreadable_shard_is_skipped_reported_and_verify_goes_on():
         pytest.skip("needs root to run the cache as another user")
     base = Path(tempfile.mkdtemp(dir="/tmp"))
     try:
-        _unreadable_shard(base, nobody)
+        os.chmod(base, 0o711)  # traversable by nobody
+        run(base, nobody)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _unreadable_shard(base: Path, nobody) -> None:
-    os.chmod(base, 0o711)  # traversable by nobody
-    cache_dir = base / "cache"
+def _seeded_for(nobody, cache_dir: Path, keys=("aa01", "bb02")) -> None:
     seed = make_cache(cache_dir)
-    seed.put("aa01", recipe_bytes("a"), wait=True)
-    seed.put("bb02", recipe_bytes("b"), wait=True)
+    for key in keys:
+        seed.put(key, recipe_bytes(key), wait=True)
     seed.flush()
     for p in [cache_dir, *cache_dir.rglob("*")]:
         os.lchown(p, nobody.pw_uid, nobody.pw_gid)
-    os.chmod(cache_dir / "entries" / "aa", 0o000)
+
+
+def _child_as(nobody, work) -> dict:
+    """``work()`` (a JSON-able dict) in a forked child running as ``nobody``."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
-            cache = make_cache(cache_dir)
-            report = {"verify": cache.verify(), "keys": cache.keys(), "entries": [i.key for i in cache.entries()],
-                      "enabled": cache.enabled, "get": cache.get("bb02") == recipe_bytes("b")}
-            os.write(write, json.dumps(report).encode())
+            os.write(write, json.dumps(work()).encode())
         finally:
             os._exit(0)
     os.close(write)
     with os.fdopen(read) as f:
         report = json.loads(f.read() or "{}")
     os.waitpid(pid, 0)
+    return report
+
+
+def test_an_unreadable_shard_is_skipped_reported_and_verify_goes_on():
+    _as_nobody(_unreadable_shard)
+
+
+def _unreadable_shard(base: Path, nobody) -> None:
+    cache_dir = base / "cache"
+    _seeded_for(nobody, cache_dir)
+    os.chmod(cache_dir / "entries" / "aa", 0o000)
+
+    def work():
+        cache = make_cache(cache_dir)
+        return {"verify": cache.verify(), "keys": cache.keys(), "entries": [i.key for i in cache.entries()],
+                "enabled": cache.enabled, "get": cache.get("bb02") == recipe_bytes("bb02")}
+
+    report = _child_as(nobody, work)
     assert report["enabled"] and report["get"] and report["keys"] == report["entries"] == ["bb02"], report
     assert [reason.split(" (")[0] for _, reason in report["verify"]] == ["unreadable shard directory"], report
+
+
+def test_one_unreadable_entry_is_reported_and_verify_goes_on():
+    _as_nobody(_unreadable_entry)
+
+
+def _unreadable_entry(base: Path, nobody) -> None:
+    cache_dir = base / "cache"
+    _seeded_for(nobody, cache_dir, ("aa01", "bb02", "cc03"))
+    os.chmod(cache_dir / "entries" / "aa" / "aa01.rcp", 0o000)
+    (cache_dir / "entries" / "cc" / "cc03.rcp").write_bytes(b"damaged")
+
+    def work():
+        try:
+            return {"verify": make_cache(cache_dir).verify()}
+        except Exception as exc:  # reported to the parent, which fails the test with it
+            return {"error": repr(exc)}
+
+    report = _child_as(nobody, work)
+    assert sorted(name for name, _ in report.get("verify", [])) == ["aa01", "cc03"], report
+    assert dict(report["verify"])["aa01"].startswith("unreadable"), report
+
+
+def test_verify_fix_survives_a_foreign_file_with_a_250_character_name(filled):
+    long_name = filled / "entries" / "aa" / ("x" * 250)
+    long_name.write_bytes(b"foreign")
+    damaged = filled / "entries" / "bb" / "bb02.rcp"
+    damaged.chmod(0o600)
+    damaged.write_bytes(b"damaged")
+    out = json.loads(cli_in("verify", "--fix", "--json", "-d", filled, code=None).stdout)
+    assert out["bad"] == 2 and not long_name.exists() and not damaged.exists(), out
+    assert len(list((filled / "quarantine").iterdir())) == 2
+    assert json.loads(cli_in("verify", "--json", "-d", filled).stdout)["bad"] == 0
 
 
 # -- entries that parse but cannot be served (item 13) -----------------------------------------------------------
@@ -508,11 +597,19 @@ def _huge(conn, stop):
     stop.wait(5)
 
 
+HELLO3 = b"%1\r\n+proto\r\n:3\r\n"  # the map redis-py expects in answer to HELLO 3
+
+# Each case: the crafted replies, the URL's query, and what its one warning says.
 HOSTILE = {
-    "a 4 GB bulk reply": ({"GET": _huge}, "?protocol=2", "limit"),
     "a slow-drip reply": ({"GET": _drip}, "?protocol=2", "within"),
     "an odd reply to HELLO": ({"HELLO": b"+OK\r\n"}, "", "AttributeError"),  # redis-py expects a map
     "an error with escape codes": ({"GET": b"-ERR \x1b[31mred\x1b]0;title\x07\r\n"}, "?protocol=2", "\\x1b[31mred"),
+    "an integer reply of 4e9 to GET": ({"GET": b":4000000000\r\n"}, "?protocol=2", "not a string"),
+    "an integer reply of 1e15 to GET": ({"GET": b":1000000000000000\r\n"}, "?protocol=2", "not a string"),
+    "a float reply to GET": ({"HELLO": HELLO3, "GET": b",1.5\r\n"}, "?protocol=3", "not a string"),
+    "a map reply to GET": ({"HELLO": HELLO3, "GET": b"%1\r\n+a\r\n+b\r\n"}, "?protocol=3", "not a string"),
+    "a 10^15-element array": ({"GET": b"*1000000000000000\r\n:1\r\n"}, "?protocol=2", "elements"),
+    "a negative length": ({"GET": b"$-7\r\n"}, "?protocol=2", "-7 bytes"),
 }
 
 
@@ -541,6 +638,66 @@ def test_a_hostile_server_costs_one_warning_and_a_bounded_wait(tmp_path, case, c
         server.close()
 
 
+def test_a_forged_4_gb_value_is_one_refused_entry_not_a_server_fault(tmp_path, caplog):
+    """The value is refused from its length line, before anything is read; the tier stays on, and the
+    entry is deleted (the server receives the conditional delete)."""
+    seen = []
+
+    def record_eval(conn, stop):
+        seen.append("EVAL")
+        conn.sendall(b":1\r\n")
+
+    server = FakeRedis({"GET": _huge, "EVAL": record_eval})
+    try:
+        cache = _remote_cache(tmp_path / "c", f"redis://127.0.0.1:{server.port}/0?protocol=2")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with caplog.at_level(logging.WARNING, "recipecache"):
+            assert cache.get("aa01") is None and cache.get("bb02") is None
+        assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) * 1024 < 256 * 1024**2
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "4000000000 bytes, over the" in warnings[0], warnings
+        assert cache.remote.available and seen == ["EVAL", "EVAL"]
+    finally:
+        server.close()
+
+
+def test_nested_arrays_are_bounded_in_all_not_only_each(tmp_path, monkeypatch, caplog):
+    """Two arrays within the element limit (made small here), nested in one reply, exceed it in all."""
+    import recipecache.remote as remote
+
+    monkeypatch.setattr(remote, "MAX_ITEMS", 1000)
+    server = FakeRedis({"GET": b"*2\r\n" + (b"*1000\r\n" + b":1\r\n" * 1000) * 2})
+    try:
+        cache = _remote_cache(tmp_path / "c", f"redis://127.0.0.1:{server.port}/0?protocol=2")
+        with caplog.at_level(logging.WARNING, "recipecache"):
+            assert cache.get("aa01") is None
+        assert "a reply of more than 1000 elements" in caplog.text and not cache.remote.available
+    finally:
+        server.close()
+
+
+@needs_redis
+def test_one_oversized_fleet_value_is_skipped_and_deleted_and_pull_fetches_the_rest(tmp_path, redis_server,
+                                                                                   monkeypatch, caplog):
+    """A value over the reply limit (made small here), or a list in a value's place, costs one warning and is
+    deleted, with or without a signing key; the other entries arrive and the tier is not reported unreachable."""
+    import recipecache.remote as remote
+
+    url, _, client = redis_server
+    monkeypatch.setenv(KEY_ENV, "team-secret")
+    _remote_cache(tmp_path / "ci", url).put("aa01", recipe_bytes("a"), wait=True)
+    monkeypatch.setattr(remote, "MAX_REPLY", 64 * 1024)
+    client.set("hpu_recipes:bb02", b"x" * (100 * 1024))
+    client.rpush("hpu_recipes:cc03", b"a list where a value belongs")
+    host = _remote_cache(tmp_path / "host", url)
+    with caplog.at_level(logging.WARNING, "recipecache"):
+        assert host.pull(["bb02", "cc03", "aa01"]) == 1
+    assert host.contains("aa01") and not host.contains("bb02") and host.remote.available
+    assert client.exists("hpu_recipes:bb02", "hpu_recipes:cc03") == 0 and client.exists("hpu_recipes:aa01") == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "over the 65536-byte limit" in warnings[0], warnings
+
+
 def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkeypatch):
     url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"
     result = cli_in("push", "-d", filled, "--remote", url, code=1, says="server unreachable")
@@ -548,18 +705,24 @@ def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkey
     monkeypatch.setenv("HPU_RECIPE_CACHE_REMOTE_TTL", "nan")
     result = cli_in("push", "-d", filled, "--remote", url, code=2, says="finite")
     assert "unexpected" not in result.output
+    monkeypatch.delenv("HPU_RECIPE_CACHE_REMOTE_TTL")
+    result = cli_in("push", "-d", filled, "--remote", "http://:s3cret-pw@127.0.0.1/0", code=2, says="expected redis")
+    assert "s3cret" not in result.output and "s3cret" not in repr(CacheConfig(path=filled, remote=url))
 
 
 def test_a_server_that_dies_during_warm_costs_one_warning(tmp_path, caplog):
     from cli_helpers import tiny_model
 
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: every call fails, as after a crash
+    url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens: every call fails, as after a crash
     with caplog.at_level(logging.WARNING):  # warm opens a session of its own: a store of its own over the cache
         result = CliRunner().invoke(app, ["warm", str(tiny_model(tmp_path)), "-d", str(tmp_path / "c")],
                                     env={"HPU_RECIPE_CACHE_REMOTE": url})
     assert result.exit_code == 0, result.output
     remote = [r.getMessage() for r in caplog.records if "remote" in r.getMessage() or "manifest" in r.getMessage()]
     assert len(remote) == 1 and "unavailable" in remote[0], remote  # not a second one for the manifest
+    output = " ".join(result.output.split())
+    assert "could not send the manifest to redis://:***@127.0.0.1" in output, output
+    assert "s3cret" not in output and "s3cret" not in caplog.text
 
 
 # -- no import cycle (issue 22) ----------------------------------------------------------------------------------
@@ -570,3 +733,47 @@ def test_the_cache_core_does_not_import_the_disabled_cache():
     tree = ast.parse((ROOT / "recipecache" / "cache.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "disabled" not in imported and "recipecache.disabled" not in imported
+
+
+# -- a stored program whose template guard cannot be evaluated (issue 34, cause 9) --------------------------------
+
+def test_a_program_template_guard_with_a_huge_power_is_quarantined_not_failing_every_run(tmp_path, caplog):
+    import torch
+
+    from hpu_backend.formats.program import Program
+    from hpu_backend.serve.session import Session
+    from hpu_backend.settings import Settings
+    from recipecache import decode_entry
+
+    config = CacheConfig(path=tmp_path / "c", fsync=False)
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+
+    def run():
+        """A new Dynamo and a session of its own over the cache (as in a fresh process), flushed on return."""
+        torch._dynamo.reset()
+        session = Session.open(Settings.from_options({"cache_config": config}))
+        compiled = torch.compile(model, backend="hpu_backend", dynamic=True, options={"cache_config": config})
+        with session.use():
+            out = compiled(x)
+        session.flush()
+        return out
+
+    run()
+    cache = RecipeCache(config)
+    [key] = [i.key for i in cache.entries() if i.meta.get("kind") == "program"]
+    path = cache._disk.entry_path(key)
+    entry = decode_entry(path.read_bytes())
+    program = Program.from_bytes(entry.payload)
+    program.graphs[0].template.guards.append(["eq", ["pow", program.symbols[0], 10**6], 1])
+    path.chmod(0o600)
+    path.write_bytes(encode_entry(key, program.to_bytes(), entry.meta, entry.created))
+    verified = cli_in("verify", "--json", "-d", config.path, code=None)
+    listed = json.loads(verified.stdout)["problems"]
+    assert verified.exit_code == 1 and [p["entry"] for p in listed] == [key], listed
+    assert "cannot be evaluated" in listed[0]["reason"]
+    with caplog.at_level(logging.WARNING):
+        torch.testing.assert_close(run(), model(x))  # served eagerly this time
+    assert "cannot be evaluated" in caplog.text and not RecipeCache(config).contains(key)
+    assert any(p.name.startswith(key) for p in (tmp_path / "c" / "quarantine").iterdir())
+    torch.testing.assert_close(run(), model(x))  # and compiled afresh the next time
+    assert RecipeCache(config).contains(key)

@@ -19,7 +19,7 @@ from recipecache.config import ENV_VAR
 from . import render
 from .caches import config_for, open_cache
 from .errors import UsageError, fail
-from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train
+from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train, bounded
 from .specs import load_spec
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def progress(total: int, quiet: bool) -> Iterator:
 
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
-                                             "if the cache is too small to keep what it built.")] = False,
+                                             "if the cache did not keep everything the buckets use.")] = False,
          timeout: Timeout = None, json: Json = False) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
@@ -60,7 +60,8 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
 
 
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
-             jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Worker processes.")] = 1,
+             jobs: Annotated[int, typer.Option("--jobs", "-j", callback=bounded("--jobs"),
+                                               help="Worker processes.")] = 1,
              json: Json = False) -> None:
     """Compile every bucket without running recipes (compile-only), across worker processes."""
     from hpu_backend.aot.warm import prebuild as prebuild_spec
@@ -88,19 +89,39 @@ def _finish(report: WarmReport, config, json: bool, check: bool) -> None:
             render.note("CPU fallback ops: {} (they run on the host, not the device)",
                         ", ".join(s["fallback_ops"]))
     if report.fit is not None and not report.fit.fits:
-        too_small = f"{_too_small(report.fit, config)}, and warm again"
-        if check:
-            raise fail(too_small)
-        render.warn(too_small)
+        not_kept = _not_kept(report.fit, config)
+        if check or report.fit.stored_nothing:  # a CI warm step must not pass having stored nothing
+            raise fail(not_kept)
+        render.warn(not_kept)
     if report.summary()["mismatches"]:
         raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
+
+
+def _not_kept(fit, config) -> str:
+    """Why the cache lacks entries the buckets use, cause by cause (the size only when entries were trimmed)."""
+    of = f"of the {fit.needed} entries these buckets use"
+    causes = []
+    if fit.unstored and fit.disk_problem:
+        causes.append(f"{len(fit.unstored)} {of} could not be stored: the cache at {config.resolved_path()} "
+                      f"cannot be written ({fit.disk_problem})")
+    elif fit.unstored:
+        causes.append(f"{len(fit.unstored)} {of} are gone without a record in the eviction log (deleted by "
+                      "hand, or never written)")
+    if fit.removed:
+        hows = sorted(set(fit.removed.values()))
+        causes.append(f"{len(fit.removed)} {of} were removed during the run ({'; '.join(hows)})")
+    if fit.trimmed:
+        causes.append(_too_small(fit, config))
+    prefix = "the cache holds none of the entries these buckets use: " if fit.stored_nothing else ""
+    return prefix + "; ".join(causes) + ("" if fit.unstored and fit.disk_problem else ". Warm again")
 
 
 def _too_small(fit, config) -> str:
     """The cache is too small for what the buckets use: how many entries went, and the size it needs."""
     mb = f"{fit.suggested_mb:g}"
-    return (f"the cache is too small: {len(fit.evicted)} of the {fit.needed} entries these buckets use were "
-            f"evicted (limit {render.size(fit.limit_bytes)}; they take {render.size(fit.needed_bytes)}). "
+    others = f", and the cache holds {render.size(fit.other_bytes)} of other entries" if fit.other_bytes else ""
+    return (f"the cache is too small: {len(fit.trimmed)} of the {fit.needed} entries these buckets use were "
+            f"evicted (limit {render.size(fit.limit_bytes)}; they take {render.size(fit.needed_bytes)}{others}). "
             f"Give it at least {mb} MiB, e.g. {ENV_VAR}={config.resolved_path()},false,{mb}")
 
 
@@ -146,32 +167,41 @@ DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without impo
 def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
             target: Annotated[str, typer.Option(help=f"Device to plan for: {' or '.join(TARGETS)}.")] = TARGETS[0],
             input_len: Annotated[Optional[int], typer.Option(
-                "--input-len", help="Capacity planning: prompt tokens per sequence (with --output-len).",
+                "--input-len", callback=bounded("--input-len"),
+                help="Capacity planning: prompt tokens per sequence (with --output-len).",
                 show_default=False)] = None,
             output_len: Annotated[Optional[int], typer.Option(
-                "--output-len", help="Capacity planning: generated tokens per sequence (with --input-len).",
+                "--output-len", callback=bounded("--output-len"),
+                help="Capacity planning: generated tokens per sequence (with --input-len).",
                 show_default=False)] = None,
             dtype: Annotated[Optional[str], typer.Option(
                 help="Capacity planning: bf16, or fp8 (weights and matmul inputs in fp8). Default bf16.",
                 show_default=False)] = None,
             batch: Annotated[Optional[int], typer.Option(
+                callback=bounded("--batch"),
                 help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
                 show_default=False)] = None,
             cards: Annotated[Optional[int], typer.Option(
+                callback=bounded("--cards"),
                 help="Capacity planning: tensor parallel over this many cards of one server (per-card plan; "
                      "a model file with PER_CARD).", show_default=False)] = None,
             lazy: Annotated[bool, typer.Option(
                 "--lazy", help="Run the model eagerly in lazy mode (mark_step after each step) and report its "
                 "lazy graphs' recipes instead of torch.compile's.")] = False,
             seq: Annotated[Optional[int], typer.Option(
-                help="Training plan (with --train): tokens per sequence.", show_default=False)] = None,
-            global_batch: Annotated[Optional[int], typer.Option(
-                "--global-batch", help="Training plan: sequences per optimizer step over all cards.",
+                callback=bounded("--seq"), help="Training plan (with --train): tokens per sequence.",
                 show_default=False)] = None,
-            zero: Annotated[int, typer.Option(help="Training plan: ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
-            tp: Annotated[int, typer.Option(help="Training plan: tensor-parallel cards (of --cards).")] = 1,
+            global_batch: Annotated[Optional[int], typer.Option(
+                "--global-batch", callback=bounded("--global-batch"),
+                help="Training plan: sequences per optimizer step over all cards.",
+                show_default=False)] = None,
+            zero: Annotated[int, typer.Option(
+                callback=bounded("--zero"), help="Training plan: ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
+            tp: Annotated[int, typer.Option(
+                callback=bounded("--tp"), help="Training plan: tensor-parallel cards (of --cards).")] = 1,
             bucket_mb: Annotated[float, typer.Option(
-                "--bucket-mb", help="Training plan: DDP/ZeRO gradient bucket size in MB.")] = 25.0,
+                "--bucket-mb", callback=bounded("--bucket-mb"),
+                help="Training plan: DDP/ZeRO gradient bucket size in MB.")] = 25.0,
             checkpointing: Annotated[str, typer.Option(
                 help="Training plan: activation checkpointing, none or full.")] = "none",
             search: Annotated[bool, typer.Option(

@@ -142,12 +142,12 @@ def evict(cache_dir: CacheDir = None,
           key: Annotated[Optional[list[str]], typer.Option(help="This entry (a key or unique prefix; repeatable).")]
           = None, dry_run: DryRun = False, yes: Yes = False, json: Json = False) -> None:
     """Evict entries matching every filter given (none: trim to the size limit). Plans, prints, asks, then evicts."""
+    older_than_s = parse_age(older_than) if older_than else None  # a bad value is refused before anything is read
+    max_bytes = parse_size(max_size) if max_size else None
     cache = _existing(cache_dir)
     keys = [resolve_key(cache, k) for k in key] if key else None
     predicate = (lambda i: i.meta.get("model") == model) if model is not None else None
-    plan = cache.evict(older_than_s=parse_age(older_than) if older_than else None,
-                       max_bytes=parse_size(max_size) if max_size else None, keys=keys, predicate=predicate,
-                       dry_run=True)
+    plan = cache.evict(older_than_s=older_than_s, max_bytes=max_bytes, keys=keys, predicate=predicate, dry_run=True)
     _print_plan(plan, "evict", json)
     if plan and not dry_run and _confirm(f"Evict {render.plural(len(plan), 'entry')}?", yes):
         done = cache.evict(keys=[i.key for i in plan])

@@ -1,13 +1,53 @@
-"""Option aliases shared by the commands, defined once (typer ``Annotated`` style)."""
+"""Option aliases shared by the commands, defined once (typer ``Annotated`` style), and the valid range of
+every numeric option."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
 from recipecache.config import ENV_VAR
+
+from .errors import fail
+
+# The valid range of every numeric option, in one place. A value outside it is a one-line usage error when the
+# command line is parsed: an infinite, NaN or 20-digit value would otherwise overflow, or run for hours, deep
+# inside the command. Ages are in seconds, sizes in bytes.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "--jobs": (1, 1024), "--timeout": (0, 7 * 86400),
+    "--input-len": (1, 1 << 24), "--output-len": (1, 1 << 24), "--batch": (1, 1 << 20), "--cards": (1, 1024),
+    "--seq": (1, 1 << 24), "--global-batch": (1, 1 << 24), "--zero": (0, 3), "--tp": (1, 1024),
+    "--bucket-mb": (0.001, 1 << 20), "--older-than": (0, 100 * 365 * 86400), "--max-size": (0, 1 << 60),
+}
+
+
+def out_of_bounds(name: str, value: float) -> str | None:
+    """Why ``value`` is not valid for the option ``name`` (see BOUNDS), or None."""
+    low, high = BOUNDS[name]
+    if not (isinstance(value, int) or math.isfinite(value)) or not low <= value <= high:  # NaN fails both
+        if isinstance(value, float):
+            return f"{name} {value:g}: expected a number from {_num(low)} to {_num(high)}"
+        if low == 1:
+            return f"{name} {value}: expected a positive integer, at most {_num(high)}"
+        return f"{name} {value}: expected an integer from {_num(low)} to {_num(high)}"
+    return None
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def bounded(name: str) -> Callable:
+    """A typer callback that refuses a value of the option ``name`` outside BOUNDS (usage error, exit 2)."""
+    def check(value):
+        problem = None if value is None else out_of_bounds(name, value)
+        if problem is not None:
+            raise fail(problem, 2)
+        return value
+    return check
 
 CacheDir = Annotated[Optional[Path], typer.Option(
     "--cache-dir", "-d", help=f"Cache directory (default: as the backend, {ENV_VAR}, "
@@ -26,5 +66,5 @@ Remote = Annotated[Optional[str], typer.Option(
 Key = Annotated[str, typer.Argument(help="A recipe key, or a unique prefix of one (or a package file).",
                                     show_default=False)]
 Timeout = Annotated[Optional[float], typer.Option(
-    "--timeout", min=0, help="Stop with an error when the model file's code runs longer than SECONDS in all.",
-    show_default=False)]
+    "--timeout", callback=bounded("--timeout"),
+    help="Stop with an error when the model file's code runs longer than SECONDS in all.", show_default=False)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from .errors import UsageError
+from .options import BOUNDS
 
 _AGE = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
@@ -16,7 +17,11 @@ def parse_age(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", text.lower())
     if not m or m.group(2) not in _AGE:
         raise UsageError(f"--older-than {text!r}: expected a number and a unit (s, m, h, d, w), e.g. 7d")
-    return float(m.group(1)) * _AGE[m.group(2)]
+    seconds = float(m.group(1)) * _AGE[m.group(2)]
+    if not seconds <= BOUNDS["--older-than"][1]:  # an age of 10^400 days is infinite
+        raise UsageError(f"--older-than {text!r}: expected an age of at most {BOUNDS['--older-than'][1] // 86400:,} "
+                         "days")
+    return seconds
 
 
 def parse_size(text: str) -> int:
@@ -24,4 +29,7 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text.lower())
     if not m or m.group(2) not in _SIZE:
         raise UsageError(f"--max-size {text!r}: expected a size such as 500MB or 2GB")
-    return int(float(m.group(1)) * _SIZE[m.group(2)])
+    size = float(m.group(1)) * _SIZE[m.group(2)]
+    if not size <= BOUNDS["--max-size"][1]:  # an infinite size has no integer form
+        raise UsageError(f"--max-size {text!r}: expected a size of at most {BOUNDS['--max-size'][1] >> 50:,} PiB")
+    return int(size)

@@ -36,7 +36,8 @@ def config_to_fill(cache_dir: Path | None, command: str) -> CacheConfig:
 def recipe_problem(payload: bytes) -> str | None:
     """Why an intact entry's payload is not a usable recipe or program of this format, or None (the checks
     serving makes when it reads one: schema, references, buckets, guards, and the inputs its ops write
-    against those it declares)."""
+    against those it declares; and, for a program, that its templates' guards evaluate at a probe size, as
+    each new size of a call evaluates them)."""
     from ..formats.program import Program, parse_payload
     from ..formats.recipe import RecipeFormatError
     from ..formats.writes import declaration_problem
@@ -46,4 +47,23 @@ def recipe_problem(payload: bytes) -> str | None:
     except RecipeFormatError as e:
         return f"not a recipe: {e}"
     recipes = [g.template for g in parsed.graphs] if isinstance(parsed, Program) else [parsed]
-    return next((problem for r in recipes if (problem := declaration_problem(r))), None)
+    problem = next((problem for r in recipes if (problem := declaration_problem(r))), None)
+    if problem is None and isinstance(parsed, Program):
+        problem = _template_guard_problem(parsed)
+    return problem
+
+
+def _template_guard_problem(program) -> str | None:
+    """Why a guard of one of the program's templates cannot be evaluated (e.g. a huge power), or None."""
+    from ..formats import symexpr
+    from ..formats.program import GUARD_PROBE
+
+    for g in program.graphs:
+        env = dict.fromkeys(g.template.symbols, GUARD_PROBE)
+        for tree in g.template.guards:
+            try:
+                symexpr.evaluate(tree, env)
+            except (symexpr.SymExprError, ArithmeticError, TypeError, ValueError) as e:
+                return f"not a recipe: the {g.template.kind} template's guard {symexpr.to_str(tree):.80} cannot " \
+                       f"be evaluated ({type(e).__name__})"
+    return None

@@ -5,11 +5,9 @@ space, that the cache is too small rather than unwarmed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from recipecache import RecipeCache
-from recipecache.eviction import EVICTIONS_LOG, EvictionLog
 
 from .cachefit import cache_fit
 from .cachepolicy import recipe_problem
@@ -56,11 +54,7 @@ def _usable(cache: RecipeCache | None, key: str) -> bool:
 
 
 def _evicted_for_space(report: WarmReport, cache: RecipeCache) -> CacheFit | None:
-    """The cache's fit when some missing entry was evicted (not merely never built) and the points' entries
-    exceed its limit; else None (warming again is the fix)."""
+    """The cache's fit when some missing entry was trimmed to keep the cache under its limit (not merely never
+    built, nor removed on request); else None (warming again is the fix)."""
     fit = cache_fit(report, cache)
-    logged = EvictionLog(Path(cache.config.resolved_path()) / EVICTIONS_LOG).keys()
-    limit = cache.config.limit_bytes
-    if limit is not None and fit.needed_bytes > limit and logged.intersection(fit.evicted):
-        return fit
-    return None
+    return fit if fit.trimmed else None

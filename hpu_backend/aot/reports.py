@@ -18,21 +18,35 @@ HEADROOM = 1.25  # the limit also covers manifests and bookkeeping, and trimming
 
 @dataclass
 class CacheFit:
-    """The entries (recipes and programs) a warm-up's points use, and whether the cache kept them."""
+    """The entries (recipes and programs) a warm-up's points use, whether the cache kept them, and why not."""
 
     limit_bytes: int | None  # the cache's limit (None: unbounded)
     needed: int  # entries the points use
     needed_bytes: int  # their total size
-    evicted: list[str] = field(default_factory=list)  # the keys of those the cache no longer holds
+    evicted: list[str] = field(default_factory=list)  # the keys of those the cache no longer holds, for any reason
+    trimmed: list[str] = field(default_factory=list)  # ... of those removed to stay under the limit
+    removed: dict[str, str] = field(default_factory=dict)  # ... of those removed on request: key → how
+    unstored: list[str] = field(default_factory=list)  # ... of those the eviction log does not list
+    disk_problem: str | None = None  # why the cache could not be written, if it could not
+    other_bytes: int = 0  # what the cache holds besides these entries (it shares the limit)
 
     @property
     def fits(self) -> bool:
         return not self.evicted
 
     @property
+    def stored_nothing(self) -> bool:
+        """The points use entries and the cache holds none of them."""
+        return self.needed > 0 and len(self.evicted) == self.needed
+
+    @property
     def suggested_mb(self) -> float:
-        """A limit (MiB, two significant digits, rounded up) that holds them with room to spare."""
-        return round_up(self.needed_bytes * HEADROOM / MiB)
+        """A limit (MiB, two significant digits, rounded up) that holds them and what else the cache holds,
+        with room to spare; when entries were trimmed, always above the current limit."""
+        mb = round_up((self.needed_bytes + self.other_bytes) * HEADROOM / MiB)
+        if self.trimmed and self.limit_bytes:
+            mb = max(mb, round_up(self.limit_bytes * HEADROOM / MiB))
+        return mb
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "fits": self.fits, "suggested_mb": self.suggested_mb}

@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from recipecache import CacheConfig
+from recipecache.remote import redact_url
 
 from .. import metrics
 from ..serve.session import Event, Session, listen
@@ -207,13 +208,13 @@ def _recorded(report: WarmReport, spec: ModelSpec, session: Session) -> WarmRepo
     """The report, once the cache is flushed: whether the cache kept what its points use, and the manifest
     written into the cache and sent to its fleet tier (failures to do so are warnings: the run is fine)."""
     cache = session.store.flush()
-    if not cache.enabled:
+    if cache.config.limit_bytes == 0:  # no cache was asked for (a cache that could not be written is reported)
         return report
     report.fit = cache_fit(report, cache)
     doc = manifest(report, spec)
     if cache.config.remote and not send_manifest(cache, doc):  # so that other hosts pull just these keys
-        report.warnings.append(f"could not send the manifest to {cache.config.remote}; hosts will compile to "
-                               "learn the keys")
+        report.warnings.append(f"could not send the manifest to {redact_url(cache.config.remote)}; hosts will "
+                               "compile to learn the keys")
     try:
         report.manifest = str(write_manifest(cache.config.resolved_path(), doc))
     except OSError as e:  # a read-only or full cache: the run itself is fine, only its record is missing

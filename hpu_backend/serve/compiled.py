@@ -194,10 +194,7 @@ class CompiledGraph:
 
     def on_new_values(self, values: tuple) -> Taken:
         env = dict(zip(self.symbols, values))
-        for g in self.template.guards:
-            if not symexpr.evaluate(g, env):
-                raise GuardViolation(f"{self.ctx.name}: values {env} break the guard {symexpr.to_str(g)} "
-                                     "its recipes were compiled under")
+        self._check_guards(env)
         try:
             taken = self.ensure(self.bucket_of(values))
         except LoweringError as e:
@@ -210,6 +207,22 @@ class CompiledGraph:
             self.known.clear()
         self.known[values] = taken
         return taken
+
+    def _check_guards(self, env: dict[str, int]) -> None:
+        """GuardViolation if these values break a guard the recipes were compiled under. A guard that cannot be
+        evaluated (a stored template's, e.g. a huge power) makes the stored program unusable: it is quarantined,
+        so that no later run fails on it too, and LoweringError raised (the graph then runs eagerly)."""
+        for g in self.template.guards:
+            try:
+                holds = symexpr.evaluate(g, env)
+            except (symexpr.SymExprError, ArithmeticError, TypeError, ValueError) as e:
+                if self.program is not None:
+                    self.store.discard(self.program)
+                raise LoweringError(f"the guard {symexpr.to_str(g):.80} cannot be evaluated ({one_line(e)}); its "
+                                    "stored program is quarantined", graph=self.ctx.name) from None
+            if not holds:
+                raise GuardViolation(f"{self.ctx.name}: values {env} break the guard {symexpr.to_str(g)} "
+                                     "its recipes were compiled under")
 
     def ensure(self, bucket: tuple) -> Taken:
         """The bucket's recipe and executor: from this graph, the store, or lowering (in that order)."""

@@ -127,8 +127,8 @@ def _open_disk(config: CacheConfig | None) -> RecipeCache:
         cache = open_cache(config, cost_of=_compile_time, remote_namespace=toolchain_id())
     except CacheError as e:
         log.warning("hpu_backend: recipe disk cache off, compiling without it: %s", e)
-        return DisabledCache(config)
-    return cache if cache.enabled else DisabledCache(config)
+        return DisabledCache(config, str(e))
+    return cache if cache.enabled else DisabledCache(config, cache.disk_problem)
 
 
 def _compile_time(meta: dict) -> float:
