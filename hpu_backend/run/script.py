@@ -1,0 +1,80 @@
+"""One script, run in this process as ``python SCRIPT ARGS`` would run it, on the simulated device.
+
+The script is ``__main__`` with its own ``sys.argv`` and its directory first on ``sys.path``; its stdout is its
+own; an exception it raises prints its own traceback (as Python shows it: from the script's first frame,
+without the launcher's) and exits 1; ``sys.exit(n)`` exits ``n``. At exit, whatever happened, the run's report
+goes to stderr or to a JSON file (``report.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .errors import RunError
+
+_OURS = {os.path.abspath(runpy.__file__), os.path.abspath(__file__), "<frozen runpy>"}
+
+
+def check_script(script: str) -> Path:
+    """The script's path, or a one-line ``RunError`` if it is not a readable file."""
+    path = Path(script)
+    if not path.exists():
+        raise RunError(f"{script}: no such script")
+    if not path.is_file():
+        raise RunError(f"{script}: not a file")
+    return path
+
+
+def run_script(script: str, args: list[str], report: str | None = None) -> int:
+    """Run ``script`` with ``args`` as ``__main__`` on the simulated device; the exit code it ends with."""
+    from . import names, report as reports
+
+    path = check_script(script)
+    names.simulate()
+    sys.argv[:] = [str(path), *args]
+    sys.path[0:1] = [str(path.resolve().parent)]  # as ``python SCRIPT`` (replaces the launcher's own entry)
+    start, code = time.perf_counter(), 1
+    try:
+        code = _run(path)
+    finally:
+        reports.finish(reports.collect(str(path), code, time.perf_counter() - start), report)
+    return code
+
+
+def _run(path: Path) -> int:
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        return _exit_code(e.code)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the script's own failure: its traceback, as Python prints it
+        _print_script_traceback(e)
+        return 1
+    return 0
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"), as Python does
+    return 1
+
+
+def _print_script_traceback(e: BaseException) -> None:
+    tb = e.__traceback__
+    while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    sys.stdout.flush()
+    traceback.print_exception(type(e), e, tb, file=sys.stderr)
+
+
+def _ours(filename: str) -> bool:
+    return filename in _OURS or os.path.abspath(filename) in _OURS
