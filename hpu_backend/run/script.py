@@ -15,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ..errors import one_line
 from .errors import RunError
 
 _OURS = {os.path.abspath(runpy.__file__), os.path.abspath(__file__), "<frozen runpy>"}
@@ -53,10 +54,29 @@ def _run(path: Path) -> int:
         return _exit_code(e.code)
     except KeyboardInterrupt:
         raise
-    except BaseException as e:  # the script's own failure: its traceback, as Python prints it
-        _print_script_traceback(e)
+    except BaseException as e:
+        if _raised_by_us(e):  # the simulated device refused (out of memory, strict fallback): one line
+            print(f"hpu_backend.run: error: {one_line(e)}{_where(e, path)}", file=sys.stderr)
+        else:  # the script's own failure: its traceback, as Python prints it
+            _print_script_traceback(e)
         return 1
     return 0
+
+
+def _raised_by_us(e: BaseException) -> bool:
+    """A named error of this project (its class is defined under ``hpu_backend``): the device's refusal of
+    what the script asked, to be told in one line, not a traceback through the simulator's code."""
+    return type(e).__module__.split(".")[0] == "hpu_backend"
+
+
+def _where(e: BaseException, path: Path) -> str:
+    """`` (at script.py:LINE)``: the script's last line on the way to the error, if any."""
+    script, line, tb = os.path.abspath(path), None, e.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == script:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return "" if line is None else f" (at {path.name}:{line})"
 
 
 def _exit_code(code) -> int:
