@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 
 BACKEND = "hccl"
 DEVICES = ["cpu", "hpu"]
@@ -44,6 +47,30 @@ def initialize_distributed_hpu(world_size: int | None = None, rank: int | None =
         os.environ.update({ours: os.environ[theirs] for theirs, ours in _FROM_MPI.items()})
     return (int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", -1)),
             int(os.environ.get("LOCAL_RANK", -1)))
+
+
+def is_collective(func) -> bool:
+    """A c10d op (``torch.ops.c10d.allreduce_`` and the rest): what a process group runs for a collective."""
+    return getattr(func, "namespace", None) == "c10d"
+
+
+def collective_on_host(func, args: tuple, kwargs: dict,
+                       host_of: Callable[[torch.Tensor], torch.Tensor | None]) -> Any:
+    """Run a c10d op for device tensors on their host tensors: gloo (the ``cpu`` backend of the ``hccl``
+    group) reads and writes those in place, so the device tensors see the result; the device tensors are
+    given back where the op returns its inputs. ``host_of(t)`` is the host tensor of a device tensor, with
+    its pending work done (None for any other tensor)."""
+    device_of: dict[int, torch.Tensor] = {}
+
+    def down(t: torch.Tensor) -> torch.Tensor:
+        host = host_of(t)
+        if host is None:
+            return t
+        device_of[id(host)] = t
+        return host
+
+    out = func(*pytree.tree_map_only(torch.Tensor, down, args), **pytree.tree_map_only(torch.Tensor, down, kwargs))
+    return pytree.tree_map_only(torch.Tensor, lambda t: device_of.get(id(t), t), out)
 
 
 register_hccl()
