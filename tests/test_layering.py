@@ -2,7 +2,7 @@
 
 Floors, bottom to top (a module's floor is its longest matching prefix):
 recipecache → errors, metrics, version → formats → settings, targets → runtime → lowering → capture →
-serve → backend → gaudi → aot → run → the hpu_backend package itself → cli (hpurecipe).
+serve → backend → gaudi, device → aot → run → the hpu_backend package itself → cli (hpurecipe).
 
 Each module's imports are parsed with ``ast`` (imports inside functions, and ``importlib.import_module``
 of a literal name, included); a module may import its own floor or a lower one, never a higher one.
@@ -31,7 +31,7 @@ FLOORS = (
     ("hpu_backend.capture",),
     ("hpu_backend.serve",),
     ("hpu_backend.backend",),
-    ("hpu_backend.gaudi",),
+    ("hpu_backend.gaudi", "hpu_backend.device"),
     ("hpu_backend.aot",),
     ("hpu_backend.run",),  # the launcher: Intel's module names, ranks, the run's report
     ("hpu_backend",),

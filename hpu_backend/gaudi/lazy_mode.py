@@ -236,6 +236,22 @@ class _Lazy:
         self.runner: LazyRunner | None = None
         self.recorder: LazyRecorder | None = None
         self.depth = 0
+        self.from_env = False  # PT_HPU_LAZY_MODE=1 entered the process-wide mode
+        self.device = False  # the hpu device records its ops into the recorder (not pushed as a mode)
+
+    def for_device(self, settings: Settings) -> LazyRecorder:
+        """The recorder the hpu device hands its ops to. The process-wide mode of PT_HPU_LAZY_MODE=1 steps
+        aside: on the device, lazy mode records the device's ops only, as on Gaudi."""
+        if self.from_env:
+            self.from_env = False
+            self.exit()
+        if self.depth:
+            raise RuntimeError("the hpu device cannot start inside a hpu_backend.gaudi.lazy() block")
+        if self.runner is None or settings != self.runner.settings:
+            self.runner = LazyRunner(settings)
+            self.recorder = LazyRecorder(self.runner, self.runner.sync)
+        self.device = True
+        return self.recorder
 
     def enter(self, options: dict | None = None) -> None:
         if self.depth == 0:
@@ -258,7 +274,7 @@ class _Lazy:
                 self.recorder.host.__exit__(None, None, None)
 
     def mark_step(self) -> None:
-        if self.depth:
+        if self.depth or self.device:
             self.recorder.flush("mark_step")
             self.runner.end_step()
 
@@ -288,6 +304,20 @@ def mark_step() -> None:
     _state.mark_step()
 
 
+def device_recorder(settings: Settings) -> LazyRecorder:
+    """The lazy recorder of the hpu device (``hpu_backend.device``): ``mark_step()`` cuts its graphs too, and
+    ``lazy_report()`` reports them."""
+    return _state.for_device(settings)
+
+
+def release_device_recorder() -> None:
+    """The hpu device left lazy mode: run what it left pending; ``mark_step()`` no longer cuts its graphs."""
+    if _state.device:
+        _state.device = False
+        _state.recorder.flush("end of lazy mode")
+        _state.runner.end_step()
+
+
 def lazy_report() -> LazyReport:
     """The steps of this process's lazy-mode run so far (empty if lazy mode never ran)."""
     return LazyReport() if _state.runner is None else LazyReport(
@@ -301,6 +331,7 @@ def _from_env() -> None:
         log.warning("hpu_backend: %s=%r is not 0 or 1; lazy mode stays off", ENV_VAR, value)
     elif value == "1":
         _state.enter()
+        _state.from_env = True
 
 
 _from_env()

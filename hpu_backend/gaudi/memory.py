@@ -8,10 +8,16 @@ writes it until it is freed. While a recipe runs it also holds its planned arena
 resident, plus the arena, plus the outputs it writes. Eager ops outside compiled graphs (an uncompiled
 optimizer step, for instance) are not on the simulated device and are not counted; neither are graphs
 replayed by ``wrap_in_hpu_graph``/``mode="reduce-overhead"`` (they hold their static buffers).
+
+The ``hpu`` device (``hpu_backend.device``) allocates through ``allocate()``: every storage a device tensor
+gets is counted here too (optimizer state, DDP buckets, tensors made outside compiled graphs), against the
+target's HBM, and a request past it raises ``DeviceOutOfMemoryError``. ``HPU_BACKEND_HBM_BYTES`` (or
+``set_capacity()``) sets a smaller capacity, for tests and for planning a smaller card.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any
@@ -25,6 +31,61 @@ _lock = threading.RLock()  # a tensor freed by the collector inside _on_run rele
 _storages: dict[int, int] = {}  # data pointer -> bytes, for every storage counted and not yet freed
 _stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
 _target = ["gaudi2"]
+_capacity: list[int | None] = [None]  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
+CAPACITY_ENV = "HPU_BACKEND_HBM_BYTES"
+
+
+class DeviceOutOfMemoryError(torch.OutOfMemoryError):
+    """A device allocation past the HBM capacity (raised by ``allocate``): names the request, use and capacity."""
+
+
+def set_target(target: str) -> None:
+    """The device whose HBM the counters are held against (``gaudi2`` | ``gaudi3``)."""
+    device(target)  # KeyError for an unknown one
+    _target[0] = target
+
+
+def set_capacity(nbytes: int | None) -> None:
+    """Hold allocations against ``nbytes`` instead of the target's HBM (None: back to the default)."""
+    _capacity[0] = None if nbytes is None else int(nbytes)
+
+
+def capacity() -> int:
+    """The bytes the device may hold: ``set_capacity()``, else ``HPU_BACKEND_HBM_BYTES``, else the target's HBM."""
+    if _capacity[0] is not None:
+        return _capacity[0]
+    text = os.environ.get(CAPACITY_ENV, "").strip()
+    if text.isdigit():
+        return int(text)
+    return int(device(_target[0]).hbm_bytes)
+
+
+def mem_get_info() -> tuple[int, int]:
+    """(free, total) bytes of device memory, as ``torch.cuda.mem_get_info``."""
+    total = capacity()
+    return max(total - _stats["InUse"], 0), total
+
+
+def allocate(t: torch.Tensor) -> None:
+    """Count a device tensor's storage (once, until it is freed); DeviceOutOfMemoryError past the capacity."""
+    storage = t.untyped_storage()
+    if storage.data_ptr() in _storages or not storage.nbytes():
+        return
+    with _lock:
+        limit = capacity()
+        if _stats["InUse"] + storage.nbytes() > limit:
+            raise DeviceOutOfMemoryError(
+                f"hpu out of memory: tried to allocate {_size(storage.nbytes())}; {_size(_stats['InUse'])} in use "
+                f"of {_size(limit)} ({_target[0]} HBM{', limited by ' + CAPACITY_ENV if limit != device(_target[0]).hbm_bytes else ''})")
+        _stats["InUse"] += _add(t)
+        _stats["MaxInUse"] = max(_stats["MaxInUse"], _stats["InUse"])
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} bytes"
 
 
 def memory_allocated() -> int:
@@ -46,7 +107,7 @@ def reset_peak_memory_stats() -> None:
 def memory_stats() -> dict[str, Any]:
     """Gaudi's ``memory_stats()`` keys: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs, MaxAllocSize."""
     with _lock:
-        return {"Limit": int(device(_target[0]).hbm_bytes), **_stats, "ActiveAllocs": len(_storages)}
+        return {"Limit": capacity(), **_stats, "ActiveAllocs": len(_storages)}
 
 
 def _add(t: torch.Tensor) -> int:

@@ -98,6 +98,12 @@ def frequency_table(table: Mapping[str, int]) -> str:
     return "\n".join([HEADER, *(f"{n:<8}{op}" for op, n in rows)])
 
 
+def emit(line: str, env: Mapping[str, str] = os.environ) -> None:
+    """Print one fallback line (an op the hpu device runs on the CPU) and the frequency table at exit."""
+    _emit(line, env)
+    _print_table_at_exit(env)
+
+
 def _emit(text: str, env: Mapping[str, str]) -> None:
     if env.get("ENABLE_CONSOLE", "").strip().lower() == "true":
         print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,169 @@
+"""What the hpu device does with each aten op on its tensors: eager or lazy execution, placement, host reads.
+
+``Device.__call__`` receives every op ``HpuTensor.__torch_dispatch__`` sees, with the host tensors in place
+of the device ones:
+
+- a **host read** (``_local_scalar_dense`` behind ``item()``/``bool()``/``int()``, ``_to_copy`` or ``copy_`` to
+  the CPU behind ``.cpu()``, printing, ``torch.save``) is a sync: in lazy mode it first runs the pending graph
+  when the read needs it, and it is reported with the user's source line;
+- in **lazy mode** the op goes to the lazy recorder (``capture/lazy.py``, the one ``gaudi.lazy()`` uses):
+  recorded into the pending graph, which ``mark_step()`` or a host read cuts, lowers and runs as a recipe;
+- in **eager mode** the op is placed by the op table (``lowering/optable.py``): an op the device does not
+  support for its dtypes falls back to the CPU with the bridge's log line (``serve/fallback.py``), or raises
+  ``DeviceFallbackError`` in strict mode; then it runs on the host tensors.
+
+Results are wrapped back into device tensors (an in-place op returns the very tensor it wrote); each new
+storage is counted by the allocator (``gaudi/memory.py``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..capture.lazy import user_line
+from ..gaudi import lazy_mode
+from ..lowering import optable
+from ..lowering.passes.place import SCALAR_TYPE
+from ..serve import fallback
+from ..settings import Settings
+from .tensor import HPU, HpuTensor
+
+aten = torch.ops.aten
+CPU = torch.device("cpu")
+KEPT_SYNCS = 10_000
+
+
+class DeviceFallbackError(RuntimeError):
+    """An op the device does not support for its dtypes, in strict mode (eager mode; lazy graphs raise
+    ``LoweringError`` from placement)."""
+
+
+class Device:
+    """The process's hpu device: its mode, settings, placement decisions and what it saw."""
+
+    def __init__(self, mode: str, settings: Settings):
+        self.mode = mode
+        self.settings = settings
+        self.table = optable.shared_table()
+        self.placed: dict = {}  # (op, dtypes) -> None (on the device) or the fallback's log line
+        self.fallbacks: Counter = Counter()  # (op, dtypes) -> executions on the CPU
+        self.syncs: list[tuple[str, str, bool]] = []  # (what, source line, cut a graph)
+        self.ops = 0
+        self.recorder = lazy_mode.device_recorder(settings) if mode == "lazy" else None
+
+    def __call__(self, func, args, kwargs):
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        wrappers, device, real = {}, None, True
+        hosts = []
+        for a in flat:
+            if isinstance(a, HpuTensor):
+                wrappers[id(a.host)] = a
+                device = device or a.device
+                real = real and type(a.host) is torch.Tensor
+                a = a.host
+            hosts.append(a)
+        read = _host_read(func, flat)
+        hosts = [CPU if isinstance(a, torch.device) and a.type == HPU else a for a in hosts]
+        args, kwargs = pytree.tree_unflatten(hosts, spec)
+        if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
+            return _wrap(func(*args, **kwargs), wrappers, device)
+        if read:
+            self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
+            return func(*args, **kwargs)  # a host value or tensor: not wrapped
+        self.ops += 1
+        if self.recorder is not None and _upload(func, flat):
+            self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
+            return _wrap(func(*args, **kwargs), wrappers, device)
+        if self.recorder is not None:
+            return _wrap(self.recorder.__torch_dispatch__(func, (), args, kwargs), wrappers, device)
+        self.place(func, hosts)
+        return _wrap(func(*args, **kwargs), wrappers, device)
+
+    # -- host reads -----------------------------------------------------------------------------------------
+
+    def sync(self, what: str, tensors: list) -> None:
+        """A host read: run the pending lazy graph if it holds what is read; remember the user's line."""
+        source = user_line()
+        cut = False
+        r = self.recorder
+        if r is not None:
+            cut = r.pending() and any(r._touched(t) for t in tensors)
+            if cut:
+                r.flush(what, source)
+            r.on_sync(what, source, cut)
+        if len(self.syncs) < KEPT_SYNCS:
+            self.syncs.append((what, source, cut))
+
+    def sync_write(self, host: torch.Tensor) -> None:
+        """Before the host writes ``host`` directly: run the pending graph if it reads or writes it."""
+        r = self.recorder
+        if r.pending() and r._touched(host):
+            r.flush("copy from host", user_line())
+
+    def flush(self, reason: str) -> None:
+        """Run the pending lazy graph, whatever it holds (before a compiled graph reads device tensors)."""
+        if self.recorder is not None and self.recorder.pending():
+            self.recorder.flush(reason, user_line())
+
+    # -- placement (eager mode) ---------------------------------------------------------------------------------
+
+    def place(self, func, hosts: list) -> None:
+        dtypes = tuple(sorted({str(a.dtype).removeprefix("torch.") for a in hosts if isinstance(a, torch.Tensor)}))
+        key = (func, dtypes)
+        line = self.placed.get(key, 0)
+        if line == 0:
+            line = self.placed[key] = self._decide(func, dtypes)
+        if line is not None:
+            self._fall_back(func, dtypes, line)
+
+    def _decide(self, func, dtypes: tuple) -> str | None:
+        """None when the device runs the op on these dtypes, else the bridge's fallback line for it."""
+        name = func._schema.name if isinstance(func, torch._ops.OpOverload) else str(func)
+        if not name.startswith("aten::") or optable.is_host_op(name):
+            return None
+        packet = optable.packet_name(name)
+        record = self.table.lookup(packet) or (self.table.lookup(packet[:-1]) if packet.endswith("_") else None)
+        on_cpu = self.settings.place_on_cpu and {packet, name} & self.settings.place_on_cpu
+        if record is not None and record.capable(dtypes) and not on_cpu:
+            return None
+        return f"CPU fallback {packet} : " + " ".join(
+            f"{a.name}=HPU{SCALAR_TYPE.get(d, d)}Type" for a, d in zip(func._schema.arguments, dtypes))
+
+    def _fall_back(self, func, dtypes: tuple, line: str) -> None:
+        name = optable.qualified_name(func._schema.name)
+        if self.settings.strict:
+            raise DeviceFallbackError(f"{name} ({', '.join(dtypes) or 'no tensors'}) is not supported on the hpu "
+                                      "device and strict mode forbids a CPU fallback")
+        first = not self.fallbacks[(name, dtypes)]
+        self.fallbacks[(name, dtypes)] += 1
+        fallback.executed((name,))
+        if first and fallback.enabled():
+            fallback.emit(line)
+
+
+def _host_read(func, flat: list) -> str:
+    """What an op reads onto the host ("" for an op that stays on the device)."""
+    if func is aten._local_scalar_dense.default:
+        return "Tensor.item"
+    if func is aten._to_copy.default:
+        device = next((a for a in flat if isinstance(a, torch.device)), None)
+        return "Tensor.cpu" if device is not None and device.type == "cpu" else ""
+    if func is aten.copy_.default and not isinstance(flat[0], HpuTensor):
+        return "copy to host"
+    return ""
+
+
+def _upload(func, flat: list) -> bool:
+    """A copy from a host tensor into a device tensor (``tensor.to("hpu")``, ``dst.copy_(cpu_tensor)``)."""
+    return func is aten.copy_.default and isinstance(flat[0], HpuTensor) and len(flat) > 1 \
+        and isinstance(flat[1], torch.Tensor) and not isinstance(flat[1], HpuTensor)
+
+
+def _wrap(out, wrappers: dict, device):
+    def one(t):
+        found = wrappers.get(id(t))
+        return found if found is not None else HpuTensor(t, device)
+    return pytree.tree_map_only(torch.Tensor, one, out)

@@ -1,0 +1,73 @@
+"""The device's kernels at torch's dispatcher: factories that name the hpu device, and autocast on it.
+
+An op whose tensor arguments include a device tensor reaches ``HpuTensor.__torch_dispatch__``; an op with no
+device tensor among its arguments but ``device="hpu"`` (``torch.empty``/``randn``/``zeros(..., device="hpu")``,
+and ``tensor.to("hpu")``, which allocates its result with ``empty_strided``) reaches the PrivateUse1 kernels
+registered here. Every factory is built from these two allocations: the rest of it (``normal_``, ``zero_``,
+``copy_``) is an op on the new device tensor.
+
+``torch.autocast("hpu", dtype=torch.bfloat16)`` enables torch's AutocastPrivateUse1 key, which has no kernels
+of torch's own: the ones registered here cast the floating-point arguments of the ops on Gaudi's lists
+(``gaudi/mixed_precision.py``) to the autocast dtype (lower-precision list) or float32 (FP32 list), then run the
+op below autocast. An op on neither list runs as it comes, by torch's type promotion, as Gaudi does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..gaudi.mixed_precision import op_lists
+from .tensor import HPU, HpuTensor
+
+aten = torch.ops.aten
+_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+_CASTABLE = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _device(device) -> torch.device | None:
+    if device is None:
+        return None
+    device = torch.device(device)
+    return device if device.index is not None else torch.device(HPU, torch.hpu.current_device())
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
+    return HpuTensor(host, _device(device))
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), _device(device))
+
+
+def register(lib: torch.library.Library) -> None:
+    """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library kept alive by the caller)."""
+    lib.impl("empty.memory_format", _empty, "PrivateUse1")
+    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lower, fp32 = op_lists()
+    casts = {name: torch.float32 for name in fp32}
+    casts.update({name: None for name in lower})  # None: the autocast dtype; lower precision wins, as on Gaudi
+    for name, dtype in casts.items():
+        packet = getattr(aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            lib.impl(f"{name}.{overload}" if overload != "default" else name,
+                     _autocast_kernel(getattr(packet, overload), dtype), "AutocastPrivateUse1")
+
+
+def _autocast_kernel(op, dtype: torch.dtype | None):
+    def kernel(*args, **kwargs):
+        to = dtype or torch.get_autocast_dtype(HPU)
+        args, kwargs = _cast(args, to), {k: _cast(v, to) for k, v in kwargs.items()}
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST):
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _cast(value, dtype: torch.dtype):
+    # As torch's autocast: only floating-point device tensors; float64, integers and bools are left alone.
+    if isinstance(value, torch.Tensor) and value.dtype in _CASTABLE and value.dtype != dtype \
+            and value.device.type == HPU:
+        return value.to(dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value

@@ -1,0 +1,99 @@
+"""``enable()``: turn the simulated hpu device on in this process (nothing happens at import time).
+
+Enabling renames torch's PrivateUse1 backend to ``hpu``, registers ``module.py`` as ``torch.hpu``, generates
+the ``Tensor.hpu()``/``Module.hpu()`` methods, installs the factory and autocast kernels (``kernels.py``)
+and starts the device (``dispatch.py``) in lazy or eager mode. It is never done on import, so that on a
+Gaudi host Intel's own stack is never shadowed; it refuses when PrivateUse1 already belongs to another backend.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+from ..gaudi import lazy_mode, memory
+from ..settings import Settings
+from . import kernels, module, tensor
+from .dispatch import Device
+
+MODES = ("lazy", "eager")
+_state: dict = {}  # "lib": the kernels' library (kept alive), "device": the Device
+
+
+class DeviceSetupError(RuntimeError):
+    """The hpu device cannot be enabled here (another PrivateUse1 backend, a bad mode): one line."""
+
+
+def enable(mode: str | None = None, options: dict | None = None) -> types.ModuleType:
+    """Enable the hpu device in ``mode`` ("lazy" | "eager"; None: ``PT_HPU_LAZY_MODE``, unset or 1 → lazy,
+    0 → eager) with backend ``options`` (target, cache, strict, ...); returns the ``torch.hpu`` module.
+    Idempotent; a later call with another mode or options switches the device after running pending work."""
+    mode = _mode(mode)
+    settings = Settings.from_options(options or {})
+    current = _state.get("device")
+    if current is not None and (current.mode, current.settings) == (mode, settings):
+        return module
+    _register()
+    if current is not None and current.mode == "lazy":
+        lazy_mode.release_device_recorder()
+    memory.set_target(settings.target)
+    module.TARGET[0] = settings.target
+    device = _state["device"] = Device(mode, settings)
+    tensor.DISPATCH[0] = device
+    tensor.BEFORE_COMPILED[0] = lambda: device.flush("a compiled graph reads device tensors")
+    return module
+
+
+def current() -> Device | None:
+    """The enabled device (None before ``enable()``)."""
+    return _state.get("device")
+
+
+def _mode(mode: str | None) -> str:
+    if mode is None:
+        value = os.environ.get(lazy_mode.ENV_VAR, "1").strip()
+        if value not in ("", "0", "1"):
+            raise DeviceSetupError(f"{lazy_mode.ENV_VAR}={value!r}: use 1 (lazy mode, the default) or 0 (eager)")
+        return "eager" if value == "0" else "lazy"
+    if mode not in MODES:
+        raise DeviceSetupError(f"hpu device mode {mode!r}: use one of {', '.join(MODES)}")
+    return mode
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, device_index) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _register() -> None:
+    """Name PrivateUse1 ``hpu`` and install the module, methods and kernels (once per process)."""
+    if "lib" in _state:
+        return
+    name = torch._C._get_privateuse1_backend_name()
+    if name == "privateuseone":
+        torch.utils.rename_privateuse1_backend(tensor.HPU)
+    elif name != tensor.HPU:
+        raise DeviceSetupError(f"torch's PrivateUse1 backend is already {name!r}; the hpu device cannot use it")
+    if getattr(torch, tensor.HPU, None) is not module:
+        torch._register_device_module(tensor.HPU, module)
+    # What torch's C++ side asks a registered backend for (the current device of "hpu" without an index,
+    # whether the device is available): torch's hooks for a backend written in Python.
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
+    lib = torch.library.Library("aten", "IMPL")
+    kernels.register(lib)
+    _state["lib"] = lib

@@ -1,0 +1,83 @@
+"""The hpu device's tensor: a wrapper tensor on ``torch.device("hpu")`` holding its data in a host tensor.
+
+``HpuTensor`` is a wrapper subclass (``torch.Tensor._make_wrapper_subclass``): torch sees a tensor on the
+``hpu`` device (PrivateUse1, renamed) with its own shape, strides and dtype, and autograd works on it as on
+any device tensor; its values live in ``host``, a plain CPU tensor (views share their base's host storage).
+Every aten op on it comes to ``__torch_dispatch__``, which hands it to the device (``dispatch.py``): eager or
+lazy execution, placement, allocation, host reads. Under tracing (Dynamo's fake tensors, AOTAutograd's
+functional tensors) the host is not a real tensor and ops simply run on it, so a compiled graph sees the
+host tensors (``__tensor_flatten__``) and runs them through the backend like any other graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..gaudi import memory
+
+HPU = "hpu"
+
+
+class HpuTensor(torch.Tensor):
+    """A tensor on the hpu device; ``host`` holds its values."""
+
+    host: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, host: torch.Tensor, device: torch.device | None = None, requires_grad: bool = False):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, host.shape, strides=host.stride(), storage_offset=host.storage_offset(), dtype=host.dtype,
+            device=device or DEFAULT_DEVICE[0], requires_grad=requires_grad)
+        r.host = host
+        if type(host) is torch.Tensor:  # a real allocation (not a traced one): counted against the HBM
+            memory.allocate(host)
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return DISPATCH[0](func, args, kwargs or {})
+
+    # -- tracing: the host tensor is the subclass's one inner tensor --------------------------------------------
+
+    def __tensor_flatten__(self):
+        return ["_traced_host"], self.device
+
+    @property
+    def _traced_host(self) -> torch.Tensor:
+        """The host tensor as a compiled graph reads it: pending lazy work on the device is done first."""
+        BEFORE_COMPILED[0]()
+        return self.host
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, device, outer_size, outer_stride):
+        return HpuTensor(inner["_traced_host"], device)
+
+    # -- host reads and serialization ---------------------------------------------------------------------------
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        text = repr(self.cpu())
+        suffix = f", device='{self.device}'"
+        return text[:-1] + suffix + ")" if text.endswith(")") else text
+
+    def __reduce_ex__(self, proto):
+        """Saved as its host values and device, rebuilt by torch's own loader (which ``weights_only`` allows)."""
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.cpu(), self.dtype, str(self.device), self.requires_grad))
+
+
+DEFAULT_DEVICE = [torch.device(HPU, 0)]
+DISPATCH: list = [None]  # the device's dispatch function, set by enable()
+BEFORE_COMPILED: list = [lambda: None]  # what a compiled graph's read of a host tensor does first
+
+
+def unwrap(tree):
+    """The tree with every HpuTensor replaced by its host tensor."""
+    return pytree.tree_map_only(HpuTensor, lambda t: t.host, tree)
+
+
+def is_plain(t: torch.Tensor) -> bool:
+    """A real host tensor (not a fake, functional or other traced one)."""
+    return type(t) is torch.Tensor
