@@ -18,8 +18,30 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"script": script, "exit_code": exit_code, "wall_s": round(seconds, 3)}
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         out.update(rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ["WORLD_SIZE"]))
-    out.update(device.report())
+    report = getattr(device, "report", None)
+    out.update(report() if report is not None else device_facts())
     return out
+
+
+def device_facts() -> dict[str, Any]:
+    """The report's keys read from the device's state (its mode and settings, the lazy steps, the allocator,
+    the fallbacks and syncs it counted), for a device without ``report()`` of its own."""
+    from .. import device, metrics
+    from ..gaudi import lazy_mode, memory
+
+    dev = device.current()
+    steps = [{"index": s.index, "graphs": len(s.graphs), "graphs_compiled": s.compiled,
+              "new": [g.new for g in s.graphs if g.new]} for s in lazy_mode.lazy_report()]
+    syncs: dict[tuple[str, str], int] = {}
+    for what, source, _cut in (dev.syncs if dev else []):
+        syncs[(what, source)] = syncs.get((what, source), 0) + 1
+    return {"mode": dev.mode if dev else None, "target": dev.settings.target if dev else None, "steps": steps,
+            "recompiles": [{"line": r.get("source", "?"), "cause": r.get("cause", r.get("reason", "?"))}
+                           for r in metrics.recompiles()],
+            "fallbacks": {f"{op} ({', '.join(dtypes)})": n for (op, dtypes), n in (dev.fallbacks if dev else {}).items()},
+            "syncs": [{"kind": what, "line": line, "count": n} for (what, line), n in syncs.items()],
+            "peak_memory_bytes": memory.max_memory_allocated(), "hbm_bytes": memory.capacity(),
+            "device_time_per_step_s": None}
 
 
 def finish(report: dict[str, Any], path: str | None) -> None:

@@ -44,6 +44,9 @@ class Net(nn.Module):
         return F.log_softmax(x.float(), dim=1)
 
 
+SAMPLES = 1024  # the same dataset whatever the batch size, steps and ranks
+
+
 def local_dataset(samples, seed=1234):
     """Random images and labels from a generator of their own: the same on every device and rank."""
     g = torch.Generator().manual_seed(seed)
@@ -64,6 +67,7 @@ def parse_args():
     p.add_argument("--autocast", action="store_true", help="bf16 autocast in the forward")
     p.add_argument("--use-torch-compile", action="store_true", help='torch.compile(model, backend="hpu_backend")')
     p.add_argument("--distributed", action="store_true", help="DistributedDataParallel over the launcher's ranks")
+    p.add_argument("--pin-memory", action="store_true", help="a pinned-memory data loader, as Intel's DDP run")
     p.add_argument("--losses", help="write the losses of every step here (JSON)")
     p.add_argument("--save-model", help="save a checkpoint (model, optimizer, step) here at the end")
     p.add_argument("--checkpoint", help="resume from this checkpoint")
@@ -115,13 +119,13 @@ def main():
         device = torch.device("hpu")
     rank, world = init_distributed(args)
 
-    dataset = local_dataset(args.batch_size * world * (args.steps + 1))
+    dataset = local_dataset(SAMPLES)
     sampler = None
     if args.distributed:
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=world, rank=rank,
                                                                   shuffle=False)
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                                         pin_memory=args.hpu)
+                                         pin_memory=args.pin_memory)
 
     model = Net(args.autocast, device.type).to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
