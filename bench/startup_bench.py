@@ -53,7 +53,8 @@ def main() -> None:
     print_table(f"seconds to the script's first line (fresh process, best of {repeat})",
                 ["command", "s", "beyond import torch"], rows)
     write_results("startup_bench" + ("_quick" if args.quick else ""),
-                  {"repeat": repeat, "target_beyond_torch_s": TARGET_S, "to_first_line_s": results,
+                  {"repeat": repeat, "load_average_1m": os.getloadavg()[0],  # a shared machine's noise
+                   "target_beyond_torch_s": TARGET_S, "to_first_line_s": results,
                    "beyond_import_torch_s": over})
 
 
