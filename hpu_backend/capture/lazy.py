@@ -309,6 +309,12 @@ class LazyRecorder(TorchDispatchMode):
         g.node_of[t] = node
         return node
 
+    def track(self, t: torch.Tensor) -> None:
+        """Make ``t`` an input of the pending graph, so that views of it are recorded rather than taken for real:
+        on the hpu device a view is a graph op (``steps[i]`` puts its constant ``i`` in the graph, as on Gaudi)."""
+        if not self._touched(t):
+            self._node_for(t)
+
     # -- ops that run eagerly --------------------------------------------------------------------------------
 
     def _eager(self, func, args, kwargs, why: str):

@@ -4,7 +4,7 @@
 """
 
 from .dispatch import DeviceFallbackError
-from .setup import DeviceSetupError, current, enable
+from .setup import DeviceSetupError, current, enable, report
 from .tensor import HpuTensor
 
-__all__ = ["DeviceFallbackError", "DeviceSetupError", "HpuTensor", "current", "enable"]
+__all__ = ["DeviceFallbackError", "DeviceSetupError", "HpuTensor", "current", "enable", "report"]

@@ -78,6 +78,9 @@ class Device:
             self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
             return _wrap(func(*args, **kwargs), wrappers, device)
         if self.recorder is not None:
+            if _is_view(func):
+                for host in wrappers:
+                    self.recorder.track(wrappers[host].host)
             return _wrap(self.recorder.__torch_dispatch__(func, (), args, kwargs), wrappers, device)
         self.place(func, hosts)
         return _wrap(func(*args, **kwargs), wrappers, device)
@@ -154,6 +157,18 @@ def _host_read(func, flat: list) -> str:
     if func is aten.copy_.default and not isinstance(flat[0], HpuTensor):
         return "copy to host"
     return ""
+
+
+_VIEWS: dict = {}
+
+
+def _is_view(func) -> bool:
+    """An op that returns a view of its input (not one that writes it)."""
+    found = _VIEWS.get(func)
+    if found is None:
+        schema = func._schema
+        found = _VIEWS[func] = not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
+    return found
 
 
 def _upload(func, flat: list) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..gaudi.mixed_precision import op_lists
+from . import tensor
 from .tensor import HPU, HpuTensor
 
 aten = torch.ops.aten
@@ -40,10 +41,60 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
     return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), _device(device))
 
 
-def register(lib: torch.library.Library) -> None:
-    """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library kept alive by the caller)."""
+def _copy_from(src, dst, non_blocking=False):
+    """A copy torch makes below Python dispatch (``torch.tensor(data, device="hpu")``): done on the host tensors,
+    after the device has run any pending work on the destination."""
+    source = src.host if isinstance(src, HpuTensor) else src
+    target = dst.host if isinstance(dst, HpuTensor) else dst
+    device = tensor.DISPATCH[0]
+    if device is not None and device.recorder is not None:
+        device.sync_write(target)
+        if isinstance(src, HpuTensor):
+            device.sync_write(source)
+    target.copy_(source)
+    return dst
+
+
+# Factories whose CPU kernel fills an ``out=`` tensor it resizes: a device tensor's shape is fixed when it is made,
+# so these are made on the host, whole, and wrapped.
+HOST_FACTORIES = ("arange", "linspace", "logspace", "eye", "randperm", "range", "tril_indices", "triu_indices")
+
+
+def _host_factory(op):
+    def kernel(*args, **kwargs):
+        device = _device(kwargs.get("device"))
+        kwargs["device"] = torch.device("cpu")
+        return HpuTensor(op(*args, **kwargs), device)
+    return kernel
+
+
+def _pin_memory(self, device=None):
+    """Page-locked host memory for copies to the device: host memory is all the simulated device reads, so a
+    pinned tensor is a plain copy (what a pinned tensor is: a copy in other host memory)."""
+    return self.clone()
+
+
+def _is_pinned(self, device=None) -> bool:
+    return False
+
+
+def register(lib: torch.library.Library, every_op: torch.library.Library) -> None:
+    """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library) and ``every_op`` (a ``_`` IMPL
+    library, for the autocast key's fallthrough); the caller keeps both alive."""
+    every_op.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")  # ops on no list: as they come
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    for name in HOST_FACTORIES:
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if not op._schema.is_mutable and any(a.name == "device" for a in op._schema.arguments):
+                lib.impl(f"{name}.{overload}" if overload != "default" else name, _host_factory(op), "PrivateUse1")
+    # DataLoader(pin_memory=True) pins for the current accelerator, now the hpu device: torch asks a C++
+    # backend for a pinned-memory allocator, which a Python backend cannot give, so pinning is a host copy.
+    lib.impl("_pin_memory", _pin_memory, "CPU")
+    lib.impl("is_pinned", _is_pinned, "CPU")
     lower, fp32 = op_lists()
     casts = {name: torch.float32 for name in fp32}
     casts.update({name: None for name in lower})  # None: the autocast dtype; lower precision wins, as on Gaudi

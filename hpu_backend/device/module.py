@@ -18,6 +18,7 @@ import os
 import torch
 
 from ..gaudi import memory
+from . import tensor
 from ..gaudi.memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
                             reset_peak_memory_stats)
 
@@ -100,6 +101,12 @@ def empty_cache() -> None:
 # -- random numbers: the host's generator ------------------------------------------------------------------------
 
 def manual_seed(seed: int) -> None:
+    """Seed the device's generator. Pending lazy work draws its random numbers first: it was issued before the
+    seed (``torch.manual_seed`` calls this after seeding the host, so the flush draws from the new seed: the
+    numbers a pending op would have drawn had it run at once)."""
+    device = tensor.DISPATCH[0]
+    if device is not None:
+        device.flush("manual_seed")
     torch.default_generator.manual_seed(int(seed))
 
 

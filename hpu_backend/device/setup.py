@@ -15,7 +15,7 @@ import torch
 
 from ..gaudi import lazy_mode, memory
 from ..settings import Settings
-from . import kernels, module, tensor
+from . import kernels, module, report as reporting, tensor
 from .dispatch import Device
 
 MODES = ("lazy", "eager")
@@ -41,9 +41,21 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     memory.set_target(settings.target)
     module.TARGET[0] = settings.target
     device = _state["device"] = Device(mode, settings)
+    if "times" not in _state:
+        _state["times"] = reporting.StepTimes()
+        reporting.watch(_state["times"], lambda: _state["device"].ops)
     tensor.DISPATCH[0] = device
     tensor.BEFORE_COMPILED[0] = lambda: device.flush("a compiled graph reads device tensors")
     return module
+
+
+def report() -> dict:
+    """What the run did on the device (``report.py``): mode, target, per-step ops, graphs, recipes compiled and
+    estimated device time, recompiles, CPU fallbacks, host syncs, peak memory against HBM. JSON-ready."""
+    device = _state.get("device")
+    if device is None:
+        raise DeviceSetupError("the hpu device is not enabled: call hpu_backend.device.enable() first")
+    return reporting.build(device, _state["times"])
 
 
 def current() -> Device | None:
@@ -78,6 +90,17 @@ class _Guard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+def _no_tag(obj) -> None:
+    return None  # device tensors save their host values (HpuTensor.__reduce_ex__): no storage is on the device
+
+
+def _host_storage(storage, location: str):
+    """``torch.load(..., map_location="hpu")`` of storages saved from host tensors: the storage stays in host
+    memory (device tensors have no storage of their own), so those tensors load on the CPU; the checkpoint's
+    device tensors, saved with their device, load on the device."""
+    return storage if location.split(":")[0] == tensor.HPU else None
+
+
 def _register() -> None:
     """Name PrivateUse1 ``hpu`` and install the module, methods and kernels (once per process)."""
     if "lib" in _state:
@@ -94,6 +117,7 @@ def _register() -> None:
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
-    lib = torch.library.Library("aten", "IMPL")
-    kernels.register(lib)
-    _state["lib"] = lib
+    torch.serialization.register_package(15, _no_tag, _host_storage)
+    lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")
+    kernels.register(lib, every_op)
+    _state["lib"] = (lib, every_op)

@@ -62,10 +62,18 @@ class HpuTensor(torch.Tensor):
         suffix = f", device='{self.device}'"
         return text[:-1] + suffix + ")" if text.endswith(")") else text
 
+    def tolist(self):
+        """A host read of every value (torch's own ``tolist`` reads a tensor's memory, which is the host's)."""
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. "
+                        "Use Tensor.cpu() to copy the tensor to host memory first.")
+
     def __reduce_ex__(self, proto):
         """Saved as its host values and device, rebuilt by torch's own loader (which ``weights_only`` allows)."""
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (self.cpu(), self.dtype, str(self.device), self.requires_grad))
+                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
 
 DEFAULT_DEVICE = [torch.device(HPU, 0)]

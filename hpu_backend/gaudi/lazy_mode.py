@@ -277,9 +277,18 @@ class _Lazy:
         if self.depth or self.device:
             self.recorder.flush("mark_step")
             self.runner.end_step()
+        for fn in _STEP_OBSERVERS:
+            fn()
 
 
 _state = _Lazy()
+_STEP_OBSERVERS: list[Callable[[], None]] = []
+
+
+def observe_steps(fn: Callable[[], None]) -> None:
+    """Call ``fn()`` after every ``mark_step()``, in or out of lazy mode (once per fn): the device's step report."""
+    if fn not in _STEP_OBSERVERS:
+        _STEP_OBSERVERS.append(fn)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,100 @@
+"""``report()``: what a run did on the hpu device, as plain JSON-ready data for the end-of-run summary.
+
+Per step (from one ``mark_step()`` to the next): the ops the script issued on the device, the lazy graphs and
+the recipes compiled for them (the steady state compiles nothing), why each new graph is new, and the
+estimated device time of the recipes that ran (their cost model's ``total_s``, an estimate). Across the run:
+recompiles with their causes (Dynamo's and the lazy graphs'), CPU fallbacks (op, dtypes, count), host syncs
+with the user's source lines, and peak device memory against the HBM capacity.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .. import metrics
+from ..gaudi import lazy_mode, memory
+from ..serve import fallback
+from ..serve.compiled import observe_runs
+
+KEPT_STEPS = 10_000
+
+
+class StepTimes:
+    """Ops issued and estimated device seconds per step, from the recipes that ran and the device's op count."""
+
+    def __init__(self):
+        self.steps: list[dict] = [{"ops": 0, "estimated_device_s": 0.0}]
+        self.ops_at_start = 0
+
+    def on_run(self, recipe, args, outputs) -> None:
+        if recipe is not None:
+            self.steps[-1]["estimated_device_s"] += float(recipe.facts.get("cost", {}).get("total_s") or 0.0)
+
+    def end_step(self, ops_now: int) -> None:
+        self.steps[-1]["ops"] = ops_now - self.ops_at_start
+        self.ops_at_start = ops_now
+        if len(self.steps) < KEPT_STEPS:
+            self.steps.append({"ops": 0, "estimated_device_s": 0.0})
+
+
+def watch(times: StepTimes, ops_now) -> None:
+    """Hear every recipe run and every ``mark_step()`` (``ops_now()``: the device's op count so far)."""
+    observe_runs(times.on_run)
+    lazy_mode.observe_steps(lambda: times.end_step(ops_now()))
+
+
+def build(device, times: StepTimes) -> dict[str, Any]:
+    steps = _steps(device, times)
+    graphs = _graph_steps() if device.mode == "lazy" else []
+    steady = [s["estimated_device_s"] for s in steps[2:]] or [s["estimated_device_s"] for s in steps]
+    return {
+        "mode": device.mode,
+        "target": device.settings.target,
+        "steps": steps,
+        "lazy_graph_steps": graphs,
+        "recipes_compiled": sum(s["recipes_compiled"] for s in graphs),
+        "recompiles": [{k: str(v) for k, v in r.items()} for r in metrics.recompiles()] + _lazy_recompiles(),
+        "cpu_fallbacks": _fallbacks(device),
+        "host_syncs": _syncs(device),
+        "memory": {"peak_bytes": memory.max_memory_allocated(), "in_use_bytes": memory.memory_allocated(),
+                   "hbm_bytes": memory.capacity()},
+        "estimated_device_s_per_step": sorted(steady)[len(steady) // 2] if steady else 0.0,
+    }
+
+
+def _steps(device, times: StepTimes) -> list[dict]:
+    """Per step: the ops issued on the device and the estimated device time of the recipes that ran."""
+    rows = [dict(s, step=i) for i, s in enumerate(times.steps)]
+    rows[-1]["ops"] = device.ops - times.ops_at_start  # the step under way
+    return [r for r in rows if r["ops"] or r["estimated_device_s"]]
+
+
+def _graph_steps() -> list[dict]:
+    """Per lazy-mode step that ran graphs or synced: the graphs, the recipes compiled, and why each new graph
+    is new."""
+    return [{"step": s.index, "graphs": len(s.graphs), "recipes_compiled": s.compiled, "host_syncs": len(s.syncs),
+             "new_graphs": [{"graph": g.name, "ops": g.ops, "cut_by": g.cut_by, "source": g.source, "why": g.new}
+                            for g in s.graphs if g.new]}
+            for s in lazy_mode.lazy_report()]
+
+
+def _lazy_recompiles() -> list[dict]:
+    """Lazy graphs built again for a change of a constant, an argument or an input layout (the same ops as a
+    graph seen before): the recompiles a steady state should not have (the docs' loop-constant pattern)."""
+    return [{"kind": "lazy graph", "graph": g.name, "source": g.source, "cause": g.new}
+            for step in lazy_mode.lazy_report() for g in step.graphs if g.new.startswith("like ")]
+
+
+def _fallbacks(device) -> list[dict]:
+    rows = [{"op": op, "dtypes": list(dtypes), "count": n} for (op, dtypes), n in device.fallbacks.items()]
+    seen = {r["op"] for r in rows}
+    rows += [{"op": op, "dtypes": [], "count": n} for op, n in fallback.counts().items() if op not in seen]
+    return sorted(rows, key=lambda r: -r["count"])
+
+
+def _syncs(device) -> list[dict]:
+    counts = Counter((what, source) for what, source, _ in device.syncs)
+    cuts = Counter((what, source) for what, source, cut in device.syncs if cut)
+    return [{"what": what, "source": source, "count": n, "cut_graphs": cuts[(what, source)]}
+            for (what, source), n in counts.most_common()]

@@ -1,0 +1,145 @@
+"""The hpu device: a Gaudi-style training script runs unchanged on ``torch.device("hpu")`` in eager and lazy modes,
+and its losses, weights and checkpoints match the same script on the CPU."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hpu_backend.device as hd
+from hpu_backend import gaudi
+
+
+class TinyCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.fc = nn.Linear(4 * 5 * 5, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv(x)), 2)
+        return F.log_softmax(self.fc(torch.flatten(x, 1)), dim=1)
+
+
+def mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(144, 32), nn.ReLU(), nn.Linear(32, 10), nn.LogSoftmax(dim=1))
+
+
+def train(make, device: str, steps: int = 5, optimizer: str = "sgd"):
+    """A Gaudi-style loop: model and batches moved to ``device``, mark_step after backward and after step."""
+    torch.manual_seed(0)
+    model = make().to(device)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=0.01))
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        images, labels = torch.randn(8, 1, 12, 12, generator=g), torch.randint(0, 10, (8,), generator=g)
+        images, labels = images.to(device), labels.to(device)
+        opt.zero_grad()
+        loss = F.nll_loss(model(images), labels)
+        loss.backward()
+        gaudi.mark_step()
+        opt.step()
+        gaudi.mark_step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.fixture(params=["eager", "lazy"])
+def mode(request):
+    hd.enable(request.param)
+    yield request.param
+    hd.enable("eager")  # leaves lazy mode: nothing of the device stays pending for the next test
+
+
+@pytest.mark.parametrize("make, optimizer", [(TinyCNN, "sgd"), (mlp, "adamw")])
+def test_training_matches_the_cpu(mode, make, optimizer):
+    cpu_losses, cpu_model = train(make, "cpu", optimizer=optimizer)
+    losses, model = train(make, "hpu", optimizer=optimizer)
+    torch.testing.assert_close(losses, cpu_losses)
+    for (name, p), (_, q) in zip(model.named_parameters(), cpu_model.named_parameters()):
+        assert p.device.type == "hpu" and p.grad.device.type == "hpu", name
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), msg=name)
+
+
+def test_lazy_mode_cuts_graphs_at_mark_step_and_reuses_them():
+    hd.enable("lazy")
+    try:
+        before = len(gaudi.lazy_report())
+        train(mlp, "hpu", steps=4)
+        steps = gaudi.lazy_report()[before:]
+    finally:
+        hd.enable("eager")
+    assert sum(len(s.graphs) for s in steps) >= 8  # backward and step graphs of every iteration
+    assert all(g.cut_by == "mark_step" for s in steps[2:] for g in s.graphs)
+    assert all(not g.new for s in steps[-4:] for g in s.graphs)  # the steady state runs graphs seen before
+
+
+def test_views_in_place_and_host_reads(mode):
+    base = torch.arange(12.0).reshape(3, 4)
+    t = base.to("hpu")
+    row = t[1]
+    row.mul_(10)  # through a view: the base sees it
+    t.t()[0].add_(1)
+    base[1].mul_(10)
+    base.t()[0].add_(1)
+    assert t.device.type == "hpu" and row.device.type == "hpu"
+    assert t.tolist() == base.tolist()
+    assert float(t.sum()) == float(base.sum()) and bool((t > 5).any())
+    assert t[2, 3].item() == base[2, 3].item()
+    torch.testing.assert_close(t.cpu().numpy(), base.numpy())
+    assert "device='hpu:0'" in repr(t)
+
+
+def test_factories_seed_the_device_generator_like_the_cpu(mode):
+    torch.manual_seed(7)
+    a = torch.randn(5, device="hpu")
+    torch.manual_seed(7)
+    b = torch.randn(5, device="hpu")
+    torch.manual_seed(7)
+    c = torch.randn(5)
+    torch.testing.assert_close(a.cpu(), b.cpu())
+    torch.testing.assert_close(a.cpu(), c)
+    z = torch.zeros(2, 3, device="hpu", dtype=torch.bfloat16)
+    assert z.device.type == "hpu" and z.dtype == torch.bfloat16 and z.cpu().abs().sum().item() == 0
+    assert torch.tensor([1, 2], device="hpu").cpu().tolist() == [1, 2]
+    assert torch.arange(4, device="hpu").sum().item() == 6
+
+
+def test_checkpoint_holds_the_values_after_the_step(mode, tmp_path):
+    _, model = train(mlp, "hpu", steps=2)
+    x = torch.randn(4, 1, 12, 12)
+    with torch.no_grad():
+        model[1].weight.add_(1.0)  # pending in lazy mode: the save must flush it
+    path = tmp_path / "ckpt.pt"
+    torch.save(model.state_dict(), path)
+    expected = {k: v.cpu() for k, v in model.state_dict().items()}
+    loaded = torch.load(path)  # weights_only, back on the device
+    assert all(v.device.type == "hpu" for v in loaded.values())
+    on_cpu = torch.load(path, map_location="cpu")
+    assert all(v.device.type == "cpu" for v in on_cpu.values())
+    for k in expected:
+        torch.testing.assert_close(loaded[k].cpu(), expected[k])
+        torch.testing.assert_close(on_cpu[k], expected[k])
+    fresh = mlp().to("hpu")
+    fresh.load_state_dict(torch.load(path, map_location="hpu"))
+    torch.testing.assert_close(fresh(x.to("hpu")).cpu(), model(x.to("hpu")).cpu())
+    buffer = io.BytesIO()
+    torch.save(model[1].weight, buffer)
+    buffer.seek(0)
+    torch.testing.assert_close(torch.load(buffer).cpu(), expected["1.weight"])
+
+
+def test_torch_hpu_module():
+    hpu = hd.enable("eager")
+    assert torch.hpu is hpu and hpu.is_available() and hpu.device_count() >= 1
+    assert hpu.get_device_name() in ("GAUDI2", "GAUDI3") and hpu.is_bf16_supported()
+    t = torch.ones(3).hpu()
+    assert t.is_hpu if hasattr(t, "is_hpu") else t.device.type == "hpu"
+    assert nn.Linear(2, 2).hpu().weight.device.type == "hpu"
+    hpu.synchronize()
