@@ -18,30 +18,8 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"script": script, "exit_code": exit_code, "wall_s": round(seconds, 3)}
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         out.update(rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ["WORLD_SIZE"]))
-    report = getattr(device, "report", None)
-    out.update(report() if report is not None else device_facts())
+    out.update(device.report())
     return out
-
-
-def device_facts() -> dict[str, Any]:
-    """The report's keys read from the device's state (its mode and settings, the lazy steps, the allocator,
-    the fallbacks and syncs it counted), for a device without ``report()`` of its own."""
-    from .. import device, metrics
-    from ..gaudi import lazy_mode, memory
-
-    dev = device.current()
-    steps = [{"index": s.index, "graphs": len(s.graphs), "graphs_compiled": s.compiled,
-              "new": [g.new for g in s.graphs if g.new]} for s in lazy_mode.lazy_report()]
-    syncs: dict[tuple[str, str], int] = {}
-    for what, source, _cut in (dev.syncs if dev else []):
-        syncs[(what, source)] = syncs.get((what, source), 0) + 1
-    return {"mode": dev.mode if dev else None, "target": dev.settings.target if dev else None, "steps": steps,
-            "recompiles": [{"line": r.get("source", "?"), "cause": r.get("cause", r.get("reason", "?"))}
-                           for r in metrics.recompiles()],
-            "fallbacks": {f"{op} ({', '.join(dtypes)})": n for (op, dtypes), n in (dev.fallbacks if dev else {}).items()},
-            "syncs": [{"kind": what, "line": line, "count": n} for (what, line), n in syncs.items()],
-            "peak_memory_bytes": memory.max_memory_allocated(), "hbm_bytes": memory.capacity(),
-            "device_time_per_step_s": None}
 
 
 def finish(report: dict[str, Any], path: str | None) -> None:
@@ -80,30 +58,34 @@ def render(report: dict[str, Any]) -> list[str]:
 
 
 def _body(r: dict[str, Any]) -> list[str]:
-    lines = [_steps(r.get("steps") or [])]
-    lines.append(_listing("recompiles", r.get("recompiles") or [], lambda x: f"{x.get('line', '?')}: "
-                          f"{x.get('cause', x.get('reason', '?'))}"))
-    lines.append(_listing("CPU fallbacks", _pairs(r.get("fallbacks") or {}), lambda x: f"{x[0]} ×{x[1]}"))
-    lines.append(_listing("host syncs", r.get("syncs") or [], lambda x: f"{x.get('line', '?')} "
-                          f"({x.get('kind', 'read')}) ×{x.get('count', 1)}"))
-    lines.append(_memory(r))
-    est = r.get("device_time_per_step_s")
-    lines.append("estimated device time per step: " + ("n/a" if est is None else f"{est * 1e3:.3f} ms"))
+    lines = [_steps(r)]
+    lines.append(_listing("recompiles", r.get("recompiles") or [], lambda x: f"{x.get('source', '?')}: "
+                          f"{x.get('cause', '?')}" + (f" ({x['change']})" if x.get("change") else "")))
+    lines.append(_listing("CPU fallbacks", r.get("cpu_fallbacks") or [], lambda x: f"{x['op']}"
+                          + (f" ({', '.join(x['dtypes'])})" if x.get("dtypes") else "") + f" ×{x['count']}"))
+    lines.append(_listing("host syncs", r.get("host_syncs") or [], lambda x: f"{x['source']} {x['what']} ×{x['count']}"
+                          + (f", {x['cut_graphs']} cut a graph" if x.get("cut_graphs") else "")))
+    lines.append(_memory(r.get("memory") or {}))
+    est = r.get("estimated_device_s_per_step")
+    lines.append("estimated device time per step: " + ("n/a" if est is None else f"{est * 1e3:.3f} ms (estimate)"))
     return lines
 
 
-def _pairs(value) -> list[tuple[str, int]]:
-    return sorted(value.items(), key=lambda kv: -kv[1]) if isinstance(value, dict) else list(value)
-
-
-def _steps(steps: list[dict]) -> str:
-    if not steps:
-        return "steps: none recorded"
-    compiled = [int(s.get("graphs_compiled", 0)) for s in steps]
+def _steps(r: dict[str, Any]) -> str:
+    """Lazy mode: recipes compiled per step, and from which step on nothing compiles; eager: ops per step."""
+    graphs = r.get("lazy_graph_steps") or []
+    if not graphs:
+        ops = [s.get("ops", 0) for s in r.get("steps") or []]
+        return f"steps: {len(ops)}; device ops per step: {_few(ops)}" if ops else "steps: none recorded"
+    compiled = [int(s.get("recipes_compiled", 0)) for s in graphs]
     steady = next((i for i in range(len(compiled)) if not any(compiled[i:])), None)
-    tail = "compiles in every step" if steady is None else f"nothing compiled from step {steady} on"
-    shown = ", ".join(map(str, compiled[:8])) + (", …" if len(compiled) > 8 else "")
-    return f"steps: {len(steps)}; graphs compiled per step: {shown} ({tail})"
+    tail = "compiles in every step" if steady is None else f"nothing compiled from step {graphs[steady]['step']} on"
+    return (f"steps: {len(graphs)}; graphs per step: {_few([s.get('graphs', 0) for s in graphs])}; "
+            f"recipes compiled per step: {_few(compiled)} ({tail})")
+
+
+def _few(values: list, limit: int = 8) -> str:
+    return ", ".join(map(str, values[:limit])) + (", …" if len(values) > limit else "")
 
 
 def _listing(title: str, items: list, fmt, limit: int = 5) -> str:
@@ -115,7 +97,7 @@ def _listing(title: str, items: list, fmt, limit: int = 5) -> str:
 
 
 def _memory(r: dict[str, Any]) -> str:
-    peak, hbm = r.get("peak_memory_bytes"), r.get("hbm_bytes")
+    peak, hbm = r.get("peak_bytes"), r.get("hbm_bytes")
     if peak is None:
         return "peak device memory: n/a"
     share = f" ({100 * peak / hbm:.2f}% of {_size(hbm)} HBM)" if hbm else ""
