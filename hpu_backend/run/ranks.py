@@ -23,6 +23,7 @@ from pathlib import Path
 from . import report as reports
 from .errors import RunError
 
+RANK_ENV = "HPU_BACKEND_RUN_RANK"  # set in every rank: a stop (SIGTERM) still writes the rank's report
 GRACE_S = 3.0  # how long a stopped rank gets to exit after SIGTERM (or Ctrl-C) before it is killed
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding hpu_backend, for the ranks
 
@@ -53,6 +54,7 @@ def rank_env(rank: int, world: int, port: int, base: dict[str, str] | None = Non
                         "OMPI_COMM_WORLD_NODE_RANK": 0}.items():
         env[name] = str(value)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env[RANK_ENV] = "1"
     return env
 
 
@@ -63,10 +65,27 @@ def run_ranks(script: str, args: list[str], cards: int, report: str | None, time
         ranks = [_start(r, cards, port, script, args, tmp) for r in range(cards)]
         try:
             _watch(ranks, timeout)
+        except _Hung as hung:
+            _stop(ranks)
+            raise RunError(f"{hung}; all ranks were stopped{_where(ranks, hung.ranks)}") from None
         finally:
             _stop(ranks)
             _report(ranks, report)
     return 0
+
+
+class _Hung(Exception):
+    """Ranks still running at the timeout (``ranks``); stopped, they say where they were."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def _where(ranks: list[Rank], hung: list[int]) -> str:
+    places = [f"rank {r.rank} at {(reports.read(r.report) or {}).get('stopped_at')}" for r in ranks
+              if r.rank in hung and (reports.read(r.report) or {}).get("stopped_at")]
+    return f" ({', '.join(places)})" if places else ""
 
 
 def _start(rank: int, world: int, port: int, script: str, args: list[str], tmp: str) -> Rank:
@@ -100,9 +119,9 @@ def _watch(ranks: list[Rank], timeout: float | None) -> None:
             if all(r.proc.poll() == 0 for r in ranks):
                 return
             if deadline is not None and time.monotonic() > deadline:
-                hung = [str(r.rank) for r in ranks if r.proc.poll() is None]
-                raise RunError(f"rank{'s' if len(hung) > 1 else ''} {', '.join(hung)} still running after "
-                               f"{timeout:g} s (--timeout); all ranks were stopped")
+                hung = [r.rank for r in ranks if r.proc.poll() is None]
+                raise _Hung(f"rank{'s' if len(hung) > 1 else ''} {', '.join(map(str, hung))} still running after "
+                            f"{timeout:g} s (--timeout)", hung)
             time.sleep(0.05)
     except KeyboardInterrupt:
         raise RunError("interrupted; all ranks were stopped", 130) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -37,14 +38,31 @@ def run_script(script: str, args: list[str], report: str | None = None) -> int:
 
     path = check_script(script)
     names.simulate()
+    if os.environ.get("HPU_BACKEND_RUN_RANK"):  # a rank the launcher may stop: end like an exit, report included
+        signal.signal(signal.SIGTERM, _stopped)
     sys.argv[:] = [str(path), *args]
     sys.path[0:1] = [str(path.resolve().parent)]  # as ``python SCRIPT`` (replaces the launcher's own entry)
     start, code = time.perf_counter(), 1
     try:
         code = _run(path)
     finally:
-        reports.finish(reports.collect(str(path), code, time.perf_counter() - start), report)
+        facts = reports.collect(str(path), code, time.perf_counter() - start)
+        if _stopped_at:
+            facts["stopped_at"] = _stopped_at[0]
+        reports.finish(facts, report)
     return code
+
+
+_stopped_at: list[str] = []  # where the script was when the launcher stopped this rank (its report says)
+
+
+def _stopped(signum, frame) -> None:
+    script = os.path.abspath(sys.argv[0])
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) != script:
+        frame = frame.f_back
+    if frame is not None:
+        _stopped_at.append(f"{os.path.basename(script)}:{frame.f_lineno}")
+    raise SystemExit(128 + signum)
 
 
 def _run(path: Path) -> int:
