@@ -89,6 +89,31 @@ def test_intel_names_resolve_under_the_launcher_only(tmp_path):
     assert plain.stdout.split() == ["None", "False"], plain.stderr  # nothing active on a plain import
 
 
+SPAWNS = """
+    import multiprocessing, sys
+    import habana_frameworks.torch.utils.library_loader as loader  # the spawned child imports this script again
+
+    def child(path):
+        import habana_frameworks.torch.core as htcore
+        import hpu_backend.gaudi
+        open(path, "w").write(str(htcore.mark_step is hpu_backend.gaudi.mark_step))
+
+    if __name__ == "__main__":
+        p = multiprocessing.get_context("spawn").Process(target=child, args=(sys.argv[1],))
+        p.start()
+        p.join()
+        sys.exit(p.exitcode)
+"""
+
+
+def test_processes_the_script_spawns_see_the_names_too(tmp_path):
+    """DataLoader workers of Intel's examples start with the spawn method and import the script again."""
+    path, out = script(tmp_path, SPAWNS), tmp_path / "child.txt"
+    proc = launch("--report", tmp_path / "r.json", path, out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.read_text() == "True"
+
+
 def test_refuses_where_intel_stack_is_installed(tmp_path):
     fake = tmp_path / "site" / "habana_frameworks"
     fake.mkdir(parents=True)

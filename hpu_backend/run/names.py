@@ -185,6 +185,21 @@ def intel_stack() -> str | None:
     return spec.origin or ", ".join(spec.submodule_search_locations or []) or ROOT
 
 
+class SpawnedPath(str):
+    """A ``sys.path`` entry (the script's folder) that carries the names into processes ``multiprocessing``
+    spawns: the spawn start method (DataLoader workers of Intel's examples) sends the parent's ``sys.path``
+    to the child, which unpickles it before importing the script again as ``__mp_main__``; unpickling this
+    entry calls ``simulate()`` there first. A plain string everywhere else."""
+
+    def __reduce__(self):
+        return _spawned, (str(self),)
+
+
+def _spawned(path: str) -> str:
+    simulate()
+    return path
+
+
 def simulate() -> None:
     """Make ``import habana_frameworks.torch.*`` and ``torch.hpu`` resolve to the simulator (idempotent).
 

@@ -59,7 +59,7 @@ def render(report: dict[str, Any]) -> list[str]:
 
 def _body(r: dict[str, Any]) -> list[str]:
     lines = [_steps(r)]
-    lines.append(_listing("recompiles", r.get("recompiles") or [], lambda x: f"{x.get('source', '?')}: "
+    lines.append(_listing("recompiles", r.get("recompiles") or [], lambda x: f"{x.get('source') or x.get('graph') or '?'}: "
                           f"{x.get('cause', '?')}" + (f" ({x['change']})" if x.get("change") else "")))
     lines.append(_listing("CPU fallbacks", r.get("cpu_fallbacks") or [], lambda x: f"{x['op']}"
                           + (f" ({', '.join(x['dtypes'])})" if x.get("dtypes") else "") + f" ×{x['count']}"))
@@ -79,7 +79,8 @@ def _steps(r: dict[str, Any]) -> str:
         return f"steps: {len(ops)}; device ops per step: {_few(ops)}" if ops else "steps: none recorded"
     compiled = [int(s.get("recipes_compiled", 0)) for s in graphs]
     steady = next((i for i in range(len(compiled)) if not any(compiled[i:])), None)
-    tail = "compiles in every step" if steady is None else f"nothing compiled from step {graphs[steady]['step']} on"
+    tail = ("one step" if len(compiled) == 1 else "compiles in every step" if steady is None
+            else f"nothing compiled from step {graphs[steady]['step']} on")
     return (f"steps: {len(graphs)}; graphs per step: {_few([s.get('graphs', 0) for s in graphs])}; "
             f"recipes compiled per step: {_few(compiled)} ({tail})")
 

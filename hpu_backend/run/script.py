@@ -41,7 +41,9 @@ def run_script(script: str, args: list[str], report: str | None = None) -> int:
     if os.environ.get("HPU_BACKEND_RUN_RANK"):  # a rank the launcher may stop: end like an exit, report included
         signal.signal(signal.SIGTERM, _stopped)
     sys.argv[:] = [str(path), *args]
-    sys.path[0:1] = [str(path.resolve().parent)]  # as ``python SCRIPT`` (replaces the launcher's own entry)
+    # The script's folder first, as ``python SCRIPT`` (replacing the launcher's own entry), carrying the names
+    # into the processes the script spawns.
+    sys.path[0:1] = [names.SpawnedPath(path.resolve().parent)]
     start, code = time.perf_counter(), 1
     try:
         code = _run(path)
