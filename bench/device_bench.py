@@ -3,9 +3,10 @@
 The same Gaudi-style loop (model and batch moved to the device, zero_grad, forward, nll_loss, backward,
 mark_step, SGD step, mark_step) runs in three fresh processes: on the CPU, on the hpu device in eager mode
 (PT_HPU_LAZY_MODE=0) and in lazy mode (graphs cached after the first step). Each reports the median wall time
-per step over the measured steps (after warm-up steps), and its losses, which must match the CPU's.
+per step over the measured steps (after warm-up steps), and its losses, which must match the CPU's. The three
+run interleaved ``--repeats`` times; a mode's time is the median over its runs.
 
-    OMP_NUM_THREADS=1 python bench/device_bench.py [--steps 10] [--warmup 3]
+    OMP_NUM_THREADS=1 python bench/device_bench.py [--steps 10] [--warmup 3] [--repeats 3]
 
 Writes bench/results/device_bench.json and prints one line per mode with its ratio to the CPU.
 """
@@ -75,18 +76,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--worker", choices=MODES)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.warmup)))
         return
-    rows = {mode: run(mode, args.steps, args.warmup) for mode in MODES}
+    runs = {mode: [] for mode in MODES}
+    for _ in range(args.repeats):  # interleaved, so that a change in the machine's load hits every mode alike
+        for mode in MODES:
+            runs[mode].append(run(mode, args.steps, args.warmup))
+    rows = {mode: dict(found[0], step_s=statistics.median(r["step_s"] for r in found),
+                       step_s_per_repeat=[r["step_s"] for r in found]) for mode, found in runs.items()}
     cpu = rows["cpu"]
     for mode in ("eager", "lazy"):
         row = rows[mode]
         row["ratio_to_cpu"] = row["step_s"] / cpu["step_s"]
         row["losses_match_cpu"] = all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(row["losses"], cpu["losses"]))
     result = {"model": "models/mnist.py", "batch": 64, "steps": args.steps, "warmup": args.warmup,
+              "repeats": args.repeats, "load_average_1min": os.getloadavg()[0],
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"), "rows": list(rows.values())}
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -19,11 +19,11 @@ from torch._dynamo.symbolic_convert import TensorifyState
 
 from . import metrics
 from .lowering import LoweringContext, LoweringError
-from .serve.compiled import CompiledGraph, Event, Replay, boxed, emit
+from .serve.compiled import CompiledGraph, Replay, boxed
 from .serve import recompiles
 from .serve.keys import ProgramKey, Unkeyable, program_key
 from .serve.programs import DRIFT, Recorder, drifted, restart_program, serve
-from .serve.store import RecipeStore, cache_config, store_for
+from .serve.session import Event, Session, emit, session_for
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,28 +34,29 @@ MODES = (None, "default", "reduce-overhead")  # torch.compile modes this backend
 
 
 def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, **kwargs: Any):
-    """Dynamo backend: serve ``gm`` from its stored program, or lower its AOTAutograd graphs to recipes.
+    """Dynamo backend: serve ``gm`` from its stored program, or lower its AOTAutograd graphs to recipes, in the
+    session in use (``Session.use``) or the process's.
 
     ``mode="reduce-overhead"`` replays inference graphs as HPU Graphs do (``compiled.Replay``).
     """
     settings = Settings.from_options(options)
-    _warn_hpu_autocast()
+    _warn_hpu_autocast(example_inputs)
     replay = _mode(kwargs.get("mode"))
     graph_id = next(_graph_ids)
     reason = _compile_reason(settings)
     name_of = functools.partial(_graph_name, graph_id)
-    store = store_for(cache_config(settings))
+    session = session_for(settings)
     pkey = _program_key(gm, example_inputs, settings, name_of("program"))
     if pkey is not None:
-        served = _serve(pkey, store, gm, example_inputs, settings, name_of, reason)
+        served = _serve(pkey, session, gm, example_inputs, name_of, reason)
         if served is not None:
             return Replay(served.replayable, example_inputs, served.call) if replay and served.replayable \
                 else served.call
-    recorder = None if pkey is None else Recorder(pkey, store, settings, name_of("program"))
+    recorder = None if pkey is None else Recorder(pkey, session, name_of("program"))
     inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
 
     def compiler(kind: str):
-        return functools.partial(_compile_graph, kind=kind, name=name_of(kind), settings=settings, store=store,
+        return functools.partial(_compile_graph, kind=kind, name=name_of(kind), session=session,
                                  reason=reason, recorder=recorder, inner=inner)
 
     from torch._dynamo.backends.common import aot_autograd  # a miss only: a hit never imports AOTAutograd
@@ -79,7 +80,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
         # that answer, so that a later process replays it without tracing to find it out.
         if pkey is not None:
             program = restart_program(list(TensorifyState.force_specializations - specialized))
-            store.put_program(pkey, program, settings, name_of("program"))
+            session.store.put_program(pkey, program, settings, name_of("program"))
             emit(Event("program", program=pkey.key))
         raise
     finally:
@@ -101,9 +102,12 @@ def _mode(mode: str | None) -> bool:
 _warned_autocast = [False]
 
 
-def _warn_hpu_autocast() -> None:
-    """``torch.autocast(device_type="hpu")`` casts nothing on host tensors: say so once, with the fix."""
+def _warn_hpu_autocast(example_inputs: list) -> None:
+    """``torch.autocast(device_type="hpu")`` casts nothing on host tensors: say so once, with the fix (not for
+    tensors of the hpu device, ``hpu_backend.device``, where autocast applies Gaudi's lists)."""
     if _warned_autocast[0] or not torch.is_autocast_enabled("hpu"):
+        return
+    if any(isinstance(t, torch.Tensor) and t.device.type == "hpu" for t in example_inputs):
         return
     _warned_autocast[0] = True
     log.warning("hpu_backend: torch.autocast(device_type=\"hpu\") casts nothing on the simulated device (its "
@@ -121,13 +125,14 @@ def _program_key(gm, example_inputs, settings: Settings, name: str) -> ProgramKe
         metrics.record_phase("program_key", time.perf_counter() - start)
 
 
-def _serve(pkey: ProgramKey, store, gm, example_inputs, settings: Settings, name_of, reason: str):
+def _serve(pkey: ProgramKey, session: Session, gm, example_inputs, name_of, reason: str):
     """The Dynamo graph served from its stored program (no AOTAutograd), or None on a miss."""
     start, served = time.perf_counter(), None
+    store = session.store
     try:
         program = store.load_program(pkey.key)
         if program is not None:
-            served = serve(program, pkey.key, gm, example_inputs, settings, store, name_of, reason)  # may restart
+            served = serve(program, pkey.key, gm, example_inputs, session, name_of, reason)  # may restart
     except LoweringError as e:
         log.warning("hpu_backend: stored program for %s cannot be served (%s); quarantined, compiling instead",
                     name_of("program"), e.reason)
@@ -147,14 +152,14 @@ def _graph_name(graph_id: int, kind: str) -> str:
     return f"fx_graph_{graph_id:04d}" + (f"_{_SUFFIX[kind]}" if kind in _SUFFIX else "")
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, name: str, settings: Settings,
-                   store: RecipeStore, reason: str, recorder: Recorder | None, inner: list):
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, name: str, session: Session,
+                   reason: str, recorder: Recorder | None, inner: list):
     start = time.perf_counter()
-    ctx = LoweringContext(settings=settings, name=name, kind=kind, guards=_shape_guards(), gm=gm)
+    ctx = LoweringContext(settings=session.settings, name=name, kind=kind, guards=_shape_guards(), gm=gm)
     try:
-        graph = CompiledGraph.build(gm, ctx, store, reason)
+        graph = CompiledGraph.build(gm, ctx, session, reason)
     except LoweringError as e:
-        if settings.strict:
+        if session.settings.strict:
             raise
         log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
         log.debug("lowering failure of %s in full:\n%s", name, e)

@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from recipecache import CacheConfig, ConfigError
 from recipecache.config import ENV_VAR
 
+from .buckets import BucketError, Policy, parse_policy, policies_for
+
 TARGETS = ("gaudi2", "gaudi3")  # the devices of targets.py (a test keeps them equal)
 DTYPE_POLICIES = ("native", "fp8")  # lowering/passes/apply_dtype_policy.py
 
@@ -89,6 +91,10 @@ class Settings:
             raise SettingsError(f"option dtype_policy={self.dtype_policy!r} plans storage the simulated device "
                                 "cannot execute: use it with execute=false (prebuild, capacity planning)")
 
+    def bucket_policies(self, symbols: list[str]) -> list[Policy]:
+        """One shape-bucket policy per symbol, from ``buckets`` (validated when these settings were made)."""
+        return policies_for(self.buckets, symbols)
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -130,15 +136,25 @@ def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
         if number is None or number < 0:
             raise SettingsError(f"{where} must be a whole number >= 0, got {value!r}")
         return number
+    if f.name == "buckets":
+        return _buckets(value, where)
     if f.name == "cache_config":
         return _cache_config(value, where)
-    if f.name == "buckets":
-        if isinstance(value, Mapping):
-            return tuple(sorted((str(k), str(v)) for k, v in value.items()))
-        return str(value)
     if not isinstance(value, str):
         raise SettingsError(f"{where} must be a string, got {value!r}")
     return value
+
+
+def _buckets(value: Any, where: str) -> str | tuple[tuple[str, str], ...]:
+    """The ``buckets`` setting in its keyed form (a string, or sorted (symbol, policy) pairs), every policy parsed
+    now: a typo is an error at the call, not a graph that runs eagerly later."""
+    parsed = tuple(sorted((str(k), str(v)) for k, v in value.items())) if isinstance(value, Mapping) else str(value)
+    for policy in [p for _, p in parsed] if isinstance(parsed, tuple) else [parsed]:
+        try:
+            parse_policy(policy)
+        except BucketError as e:
+            raise SettingsError(f"{where}: {e}") from None
+    return parsed
 
 
 def _cache_config(value: Any, where: str) -> CacheConfig | None:

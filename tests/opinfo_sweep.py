@@ -9,6 +9,7 @@ with nothing lowered, and the report counts the ops served without an AOTAutogra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import tempfile
@@ -91,15 +92,14 @@ def _run_warm(op, samples, cache_dir) -> str:
     """The second pass: 'pass' (served by a stored program), 'pass, traced' (recipes from the cache,
     AOTAutograd traced: no program for this graph), or why not."""
     from hpu_backend.metrics import metric_global
-    from hpu_backend.serve.store import reset_stores
 
     def counts():
         cache = dict(metric_global("recipe_cache").stats())
         return dict(metric_global("graph_compilation").stats())["TotalNumber"], cache["ProgramMiss"]
 
-    reset_stores()
     lowered, traced = counts()
-    result = _run("hpu_backend", op, samples, cache_dir)
+    with _session(cache_dir):  # the cache opened anew, as a new process would
+        result = _run("hpu_backend", op, samples, cache_dir)
     lowered, traced = (a - b for a, b in zip(counts(), (lowered, traced)))
     if result != "pass":
         return f"warm: {result}"
@@ -123,16 +123,32 @@ def sweep(ops=None, samples: int = SAMPLES, cache_dir=None):
         name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ours = _run("hpu_backend", op, chosen, cache_dir)
+            with _session(cache_dir):
+                ours = _run("hpu_backend", op, chosen, cache_dir)
             if cache_dir and ours == "pass":
                 ours = _run_warm(op, chosen, cache_dir)
             referee = None if ours.startswith("pass") else _run("aot_eager", op, chosen)
         results[name] = (ours, referee)
     torch._dynamo.reset()
-    if cache_dir:
-        from hpu_backend.serve.store import reset_stores
-        reset_stores()  # the cache's background writes land before the caller removes the directory
     return results
+
+
+@contextlib.contextmanager
+def _session(cache_dir):
+    """Compile in a session of its own over ``cache_dir`` (none without one), flushed when the block ends: its
+    background writes land before the next pass reads them, or the caller removes the directory."""
+    if not cache_dir:
+        yield
+        return
+    from hpu_backend.serve.session import Session
+    from hpu_backend.settings import Settings
+
+    session = Session.open(Settings.from_options({"cache_config": f"{cache_dir},false,4096"}))
+    try:
+        with session.use():
+            yield
+    finally:
+        session.flush()
 
 
 def main() -> None:

@@ -48,6 +48,20 @@ def test_unknown_option_lists_valid_ones():
         Settings.from_options({"fusion": "maybe"})
 
 
+@pytest.mark.parametrize("buckets", ["foo:3", {"s0": "exp:2", "*": "lin"}])
+def test_a_bucket_typo_is_an_error_at_the_call_and_nothing_runs_eagerly(caplog, buckets):
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    model = torch.nn.Linear(4, 4)
+    compiled = torch.compile(model, backend="hpu_backend", options={"buckets": buckets, "cache": False})
+    with caplog.at_level(logging.WARNING), collect_recipes() as found, pytest.raises(BackendCompilerFailed) as e:
+        compiled(torch.randn(2, 4))
+    assert isinstance(e.value.inner_exception, SettingsError)
+    assert "option 'buckets'" in str(e.value.inner_exception) and "forms: exact" in str(e.value.inner_exception)
+    assert found == [] and "eagerly" not in caplog.text
+    torch._dynamo.reset()
+
+
 def test_settings_precedence_and_gaudi_env():
     env = {"PT_HPU_USE_EAGER_FALLBACK": "0", "HPU_BACKEND_TARGET": "gaudi3", "PT_HPU_PLACE_ON_CPU": "add, mul"}
     s = Settings.from_options({"target": "gaudi2"}, env=env)

@@ -11,6 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hpu_backend.device as hd
+
+# The device exists from collection on: torch's autograd engine sizes its per-device queues at the process's
+# first backward, so a device enabled after one cannot run a backward (a script under the launcher has the
+# device from its first line). Enabling it is global to the process (PrivateUse1 renamed, torch.hpu).
+hd.enable("eager")
 from hpu_backend import gaudi
 
 
@@ -143,3 +148,32 @@ def test_torch_hpu_module():
     assert t.is_hpu if hasattr(t, "is_hpu") else t.device.type == "hpu"
     assert nn.Linear(2, 2).hpu().weight.device.type == "hpu"
     hpu.synchronize()
+
+
+def test_streams_events_and_properties_a_timing_script_uses():
+    hpu = hd.enable("eager")
+    start, end = hpu.Event(enable_timing=True), hpu.Event(enable_timing=True)
+    start.record()
+    torch.ones(8, device="hpu").sum().item()
+    end.record()
+    end.synchronize()
+    assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+    with hpu.stream(hpu.current_stream()):
+        hpu.current_stream().synchronize()
+    props = hpu.get_device_properties(0)
+    assert props.name == hpu.get_device_name() and props.total_memory == hpu.mem_get_info()[1]
+
+
+def test_gradients_accumulate_over_backward_passes_as_on_the_cpu(mode):
+    torch.manual_seed(3)
+    reference = nn.Linear(4, 3)
+    model = nn.Linear(4, 3)
+    model.load_state_dict(reference.state_dict())
+    model.to("hpu")
+    xs = [torch.randn(2, 4) for _ in range(3)]
+    for x in xs:  # no zero_grad: the second and third backward add into .grad
+        reference(x).pow(2).sum().backward()
+        model(x.to("hpu")).pow(2).sum().backward()
+    gaudi.mark_step()
+    torch.testing.assert_close(model.weight.grad.cpu(), reference.weight.grad)
+    torch.testing.assert_close(model.bias.grad.cpu(), reference.bias.grad)

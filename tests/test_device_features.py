@@ -15,8 +15,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hpu_backend.device as hd
+
+# The device exists from collection on: torch's autograd engine sizes its per-device queues at the process's
+# first backward, so a device enabled after one cannot run a backward (a script under the launcher has the
+# device from its first line). Enabling it is global to the process (PrivateUse1 renamed, torch.hpu).
+hd.enable("eager")
 from hpu_backend import gaudi
-from hpu_backend.gaudi import memory
+from hpu_backend.serve import device_memory as memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -181,3 +186,36 @@ def test_report_names_the_loop_constant_line_syncs_and_memory(lazy):
     assert any(s["source"].endswith(f":{_line('assert x.cpu()')}") for s in report["host_syncs"])
     assert 0 < report["memory"]["peak_bytes"] <= report["memory"]["hbm_bytes"]
     assert report["estimated_device_s_per_step"] > 0
+
+
+def test_eager_ops_lower_once_per_layout_and_add_their_estimate(eager):
+    def graphs():
+        return sum(len(s.graphs) for s in gaudi.lazy_report())
+
+    x = torch.randn(5, 7, device="hpu")
+    start = graphs()
+    y = torch.tanh(x) * 3
+    lowered = graphs() - start
+    z = torch.tanh(x) * 3  # the same ops on the same layouts: nothing lowered again
+    assert lowered == 2 and graphs() - start == 2
+    w = torch.randn(6, 7, device="hpu")
+    before = graphs()
+    torch.tanh(w)  # a new layout: lowered once more
+    assert graphs() - before == 1
+    torch.testing.assert_close(z.cpu(), y.cpu())
+    torch.testing.assert_close(y.cpu(), torch.tanh(x.cpu()) * 3)
+    steps = hd.report()["steps"]
+    assert steps[-1]["estimated_device_s"] > 0
+
+
+def test_strict_lazy_mode_refuses_the_graph_holding_a_fallback():
+    from hpu_backend.lowering import LoweringError
+
+    hd.enable("lazy", {"strict": True})
+    try:
+        y = torch.digamma(torch.rand(4, dtype=torch.bfloat16, device="hpu"))
+        with pytest.raises(LoweringError, match="^CPU fallback of aten::digamma \\(bfloat16\\) in strict mode"):
+            gaudi.mark_step()
+        del y
+    finally:
+        hd.enable("eager")

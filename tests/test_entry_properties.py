@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hpu_backend.formats.program import Program, parse_payload
 from hpu_backend.formats.recipe import RecipeFormatError
 from hpu_backend.runtime import RecipeLoadError, build_callable
-from hpu_backend.serve.store import RecipeStore, reset_stores
+from hpu_backend.serve.session import Session
+from hpu_backend.serve.store import RecipeStore
+from hpu_backend.settings import Settings
 from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
 
 from cli_helpers import cli
@@ -39,12 +41,12 @@ def stored(tmp_path_factory):
     """{"recipe": (key, raw, meta), "program": (key, raw, meta)} from a real compile with dynamic shapes."""
     cache_dir = tmp_path_factory.mktemp("prop") / "c"
     torch._dynamo.reset()
-    reset_stores()
-    compiled = torch.compile(Tiny(), backend="hpu_backend", dynamic=True,
-                             options={"cache_config": f"{cache_dir},false,64"})
-    with torch.no_grad():
+    options = {"cache_config": f"{cache_dir},false,64"}
+    session = Session.open(Settings.from_options(options))
+    compiled = torch.compile(Tiny(), backend="hpu_backend", dynamic=True, options=options)
+    with session.use(), torch.no_grad():
         compiled(torch.randn(5, 8))
-    reset_stores()
+    session.flush()
     found = {}
     for path in sorted(cache_dir.glob("entries/*/*.rcp")):
         entry = decode_entry(path.read_bytes())

@@ -553,16 +553,10 @@ def test_cli_errors_redact_the_password_and_a_nan_ttl_is_one_line(filled, monkey
 def test_a_server_that_dies_during_warm_costs_one_warning(tmp_path, caplog):
     from cli_helpers import tiny_model
 
-    from hpu_backend.serve.store import reset_stores
-
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: every call fails, as after a crash
-    reset_stores()
-    try:
-        with caplog.at_level(logging.WARNING):
-            result = CliRunner().invoke(app, ["warm", str(tiny_model(tmp_path)), "-d", str(tmp_path / "c")],
-                                        env={"HPU_RECIPE_CACHE_REMOTE": url})
-    finally:
-        reset_stores()
+    with caplog.at_level(logging.WARNING):  # warm opens a session of its own: a store of its own over the cache
+        result = CliRunner().invoke(app, ["warm", str(tiny_model(tmp_path)), "-d", str(tmp_path / "c")],
+                                    env={"HPU_RECIPE_CACHE_REMOTE": url})
     assert result.exit_code == 0, result.output
     remote = [r.getMessage() for r in caplog.records if "remote" in r.getMessage() or "manifest" in r.getMessage()]
     assert len(remote) == 1 and "unavailable" in remote[0], remote  # not a second one for the manifest

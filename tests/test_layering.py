@@ -4,6 +4,10 @@ Floors, bottom to top (a module's floor is its longest matching prefix):
 recipecache → errors, metrics, version → formats → settings, targets → runtime → lowering → capture →
 serve → backend → gaudi, device → aot → run → the hpu_backend package itself → cli (hpurecipe).
 
+The floors meet at the compile session (``hpu_backend.serve.session``): every front end hands its graphs to
+one, so the session is the one place that runs the bucket passes (``lower_bucket``) outside the lowering
+package, and nothing subscribes to a session's events when it is imported.
+
 Each module's imports are parsed with ``ast`` (imports inside functions, and ``importlib.import_module``
 of a literal name, included); a module may import its own floor or a lower one, never a higher one.
 ``recipecache`` and ``hpu_backend.formats`` import no torch, ``recipecache`` no hpu_backend, and a package
@@ -25,7 +29,7 @@ FLOORS = (
     ("recipecache",),
     ("hpu_backend.errors", "hpu_backend.metrics", "hpu_backend.version"),
     ("hpu_backend.formats",),
-    ("hpu_backend.settings", "hpu_backend.targets"),
+    ("hpu_backend.settings", "hpu_backend.buckets", "hpu_backend.targets"),
     ("hpu_backend.runtime",),
     ("hpu_backend.lowering",),
     ("hpu_backend.capture",),
@@ -172,6 +176,50 @@ def test_package_inits_only_re_export():
     assert {path: found[path] for path in found if path not in INIT_EXCEPTIONS} == {}
     stale = sorted(set(INIT_EXCEPTIONS) - set(found))
     assert stale == [], f"these __init__ files only re-export now; drop them from INIT_EXCEPTIONS: {stale}"
+
+
+def _modules(root: Path):
+    for path in sorted((root / "hpu_backend").rglob("*.py")):
+        yield path, module_name(path, root / "hpu_backend", "hpu_backend")
+
+
+def _called(tree: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)
+               for n in ast.walk(tree))
+
+
+def bucket_loops(root: Path) -> list[str]:
+    """Modules outside the lowering package that run the bucket passes themselves."""
+    return [module for path, module in _modules(root) if not module.startswith("hpu_backend.lowering")
+            and _called(ast.parse(path.read_text()), "lower_bucket")]
+
+
+def observers_at_import(root: Path) -> list[str]:
+    """Modules that subscribe to events or runs in a statement run at import (not inside a function or class)."""
+    found = []
+    for path, module in _modules(root):
+        top = [s for s in ast.parse(path.read_text()).body
+               if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        if any(_called(s, name) for s in top for name in ("observe_runs", "listen")):
+            found.append(module)
+    return found
+
+
+def test_the_session_runs_the_one_bucket_loop():
+    assert bucket_loops(ROOT) == ["hpu_backend.serve.session"]
+
+
+def test_no_module_subscribes_to_a_session_when_imported():
+    assert observers_at_import(ROOT) == []
+
+
+def test_the_checkers_find_a_second_bucket_loop_and_an_observer_at_import(tmp_path):
+    (tmp_path / "hpu_backend" / "aot").mkdir(parents=True)
+    (tmp_path / "hpu_backend" / "aot" / "loop.py").write_text(
+        "def at(t, ctx):\n    return lower_bucket(t, ctx)\n")
+    (tmp_path / "hpu_backend" / "aot" / "watch.py").write_text("session.observe_runs(print)\n")
+    assert bucket_loops(tmp_path) == ["hpu_backend.aot.loop"]
+    assert observers_at_import(tmp_path) == ["hpu_backend.aot.watch"]
 
 
 @pytest.mark.parametrize("folder, source, expected", [

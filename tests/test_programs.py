@@ -23,7 +23,8 @@ from hpu_backend.metrics import metric_global
 from hpu_backend.formats.program import Program, parse_payload
 from hpu_backend.formats.recipe import RecipeFormatError
 from hpu_backend.runtime import RecipeLoadError, build_callable
-from hpu_backend.serve.store import reset_stores
+from hpu_backend.serve.session import Session
+from hpu_backend.settings import Settings
 from recipecache import CacheConfig, RecipeCache, decode_entry, encode_entry
 
 MODELS = ("mnist", "gpt", "bert", "resnet")
@@ -108,16 +109,16 @@ class Tiny(torch.nn.Module):
 
 
 def _compile_and_run(cache_dir, x):
-    """A new Dynamo and newly opened caches (as in a fresh process); flushed to disk on return."""
+    """A new Dynamo and a session of its own over the cache (as in a fresh process); flushed to disk on return."""
     torch._dynamo.reset()
-    reset_stores()
+    options = {"cache_config": f"{cache_dir},false,64"}
+    session = Session.open(Settings.from_options(options))
     torch.manual_seed(0)
     model = Tiny()
-    compiled = torch.compile(model, backend="hpu_backend", dynamic=True,
-                             options={"cache_config": f"{cache_dir},false,64"})
-    with torch.no_grad():
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=True, options=options)
+    with session.use(), torch.no_grad():
         out = compiled(x), model(x)
-    reset_stores()
+    session.flush()
     return out
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from hpu_backend.serve.buckets import BucketError, parse_policy, policies_for, upper_points
+from hpu_backend.buckets import BucketError, parse_policy, policies_for, upper_points
 from hpu_backend.serve.compiled import GuardViolation, collect_recipes
 from hpu_backend.formats.keyparts import differing as explain
 from hpu_backend.metrics import metric_localcontext

@@ -23,7 +23,7 @@ from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train
 from .specs import load_spec
 
 if TYPE_CHECKING:
-    from hpu_backend.aot.warm import PointResult, WarmReport
+    from hpu_backend.aot.reports import PointResult, WarmReport
 
 
 @contextlib.contextmanager

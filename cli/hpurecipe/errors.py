@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from hpu_backend.aot.bundles import BundleError
-from hpu_backend.serve.buckets import BucketError
+from hpu_backend.buckets import BucketError
 from hpu_backend.aot.modelfile import ModelFileError
 from hpu_backend.errors import one_line
 from hpu_backend.formats.package import PackageError

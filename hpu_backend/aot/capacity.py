@@ -25,8 +25,9 @@ import torch
 
 from ..capture.meta import trace_symbolic
 from ..formats.recipe import Recipe
-from ..lowering import LoweringContext, lower, lower_bucket
+from ..lowering import LoweringContext, lower
 from ..lowering.values import nbytes
+from ..serve.session import Session
 from ..settings import Settings
 from ..targets import fabric
 from .analyze import hbm_bytes, largest_fitting, replanned_peak
@@ -51,13 +52,16 @@ class StepGraph:
     template: Recipe
     ctx: LoweringContext
     lines: dict[str, tuple[int, dict[str, int]]]  # symbol -> (c, {axis: a}): value = c + Σ a * axis
+    session: Session  # what lowers it at a point (plans only: its store keeps nothing)
     params: int = 0  # the graph's leading inputs that are parameters and buffers
 
     def env(self, point: Mapping[str, int]) -> dict[str, int]:
         return {s: c + sum(a * point[axis] for axis, a in coef.items()) for s, (c, coef) in self.lines.items()}
 
     def at(self, point: Mapping[str, int]) -> Recipe:
-        return lower_bucket(self.template, self.ctx.at(self.env(point)))
+        """The recipe at exactly ``point`` (a bucket of one size per symbol)."""
+        (recipe,) = self.session.recipes(self.template, self.ctx, [{s: [v, v] for s, v in self.env(point).items()}])
+        return recipe
 
     def time_s(self, point: Mapping[str, int]) -> float:
         return self.at(point).facts["cost"]["total_s"]
@@ -159,15 +163,15 @@ def trace_step(spec: ModelSpec, name: str, target: str, dtype: str,
     inputs = [_bf16(t) for t in spec.split(spec.inputs(point))]
     dims = _dim_lines(spec, point, inputs)
     gm = user_call(spec.path, "the model traced on fake inputs", trace_symbolic, model, inputs, dims)
-    settings = Settings.from_options({**spec.options, "target": target, "cache": False, "execute": False,
-                                      "dtype_policy": DTYPES[dtype]}, env={})
-    ctx = LoweringContext(settings=settings, name=f"{spec.name}_{name}", kind="inference", gm=gm,
+    session = Session(Settings.from_options({**spec.options, "target": target, "cache": False, "execute": False,
+                                             "dtype_policy": DTYPES[dtype]}, env={}))
+    ctx = LoweringContext(settings=session.settings, name=f"{spec.name}_{name}", kind="inference", gm=gm,
                           groups=dict(groups or {}))
     template = lower(gm, ctx).template
     ctx = ctx.for_bucket({})  # the FX graph is not needed again; dropping it frees the tracer's memory
     first = len(template.inputs) - len(inputs)  # the graph's inputs: parameters and buffers, then the step's
     lines = {s: dims[(i - first, d)] for s, (i, d) in zip(template.symbols, template.symbol_sources)}
-    return StepGraph(name, template, ctx, lines, first)
+    return StepGraph(name, template, ctx, lines, session, first)
 
 
 def _bf16(t: Any) -> Any:

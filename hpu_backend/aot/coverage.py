@@ -11,10 +11,11 @@ from typing import Any, Callable
 from recipecache import RecipeCache
 from recipecache.eviction import EVICTIONS_LOG, EvictionLog
 
-from .cachefit import CacheFit, cache_fit
+from .cachefit import cache_fit
 from .cachepolicy import recipe_problem
 from .modelfile import ModelSpec
-from .warm import PointResult, WarmReport, plan
+from .reports import CacheFit, PointResult, WarmReport
+from .warm import plan
 
 
 @dataclass

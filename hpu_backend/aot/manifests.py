@@ -2,7 +2,7 @@
 
 Written by ``warm``/``prebuild`` into ``<cache>/manifests/`` and sent to the fleet tier (``send_manifest``,
 ``put_manifest``); read by ``coverage``, ``export``, ``import`` and ``pull``. Plain JSON; this module does not
-import torch (``send_manifest`` reaches the run's store, which the tools that call it have loaded).
+import torch (``send_manifest`` is handed the cache of the run's store).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipecache import CacheConfig
+from recipecache import RecipeCache
 from recipecache.remote import RemoteTier
 from recipecache.safeio import read_small, write_atomic
 
@@ -24,7 +24,7 @@ from ..formats.keyparts import toolchain, toolchain_id
 
 if TYPE_CHECKING:
     from .modelfile import ModelSpec
-    from .warm import WarmReport
+    from .reports import WarmReport
 
 MANIFEST_DIR = "manifests"
 MAX_MANIFEST = 4 * 1024 * 1024  # a manifest lists keys: KBs
@@ -96,14 +96,12 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def send_manifest(config: CacheConfig, doc: dict[str, Any]) -> bool:
-    """Send a warm-up's manifest to the configured fleet tier, through the tier the run used (if it failed, it
+def send_manifest(cache: RecipeCache, doc: dict[str, Any]) -> bool:
+    """Send a warm-up's manifest to the cache's fleet tier, through the tier the run used (if it failed, it
     has said so once already, and says nothing more); False if it is unavailable."""
-    from ..serve.store import store_for
-
-    disk = store_for(config).disk
-    remote = disk.remote if disk is not None and disk.remote is not None else RemoteTier(
-        config.remote, config.remote_ttl_s, toolchain_id())
+    config = cache.config
+    remote = cache.remote if cache.remote is not None else RemoteTier(config.remote, config.remote_ttl_s,
+                                                                      toolchain_id())
     return put_manifest(remote, doc)
 
 

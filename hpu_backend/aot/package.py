@@ -25,15 +25,15 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
 
-from ..serve.buckets import policies_for
 from ..capture.exported import decompose, graph_inputs, lower_exported
-from ..lowering import LoweringContext, LoweringError, constant_of, lower_bucket
+from ..lowering import LoweringContext, LoweringError, constant_of
 from .modelfile import ModelSpec, point_label
 from recipecache.signing import signing_key
 
 from ..formats.package import GraphInput, Package, PackageError, check_destination, toolchain
 from ..runtime.packaged import layout_of, load_package
 from ..formats.recipe import Constant, Recipe
+from ..serve.session import Session
 from ..settings import Settings
 
 @dataclass
@@ -62,14 +62,15 @@ def build_package(spec: ModelSpec, out: str | os.PathLike, *, with_weights: bool
     """
     check_destination(out)
     start = time.perf_counter()
-    settings = Settings.from_options({**spec.options, "model": spec.name})
+    session = Session(Settings.from_options({**spec.options, "model": spec.name}))  # the package holds the recipes
+    settings = session.settings
     model = spec.build_model().eval()
     examples = [spec.split(spec.inputs(p)) for p in spec.points()]
     with torch.no_grad():
         ep = decompose(export_model(model, examples, spec, settings))
     template, ctx = lower_exported(ep, settings, f"{spec.name}_package")
     inputs = _tied_to_first_name(graph_inputs(ep), model)
-    recipes, points = _bucket_recipes(template, ctx, inputs, examples, spec)
+    recipes, points = _bucket_recipes(session, template, ctx, inputs, examples, spec)
     package = Package(
         model=spec.name, toolchain=toolchain(), inputs=inputs,
         in_spec=layout_of(ep.call_spec.in_spec, "arguments"),
@@ -156,7 +157,7 @@ def _candidate_bounds(varying: dict[str, list[int]], spec: ModelSpec,
     """Each dimension's (min, max) to export with, widest first: from 1, from the bottom of the smallest
     point's bucket, from the smallest point; each up to the top of the largest point's bucket, then up to
     the largest point. ``spec.axes_min`` fixes an axis's min."""
-    policies = dict(zip(varying, policies_for(settings.buckets, [f"s{k}" for k in range(len(varying))])))
+    policies = dict(zip(varying, settings.bucket_policies([f"s{k}" for k in range(len(varying))])))
     lows = {name: [1, max(1, policies[name].bucket(min(sizes))[0]), min(sizes)] for name, sizes in varying.items()}
     highs = {name: [policies[name].bucket(max(sizes))[1], max(sizes)] for name, sizes in varying.items()}
     tried = []
@@ -178,24 +179,23 @@ def _ranges(ep: ExportedProgram, template: Recipe) -> dict[str, list[int]]:
     return ranges
 
 
-def _bucket_recipes(template: Recipe, ctx: LoweringContext, inputs: list[GraphInput], examples: list[tuple],
-                    spec: ModelSpec) -> tuple[list[Recipe], list[list[str]]]:
+def _bucket_recipes(session: Session, template: Recipe, ctx: LoweringContext, inputs: list[GraphInput],
+                    examples: list[tuple], spec: ModelSpec) -> tuple[list[Recipe], list[list[str]]]:
     """One recipe per distinct bucket of the points, and the points each covers."""
-    policies = policies_for(ctx.settings.buckets, template.symbols)
-    found: dict[tuple, tuple[Recipe, list[str]]] = {}
-    for point, example in zip(spec.points(), examples):
+    values = []
+    for example in examples:
         flat = pytree.tree_leaves((example, {}))
-        values = [flat[inputs[slot].index].shape[dim] for slot, dim in template.symbol_sources]
-        bucket = tuple(p.bucket(v) for p, v in zip(policies, values))
-        if bucket not in found:
-            named = {s: list(b) for s, b in zip(template.symbols, bucket)}
-            try:
-                recipe = lower_bucket(template, ctx.for_bucket(named))
-            except LoweringError as e:
-                raise PackageError(f"{spec.name}: bucket {named} cannot be lowered: {e.reason}") from None
-            found[bucket] = (recipe, [])
-        found[bucket][1].append(point_label(point))
-    return [r for r, _ in found.values()], [ps for _, ps in found.values()]
+        values.append(tuple(flat[inputs[slot].index].shape[dim] for slot, dim in template.symbol_sources))
+    per_point = session.buckets(template.symbols, values)
+    distinct = [b for i, b in enumerate(per_point) if b not in per_point[:i]]
+    recipes, lowered = [], session.recipes(template, ctx, distinct)
+    for bucket in distinct:
+        try:
+            recipes.append(next(lowered))
+        except LoweringError as e:
+            raise PackageError(f"{spec.name}: bucket {bucket} cannot be lowered: {e.reason}") from None
+    labels = [point_label(p) for p in spec.points()]
+    return recipes, [[label for label, b in zip(labels, per_point) if b == bucket] for bucket in distinct]
 
 
 def _check(path: Path, weights_from: torch.nn.Module | None, model: torch.nn.Module, examples: list[tuple],

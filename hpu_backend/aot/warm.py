@@ -13,83 +13,20 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.utils._pytree as pytree
 
-from recipecache import CacheConfig, RecipeCache
+from recipecache import CacheConfig
 
 from .. import metrics
-from ..serve.compiled import Event, listen
-from .cachefit import CacheFit, cache_fit
+from ..serve.session import Event, Session, listen
+from ..settings import Settings
+from .cachefit import cache_fit
 from .manifests import manifest, send_manifest, write_manifest
 from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
-
-
-@dataclass(frozen=True)
-class UsedRecipe:
-    """A recipe a point ran or took up, as its graph's events reported it."""
-
-    graph: str  # the compiled graph's name (fx_graph_0003_fw): the same graph at two points has one name
-    recipe: Any  # the Recipe
-    key: str | None  # its cache key (None: not cached)
-    env: dict[str, int]  # the call's symbol values ({} when it was only taken up)
-    compiled_for: str  # why it was lowered ("new graph", "guard failure", "new bucket"); "" from the store
-
-
-@dataclass
-class PointResult:
-    """What warming one shape point did."""
-
-    point: dict[str, int]
-    keys: list[str] = field(default_factory=list)  # the recipe keys this point uses
-    compiled: int = 0  # recipes built (lowered) for this point
-    hits: int = 0  # recipes this point used without building them (from the cache: disk or memory)
-    seconds: float = 0.0
-    max_abs_diff: float | None = None  # vs eager, with check=True
-    check_error: str = ""
-    programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
-    fallback_ops: list[str] = field(default_factory=list)  # ops its recipes run on the CPU (placement fallbacks)
-    used: list[UsedRecipe] = field(default_factory=list, repr=False)  # live recipes, for analysis; not in JSON
-
-    @property
-    def label(self) -> str:
-        return point_label(self.point)
-
-    @property
-    def status(self) -> str:
-        return "compiled" if self.compiled else "hit"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (what ``--json`` prints and prebuild's workers send back): without ``used``."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "used"}
-
-
-@dataclass
-class WarmReport:
-    """All points of one warm-up, with the totals ``--json`` prints."""
-
-    model: str
-    mode: str  # "inference" | "train"
-    points: list[PointResult]
-    seconds: float
-    fit: CacheFit | None = None  # whether the cache kept what the points use (warm and prebuild)
-    manifest: str | None = None  # the manifest warm and prebuild wrote (None: it could not be written)
-    warnings: list[str] = field(default_factory=list)  # what went wrong around the run (the run itself is fine)
-
-    def summary(self) -> dict[str, Any]:
-        keys = {k for p in self.points for k in p.keys}
-        return {"model": self.model, "mode": self.mode, "buckets": len(self.points),
-                "compiled": sum(p.compiled for p in self.points), "hits": sum(p.hits for p in self.points),
-                "recipes": len(keys), "seconds": round(self.seconds, 3),
-                "mismatches": sum(bool(p.check_error) for p in self.points),
-                "fallback_ops": sorted({op for p in self.points for op in p.fallback_ops})}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.summary(), "points": [p.to_dict() for p in self.points],
-                **({"cache_fit": self.fit.to_dict()} if self.fit else {})}
+from .reports import PointResult, UsedRecipe, WarmReport
 
 
 def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str]]:
@@ -238,9 +175,19 @@ def compile_spec(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: 
     """(eager model, compiled model) for a spec, against one cache configuration (None: the defaults)."""
     model = spec.build_model()
     model.train(train)
-    options = dict(spec.options, model=spec.name, cache_config=cache_config, execute=execute, cache=cache)
     kwargs = {} if spec.dynamic is None else {"dynamic": spec.dynamic}
+    options = _options(spec, cache_config, execute=execute, cache=cache)
     return model, torch.compile(model, backend="hpu_backend", options=options, **kwargs)
+
+
+def _options(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: bool = True, cache: bool = True) -> dict:
+    return dict(spec.options, model=spec.name, cache_config=cache_config, execute=execute, cache=cache)
+
+
+def open_session(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: bool = True) -> Session:
+    """The session a warm-up or prebuild of ``spec`` compiles in: its settings, over the store they ask for."""
+    options = _options(spec, cache_config, execute=execute)
+    return Session.open(Settings.from_options(options))
 
 
 def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,
@@ -248,31 +195,23 @@ def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = Fal
     """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk, check
     that the cache kept what the points use, write the manifest and send it to the fleet tier if there is one."""
     start = time.perf_counter()
+    session = open_session(spec, cache_config, execute=execute)
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
     eager = model if check else None
-    points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
-    return _recorded(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), spec, cache_config)
+    with session.use():
+        points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
+    return _recorded(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), spec, session)
 
 
-def flush(cache_config: CacheConfig | None) -> RecipeCache | None:
-    """Wait until every recipe put into the cache is on disk (None: the default configuration); the cache."""
-    from ..serve.store import default_config, store_for
-
-    store = store_for(cache_config if cache_config is not None else default_config())
-    if store.disk is not None:
-        store.disk.flush()
-    return store.disk
-
-
-def _recorded(report: WarmReport, spec: ModelSpec, cache_config: CacheConfig | None) -> WarmReport:
+def _recorded(report: WarmReport, spec: ModelSpec, session: Session) -> WarmReport:
     """The report, once the cache is flushed: whether the cache kept what its points use, and the manifest
     written into the cache and sent to its fleet tier (failures to do so are warnings: the run is fine)."""
-    cache = flush(cache_config)
-    if cache is None:
+    cache = session.store.flush()
+    if not cache.enabled:
         return report
     report.fit = cache_fit(report, cache)
     doc = manifest(report, spec)
-    if cache.config.remote and not send_manifest(cache.config, doc):  # so that other hosts pull just these keys
+    if cache.config.remote and not send_manifest(cache, doc):  # so that other hosts pull just these keys
         report.warnings.append(f"could not send the manifest to {cache.config.remote}; hosts will compile to "
                                "learn the keys")
     try:
@@ -311,9 +250,11 @@ def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None
 def _prebuild_chunk(selector: str, axes: dict, cache_config: CacheConfig | None, train: bool, points: list[dict]) -> list[dict]:
     """Worker: a compile-only run over some points, flushed to disk before it returns."""
     spec = load_model_file(selector).with_axes(axes)
+    session = open_session(spec, cache_config, execute=False)
     _, compiled = compile_spec(spec, cache_config, execute=False, train=train)
-    results = run_points(compiled, spec, points, train=train)
-    flush(cache_config)
+    with session.use():
+        results = run_points(compiled, spec, points, train=train)
+    session.flush()
     return [r.to_dict() for r in results]
 
 
@@ -340,7 +281,8 @@ def prebuild(spec: ModelSpec, cache_config: CacheConfig | None, *, jobs: int = 1
                 if on_point is not None:
                     on_point(result)
     ordered = [r for i in range(len(parts)) for r in done[i]]
-    return _recorded(WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start), spec, cache_config)
+    report = WarmReport(spec.name, _mode(train), ordered, time.perf_counter() - start)
+    return _recorded(report, spec, open_session(spec, cache_config, execute=False))
 
 
 def _start_method():

@@ -10,10 +10,12 @@ of the device ones:
   recorded into the pending graph, which ``mark_step()`` or a host read cuts, lowers and runs as a recipe;
 - in **eager mode** the op is placed by the op table (``lowering/optable.py``): an op the device does not
   support for its dtypes falls back to the CPU with the bridge's log line (``serve/fallback.py``), or raises
-  ``DeviceFallbackError`` in strict mode; then it runs on the host tensors.
+  ``DeviceFallbackError`` in strict mode; an op the device runs is lowered the first time its layout comes, as
+  a one-op graph of the same recorder cut at once (placed, planned, estimated, its recipe stored in the cache),
+  and runs directly on the host tensors after that, adding its recipe's estimated device time to the step.
 
 Results are wrapped back into device tensors (an in-place op returns the very tensor it wrote); each new
-storage is counted by the allocator (``gaudi/memory.py``).
+storage is counted by the allocator (``serve/device_memory.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,14 @@ class Device:
         self.fallbacks: Counter = Counter()  # (op, dtypes) -> executions on the CPU
         self.syncs: list[tuple[str, str, bool]] = []  # (what, source line, cut a graph)
         self.ops = 0
-        self.recorder = lazy_mode.device_recorder(settings) if mode == "lazy" else None
+        # Eager mode lowers each op once per layout through the lazy recorder (a one-op graph, cut at once): its
+        # recipe is placed, planned, estimated and stored like any other; repeats run the op at once and add
+        # the estimate remembered for it.
+        self.recorder = lazy_mode.device_recorder(settings)
+        self.lazy = mode == "lazy"
+        self.estimates: dict = {}  # eager op and layout -> the estimated device seconds of its recipe
+        self.on_estimate = lambda seconds: None  # the report's per-step device time (set by enable())
+        self.measure = lambda: 0.0  # device seconds estimated so far (the report's)
 
     def __call__(self, func, args, kwargs):
         flat, spec = pytree.tree_flatten((args, kwargs))
@@ -74,16 +83,32 @@ class Device:
             self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
             return func(*args, **kwargs)  # a host value or tensor: not wrapped
         self.ops += 1
-        if self.recorder is not None and _upload(func, flat):
+        if _upload(func, flat):
             self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
             return _wrap(func(*args, **kwargs), wrappers, device)
-        if self.recorder is not None:
+        if self.lazy:
             if _is_view(func):
                 for host in wrappers:
                     self.recorder.track(wrappers[host].host)
             return _wrap(self.recorder.__torch_dispatch__(func, (), args, kwargs), wrappers, device)
-        self.place(func, hosts)
-        return _wrap(func(*args, **kwargs), wrappers, device)
+        if self.place(func, hosts):
+            return _wrap(func(*args, **kwargs), wrappers, device)  # on the CPU: no device recipe
+        return _wrap(self._eager(func, args, kwargs, hosts), wrappers, device)
+
+    def _eager(self, func, args, kwargs, hosts: list):
+        """Run one op in eager mode: the first time for its layout as a one-op recipe, then directly."""
+        key = _eager_key(func, hosts, kwargs)
+        seconds = self.estimates.get(key) if key is not None else None
+        if seconds is not None:
+            self.on_estimate(seconds)
+            return func(*args, **kwargs)
+        before = self.measure()
+        out = self.recorder.__torch_dispatch__(func, (), args, kwargs)
+        if self.recorder.pending():
+            self.recorder.flush("eager op", user_line())
+        if key is not None and len(self.estimates) < _EAGER_KEYS:
+            self.estimates[key] = self.measure() - before
+        return out
 
     # -- host reads -----------------------------------------------------------------------------------------
 
@@ -92,7 +117,7 @@ class Device:
         source = user_line()
         cut = False
         r = self.recorder
-        if r is not None:
+        if self.lazy:
             cut = r.pending() and any(r._touched(t) for t in tensors)
             if cut:
                 r.flush(what, source)
@@ -108,12 +133,13 @@ class Device:
 
     def flush(self, reason: str) -> None:
         """Run the pending lazy graph, whatever it holds (before a compiled graph reads device tensors)."""
-        if self.recorder is not None and self.recorder.pending():
+        if self.recorder.pending():
             self.recorder.flush(reason, user_line())
 
     # -- placement (eager mode) ---------------------------------------------------------------------------------
 
-    def place(self, func, hosts: list) -> None:
+    def place(self, func, hosts: list) -> bool:
+        """True when the op falls back to the CPU (logged and counted; DeviceFallbackError in strict mode)."""
         dtypes = tuple(sorted({str(a.dtype).removeprefix("torch.") for a in hosts if isinstance(a, torch.Tensor)}))
         key = (func, dtypes)
         line = self.placed.get(key, 0)
@@ -121,6 +147,7 @@ class Device:
             line = self.placed[key] = self._decide(func, dtypes)
         if line is not None:
             self._fall_back(func, dtypes, line)
+        return line is not None
 
     def _decide(self, func, dtypes: tuple) -> str | None:
         """None when the device runs the op on these dtypes, else the bridge's fallback line for it."""
@@ -159,7 +186,23 @@ def _host_read(func, flat: list) -> str:
     return ""
 
 
+_EAGER_KEYS = 100_000  # eager op layouts remembered (past it, new layouts lower each time they come)
 _VIEWS: dict = {}
+
+
+def _eager_key(func, hosts: list, kwargs: dict):
+    """The op and what its recipe depends on: each tensor's shape, strides and dtype, and every other value
+    (None when a value has no stable hash)."""
+    parts = [func, tuple(kwargs)]
+    for a in hosts:
+        if isinstance(a, torch.Tensor):
+            parts.append((tuple(a.shape), a.stride(), a.dtype))
+        elif a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                         torch.memory_format)):
+            parts.append(a)
+        else:
+            return None
+    return tuple(parts)
 
 
 def _is_view(func) -> bool:

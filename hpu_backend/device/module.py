@@ -7,19 +7,22 @@ PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``,
   ``WORLD_SIZE``, else 1 (one simulated card per rank, as a server gives each rank its own card).
 - Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
   it, and a seeded script draws the same numbers on the device as on the CPU.
-- Memory: ``memory_allocated`` and friends read the device allocator (``gaudi/memory.py``).
+- Memory: ``memory_allocated`` and friends read the device allocator (``serve/device_memory.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import time
 
 import torch
 
-from ..gaudi import memory
+from ..serve import device_memory as memory
 from . import tensor
-from ..gaudi.memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
+from .tensor import HPU
+from ..serve.device_memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
                             reset_peak_memory_stats)
 
 _current = [0]
@@ -82,6 +85,78 @@ def device(index):
         yield
     finally:
         _current[0] = previous
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    total_memory: int
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    return DeviceProperties(get_device_name(device), memory.capacity())
+
+
+# -- streams and events: host-synchronous (an op has run when its call returns) -------------------------------------
+
+class Stream:
+    """A device stream. Work runs as it is issued, so a stream has nothing outstanding."""
+
+    def __init__(self, device=None, priority: int = 0):
+        self.device = torch.device(HPU, _index(device if device is not None else _current[0]))
+
+    def synchronize(self) -> None:
+        """Nothing is outstanding."""
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream: "Stream") -> None:
+        """Streams are already in order."""
+
+    def wait_event(self, event: "Event") -> None:
+        """Events are already complete."""
+
+
+_stream = [None]
+
+
+def current_stream(device=None) -> Stream:
+    if _stream[0] is None:
+        _stream[0] = Stream(device)
+    return _stream[0]
+
+
+default_stream = current_stream
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None):
+    yield s
+
+
+class Event:
+    """A timing event: ``record()`` takes the host clock, ``elapsed_time(end)`` is in milliseconds, as torch's."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        self.time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        """A recorded event is complete."""
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Nothing to wait for."""
+
+    def elapsed_time(self, end: "Event") -> float:
+        if self.time is None or end.time is None:
+            raise RuntimeError("both events must be recorded before elapsed_time()")
+        return (end.time - self.time) * 1e3
 
 
 # -- memory ---------------------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from collections import Counter
 from typing import Any
 
 from .. import metrics
-from ..gaudi import lazy_mode, memory
+from ..gaudi import lazy_mode
+from ..serve import device_memory as memory
 from ..serve import fallback
-from ..serve.compiled import observe_runs
 
 KEPT_STEPS = 10_000
 
@@ -26,10 +26,15 @@ class StepTimes:
     def __init__(self):
         self.steps: list[dict] = [{"ops": 0, "estimated_device_s": 0.0}]
         self.ops_at_start = 0
+        self.total_s = 0.0  # over the whole run: what an eager op's first run adds is its estimate
 
     def on_run(self, recipe, args, outputs) -> None:
         if recipe is not None:
-            self.steps[-1]["estimated_device_s"] += float(recipe.facts.get("cost", {}).get("total_s") or 0.0)
+            self.add(float(recipe.facts.get("cost", {}).get("total_s") or 0.0))
+
+    def add(self, seconds: float) -> None:
+        self.steps[-1]["estimated_device_s"] += seconds
+        self.total_s += seconds
 
     def end_step(self, ops_now: int) -> None:
         self.steps[-1]["ops"] = ops_now - self.ops_at_start
@@ -38,9 +43,10 @@ class StepTimes:
             self.steps.append({"ops": 0, "estimated_device_s": 0.0})
 
 
-def watch(times: StepTimes, ops_now) -> None:
-    """Hear every recipe run and every ``mark_step()`` (``ops_now()``: the device's op count so far)."""
-    observe_runs(times.on_run)
+def watch(times: StepTimes, ops_now, session) -> None:
+    """Hear every recipe run of ``session`` (and the sessions derived from it) and every ``mark_step()``
+    (``ops_now()``: the device's op count so far)."""
+    session.observe_runs(times.on_run)
     lazy_mode.observe_steps(lambda: times.end_step(ops_now()))
 
 

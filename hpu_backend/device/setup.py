@@ -13,7 +13,9 @@ import types
 
 import torch
 
-from ..gaudi import lazy_mode, memory
+from ..gaudi import lazy_mode
+from ..serve import device_memory as memory
+from ..serve.session import session_for
 from ..settings import Settings
 from . import kernels, module, report as reporting, tensor
 from .dispatch import Device
@@ -29,21 +31,28 @@ class DeviceSetupError(RuntimeError):
 def enable(mode: str | None = None, options: dict | None = None) -> types.ModuleType:
     """Enable the hpu device in ``mode`` ("lazy" | "eager"; None: ``PT_HPU_LAZY_MODE``, unset or 1 → lazy,
     0 → eager) with backend ``options`` (target, cache, strict, ...); returns the ``torch.hpu`` module.
-    Idempotent; a later call with another mode or options switches the device after running pending work."""
+    Idempotent; a later call with another mode or options switches the device after running pending work.
+
+    Call it before the process's first backward: torch's autograd engine sizes its per-device queues then, and
+    a device that did not exist yet cannot run a backward (torch fails an internal assertion)."""
     mode = _mode(mode)
     settings = Settings.from_options(options or {})
     current = _state.get("device")
     if current is not None and (current.mode, current.settings) == (mode, settings):
         return module
     _register()
-    if current is not None and current.mode == "lazy":
+    if current is not None:
         lazy_mode.release_device_recorder()
     memory.set_target(settings.target)
     module.TARGET[0] = settings.target
     device = _state["device"] = Device(mode, settings)
     if "times" not in _state:
         _state["times"] = reporting.StepTimes()
-        reporting.watch(_state["times"], lambda: _state["device"].ops)
+        # The device is a front end like the others: it compiles in the session in use, else the process's
+        # (the one its lazy graphs are handed to), and observes the runs of its graphs there.
+        reporting.watch(_state["times"], lambda: _state["device"].ops, session_for(settings))
+    times = _state["times"]
+    device.on_estimate, device.measure = times.add, lambda: times.total_s
     tensor.DISPATCH[0] = device
     tensor.BEFORE_COMPILED[0] = lambda: device.flush("a compiled graph reads device tensors")
     return module

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from ..gaudi import memory
+from ..serve import device_memory as memory
 
 HPU = "hpu"
 
@@ -58,6 +58,8 @@ class HpuTensor(torch.Tensor):
     # -- host reads and serialization ---------------------------------------------------------------------------
 
     def __repr__(self, *, tensor_contents=None) -> str:
+        if not is_plain(getattr(self, "host", None)):  # traced (a log line of Dynamo's): no values to read
+            return f"HpuTensor(size={tuple(self.shape)}, dtype={self.dtype}, device='{self.device}')"
         text = repr(self.cpu())
         suffix = f", device='{self.device}'"
         return text[:-1] + suffix + ")" if text.endswith(")") else text

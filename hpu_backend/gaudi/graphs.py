@@ -27,10 +27,11 @@ import torch.utils._pytree as pytree
 from ..serve import fallback
 from ..serve.compiled import static_buffer
 from ..capture.exported import decompose, graph_inputs, lower_exported
-from ..lowering import LoweringError, lower_bucket
+from ..lowering import LoweringError
 from ..errors import one_line
 from ..formats.package import PackageError
 from ..runtime import RecipeLoadError, build_callable
+from ..serve.session import Session
 from ..settings import Settings
 
 log = logging.getLogger(__name__)
@@ -146,10 +147,11 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Ca
         except Exception as e:  # export reports unsupported Python and data-dependent control flow
             raise PackageError(f"torch.export cannot capture the call: {one_line(e)}") from None
         ep = decompose(ep)
-        template, ctx = lower_exported(ep, Settings.from_options({}), name)
+        session = Session(Settings.from_options({}))  # a captured graph is bound to its module: nothing stored
+        template, ctx = lower_exported(ep, session.settings, name)
         if template.symbols:
             raise PackageError(f"the captured graph has symbolic sizes {template.symbols}")
-        recipe = lower_bucket(template, ctx.for_bucket({}))
+        (recipe,) = session.recipes(template, ctx, [{}])
         fallbacks = fallback.report(recipe)
         fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
         run = build_callable(recipe, fixed)

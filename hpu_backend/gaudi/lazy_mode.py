@@ -31,7 +31,7 @@ from ..capture.lazy import LazyRecorder, Pending
 from ..lowering import LoweringContext, LoweringError
 from ..serve.compiled import CompiledGraph, boxed, collect_recipes
 from ..serve.keys import Unkeyable, program_key
-from ..serve.store import cache_config, store_for
+from ..serve.session import session_for
 from ..settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,12 @@ class _Eager:
 
 
 class LazyRunner:
-    """Runs cut graphs: structure → compiled graph (this process), else lowered and its recipe taken from the store."""
+    """Runs cut graphs: structure → compiled graph (this process), else lowered and its recipe taken from the store
+    of the session the graphs are handed to."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.store = store_for(cache_config(settings))
+        self.session = session_for(settings)
         self.graphs: OrderedDict[str, tuple[CompiledGraph | _Eager, list]] = OrderedDict()  # structure -> graph, summary
         self.steps = LazyReport([Step(0)])
 
@@ -135,7 +136,7 @@ class LazyRunner:
         found, compiled = self._build(pending)
         if structure:
             self.graphs[structure] = found
-            if len(self.graphs) > self.store.capacity:
+            if len(self.graphs) > self.session.store.capacity:
                 self.graphs.popitem(last=False)
         return found[0], compiled, new
 
@@ -146,7 +147,7 @@ class LazyRunner:
         ctx = LoweringContext(settings=self.settings, name=name, kind="lazy", gm=pending.gm)
         try:
             with collect_recipes() as taken:
-                graph = CompiledGraph.build(pending.gm, ctx, self.store, "new graph")
+                graph = CompiledGraph.build(pending.gm, ctx, self.session, "new graph")
         except LoweringError as e:
             if self.settings.strict:
                 raise

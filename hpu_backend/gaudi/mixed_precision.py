@@ -1,8 +1,9 @@
 """Mixed precision with Gaudi's autocast op lists: ``with hpu_backend.gaudi.autocast(): ...``.
 
 ``torch.autocast(device_type="hpu", dtype=torch.bfloat16)`` is accepted by torch but casts nothing
-here: torch's autocast acts per device, and the simulated device's tensors live on the host, where
-the AutocastHPU kernels never run (and CPU autocast has its own fixed lists). ``autocast()`` applies
+on host tensors: torch's autocast acts per device, and the AutocastHPU kernels never run on the host
+(and CPU autocast has its own fixed lists); on the hpu device (``hpu_backend.device``) it casts by the
+lists here. ``autocast()`` applies
 Gaudi's lists instead, as a ``TorchFunctionMode``: a call of an op on the lower-precision list gets
 its floating-point tensor arguments cast to bf16, an op on the FP32 list to float32, above autograd
 (so gradients flow back through the casts, as with torch's autocast). Dynamo traces the mode, so

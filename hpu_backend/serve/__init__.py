@@ -1,2 +1,3 @@
-"""Serving compiled graphs: per-call dispatch to shape buckets, keys, the recipe store, stored programs,
-and CPU-fallback reporting."""
+"""Serving compiled graphs: the compile session every front end hands its graphs to, per-call dispatch to
+shape buckets, keys, the recipe store, stored programs, the device's memory counters and CPU-fallback
+reporting."""

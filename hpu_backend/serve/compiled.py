@@ -10,18 +10,12 @@ cache's memory tier holds entries (``CacheConfig.memory_entries``): past that, t
 taken one is let go and, if it comes back, taken up again from the store, so a long tail of shapes
 cannot grow a process without bound.
 
-Observers (warm-up, analysis) ``listen()`` to the events graphs emit: ``take`` when a graph takes up
-a recipe (``hit`` says whether the store had it, ``compiled_for`` why it was lowered), ``use`` when a call
-runs one (with the call's symbol values), and ``program`` when a Dynamo graph is served from its stored
-program or stores one. Events carry their data (names, keys, values), so an observer never reads a
-graph's state. A listener is scoped to its ``with`` block by a context variable (a serving process's
-warm-up must observe graphs compiled before it subscribed, so subscription cannot be a compile option).
+Graphs emit their events and report their runs through the session they belong to (``session.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import logging
 import time
@@ -36,74 +30,22 @@ from . import fallback, hbm
 from .. import metrics
 from ..errors import one_line
 from ..formats import symexpr
-from .buckets import policies_for
 from .keys import GraphKey, graph_key
-from ..lowering import LoweringContext, LoweringError, lower, lower_bucket
+from ..lowering import LoweringContext, LoweringError, lower
 from ..formats.recipe import Recipe
 from ..runtime import RecipeLoadError, build_callable, check_ops
 from ..runtime.dryrun import build_dry_run
 from ..runtime.symbols import symbol_reader
-from .store import RecipeStore, entry_meta
+from .session import Event, Session, collect_recipes, emit, listen, listening
+from .store import entry_meta
+
+__all__ = ["CompiledGraph", "Event", "GuardViolation", "Replay", "Taken", "boxed", "collect_recipes", "emit", "listen"]
 
 log = logging.getLogger(__name__)
 
 # Symbol values remembered per bucket kept: mapping values to a bucket again is cheap, so the memo of
 # values seen is simply cleared when it reaches this many per bucket (a long tail of sizes).
 _VALUES_PER_BUCKET = 16
-
-@dataclass(frozen=True)
-class Event:
-    """What a compiled graph reports to listeners."""
-
-    kind: str  # "take" | "use" | "program"
-    graph: str = ""  # the compiled graph's name (fx_graph_0003_fw); "" for "program"
-    recipe: Recipe | None = None  # None for "program", and for a graph running eagerly
-    hit: bool = False  # taken from the store rather than compiled
-    key: str | None = None  # "take"/"use": the recipe's cache key (None: not cached)
-    program: str | None = None  # the key of the stored program the graph belongs to, if any
-    env: dict[str, int] | None = None  # "use": the call's symbol values
-    compiled_for: str = ""  # "take" of a lowered recipe: "new graph" | "guard failure" | "new bucket"
-    source: "CompiledGraph | None" = None  # the emitting graph, for tests and benchmarks that call it
-
-
-Listener = Callable[[Event], None]
-_listeners: contextvars.ContextVar[tuple[Listener, ...]] = contextvars.ContextVar("hpu_backend_listeners",
-                                                                                  default=())
-
-
-# Process-wide: fn(recipe, args, outputs) after every call of a compiled graph (recipe None when it ran eagerly);
-# hpu_backend.gaudi.memory keeps the simulated device memory with it.
-_RUN_OBSERVERS: list[Callable[[Recipe | None, list, list], None]] = []
-
-
-def observe_runs(fn: Callable[[Recipe | None, list, list], None]) -> None:
-    """Call ``fn(recipe, args, outputs)`` after every run of a compiled graph, in every thread (once per fn)."""
-    if fn not in _RUN_OBSERVERS:
-        _RUN_OBSERVERS.append(fn)
-
-
-@contextlib.contextmanager
-def listen(listener: Listener):
-    """Call ``listener(event)`` for every event in this block (this thread or task only)."""
-    token = _listeners.set((*_listeners.get(), listener))
-    try:
-        yield
-    finally:
-        _listeners.reset(token)
-
-
-@contextlib.contextmanager
-def collect_recipes():
-    """Collect ``(compiled_graph, recipe, hit)`` for every recipe a graph takes up in this block."""
-    found: list = []
-
-    def on_event(e: Event):
-        if e.kind == "take":
-            found.append((e.source, e.recipe, e.hit))
-
-    with listen(on_event):
-        yield found
-
 
 class GuardViolation(RuntimeError):
     """Symbol values that break the guards a recipe was compiled under (raised per call)."""
@@ -124,7 +66,7 @@ class Taken:
 class CompiledGraph:
     """One AOTAutograd graph (forward, backward or inference) of a Dynamo graph, over all its buckets."""
 
-    def __init__(self, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None, store: RecipeStore,
+    def __init__(self, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None, session: Session,
                  first_reason: str = "new graph", eager: Callable[[list], list] | None = None,
                  program: str | None = None):
         # AOTAutograd passes a list of inputs, which run() clears as it goes. An instance attribute,
@@ -133,34 +75,35 @@ class CompiledGraph:
         self.ctx = ctx
         self.template = template  # after the graph passes: what every bucket is lowered from
         self.gkey = gkey
-        self.store = store
+        self.session = session  # its store, and the observers of its runs
+        self.store = session.store
         self.first_reason = first_reason  # why this graph's first recipe gets compiled
         self.eager = eager  # the boxed aten graph, run after a lowering failure (None: no graph at hand)
-        self.policies = policies_for(ctx.settings.buckets, template.symbols)
+        self.policies = ctx.settings.bucket_policies(template.symbols)
         self.read_symbols = symbol_reader(template.symbol_sources)
         self.known: dict[tuple, Taken] = {}  # symbol values -> taken bucket (a memo, cleared when large)
         self.buckets: OrderedDict[tuple, Taken] = OrderedDict()  # bucket -> taken bucket, least recent first
         self.fixed: Taken | None = None  # a graph without symbols, or one that fell back to eager
-        self.program = program  # the key of the stored program this graph belongs to (set once stored)
+        self.program = program  # the key of the stored program this graph belongs to (once stored)
         self._executors: OrderedDict[bytes, Callable[[list], list]] = OrderedDict()  # digest of what runs
 
     @classmethod
-    def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, store: RecipeStore,
+    def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, session: Session,
               reason: str = "new graph") -> "CompiledGraph":
         """Lower an aten graph (``ctx.gm``) once and key it; LoweringError if it cannot be lowered."""
         lowered = lower(gm, ctx)
         with _phase("key"):
             gkey = _safe_graph_key(lowered.captured, ctx)
-        return cls.from_template(ctx.for_bucket({}), lowered.template, gkey, store, reason, eager=boxed(gm))
+        return cls.from_template(ctx.for_bucket({}), lowered.template, gkey, session, reason, eager=boxed(gm))
 
     @classmethod
-    def from_template(cls, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None, store: RecipeStore,
+    def from_template(cls, ctx: LoweringContext, template: Recipe, gkey: GraphKey | None, session: Session,
                       reason: str = "new graph", eager: Callable | None = None,
                       program: str | None = None) -> "CompiledGraph":
         """A graph from its template (lowered here, or stored in a program); LoweringError if unusable."""
         try:
             check_ops(template)
-            graph = cls(ctx, template, gkey, store, reason, eager, program)
+            graph = cls(ctx, template, gkey, session, reason, eager, program)
         except (RecipeLoadError, ValueError) as e:
             raise LoweringError(str(e), graph=ctx.name) from e
         if not template.symbols:
@@ -172,22 +115,36 @@ class CompiledGraph:
         return self.template.symbols
 
     @property
+    def capacity(self) -> int:
+        """How many buckets (and replays, and executors) this graph keeps taken up: its store's."""
+        return self.store.capacity
+
+    def stored_in(self, program: str) -> None:
+        """This graph belongs to the stored program under key ``program`` (its events say so from now on)."""
+        self.program = program
+
+    def signature(self, args) -> tuple:
+        """The symbol values of these inputs (() for a graph without symbols, or running eagerly)."""
+        return self.read_symbols(args) if self.fixed is None else ()
+
+    @property
     def recipes(self) -> dict[tuple, Recipe]:
         """bucket -> recipe, for the buckets this process has taken up."""
         return {b: t.recipe for b, t in self.buckets.items() if t.recipe is not None}
 
     def __call__(self, args: list) -> list:
         taken, values = self.taken_for(args)
-        if _listeners.get():
+        if listening():
             emit(Event("use", self.ctx.name, taken.recipe, True, taken.key, self.program,
                        dict(zip(self.symbols, values)), source=self))
         if taken.fallbacks:  # the bridge counts fallbacks per execution
             fallback.executed(taken.fallbacks)
-        if not _RUN_OBSERVERS:
+        observers = self.session.runs
+        if not observers:
             return taken.run(args) if taken.proven else self._first_run(taken, args, values)
         inputs = list(args)  # the executor may clear ``args`` (boxed calling convention)
         out = taken.run(args) if taken.proven else self._first_run(taken, args, values)
-        for observe in _RUN_OBSERVERS:
+        for observe in observers:
             observe(taken.recipe, inputs, out)
         return out
 
@@ -323,7 +280,7 @@ class CompiledGraph:
 
     def compile_bucket(self, bucket: dict[str, list[int]], reason: str) -> Recipe:
         start = time.perf_counter()
-        recipe = lower_bucket(self.template, self.ctx.for_bucket(bucket))
+        recipe = next(self.session.recipes(self.template, self.ctx, [bucket]))
         seconds = time.perf_counter() - start
         metrics.record_phase("lowering", seconds)
         recipe.facts["compile_time_s"] = seconds
@@ -350,11 +307,6 @@ def _executable(recipe: Recipe) -> bytes:
              [(n.name, n.op, n.args, n.kwargs, n.out) for n in recipe.nodes], recipe.outputs,
              {k: (c.dtype, c.shape, c.data) for k, c in recipe.constants.items()})
     return hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
-
-
-def emit(event: Event) -> None:
-    for listener in _listeners.get():
-        listener(event)
 
 
 @contextlib.contextmanager
@@ -388,7 +340,7 @@ class Replay:
         self.captured: dict[tuple, tuple[Taken, list[tuple[int, torch.Tensor]]]] = {}
 
     def __call__(self, *args) -> list:
-        signature = self.graph.read_symbols(args) if self.graph.fixed is None else ()
+        signature = self.graph.signature(args)
         found = self.captured.get(signature)
         if found is None:
             return self._capture(signature, args)
@@ -412,7 +364,7 @@ class Replay:
             return self.unreplayed(*args)  # runs eagerly after one warning (or raises, in strict mode)
         taken, _ = self.graph.taken_for(list(args))
         if taken.recipe is not None:  # a bucket that fell back to eager is not captured
-            if len(self.captured) >= self.graph.store.capacity:  # bounded like the graph's buckets
+            if len(self.captured) >= self.graph.capacity:  # bounded like the graph's buckets
                 self.captured.pop(next(iter(self.captured)))
             self.captured[signature] = (taken, [(i, static_buffer(args[i])) for i in self.copied])
         return outs

@@ -28,14 +28,14 @@ from typing import Any, Callable
 import torch
 
 from ..formats import symexpr
-from .compiled import CompiledGraph, Event, emit
+from .compiled import CompiledGraph
 from .keys import GraphKey, ProgramKey
 from ..lowering import LoweringContext, LoweringError, encode_guards
 from ..formats.program import MEMORY_FORMATS, Contract, Program, ProgramGraph
 from ..formats.recipe import RecipeFormatError
 from ..runtime.autograd import inference_call, missing_internals, training_call
 from ..settings import Settings
-from .store import RecipeStore
+from .session import Event, Session, emit
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ def drifted(what: str) -> None:
 class Recorder:
     """Collects one Dynamo graph's compiled graphs and stores their program once complete."""
 
-    def __init__(self, pkey: ProgramKey, store: RecipeStore, settings: Settings, name: str):
-        self.pkey, self.store, self.settings, self.name = pkey, store, settings, name
+    def __init__(self, pkey: ProgramKey, session: Session, name: str):
+        self.pkey, self.session, self.name = pkey, session, name
         self.graphs: dict[str, CompiledGraph] = {}
         self.meta: Any = None
         self.guards: list = []
@@ -112,9 +112,9 @@ class Recorder:
             drifted(f"AOTAutograd's metadata: {type(e).__name__}: {e}")
             return
         self.contract = contract
-        self.store.put_program(self.pkey, program, self.settings, self.name)
+        self.session.store.put_program(self.pkey, program, self.session.settings, self.name)
         for g in graphs:
-            g.program = self.pkey.key
+            g.stored_in(self.pkey.key)
         emit(Event("program", program=self.pkey.key))
 
     def replayable(self) -> bool:
@@ -197,8 +197,8 @@ class Served:
     replayable: CompiledGraph | None = None  # the inference graph mode="reduce-overhead" replays, if any
 
 
-def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: list, settings: Settings,
-          store: RecipeStore, name_of: Callable[[str], str], reason: str) -> Served | None:
+def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: list, session: Session,
+          name_of: Callable[[str], str], reason: str) -> Served | None:
     """The Dynamo graph served from its program, or None when the program does not apply."""
     missing = missing_internals()
     if missing:
@@ -215,14 +215,14 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
     graphs = []
     for g in program.graphs:
         kind = g.template.kind
-        ctx = LoweringContext(settings=settings, name=name_of(kind), kind=kind)
+        ctx = LoweringContext(settings=session.settings, name=name_of(kind), kind=kind)
         template = dataclasses.replace(g.template, name=ctx.name)
-        graphs.append(CompiledGraph.from_template(ctx, template, GraphKey(g.key_parts, g.key_detail), store,
-                                                  reason, program=key))
+        graphs.append(CompiledGraph.from_template(ctx, template, GraphKey(g.key_parts, g.key_detail),
+                                                  session, reason, program=key))
     emit(Event("program", program=key, hit=True))
     call = inference_call(graphs[0], program.contract) if program.mode == "inference" else training_call(
         *graphs, program.contract)
-    call = _eager_after_failure(call, gm, settings, name_of("program"))
+    call = _eager_after_failure(call, gm, session.settings, name_of("program"))
     replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) else None
     return Served(call, replayable_graph)
 

@@ -2,24 +2,24 @@
 
 The disk tier never fails a compile: a disk that cannot be opened (insecure, unwritable) means
 "compile without caching" after one warning; an entry that cannot be used is quarantined and is a
-miss.
+miss. A store without caching holds the disabled cache (a null object), never None. Each session opens
+its store (``RecipeStore.open``) and hands it down; nobody looks a store up again by its configuration.
 A malformed cache configuration is an error, because it is a user's typo, not a machine's state.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable, TypeVar
 
-from recipecache import CacheConfig, CacheError, ConfigError, RecipeCache, open_cache
+from recipecache import CacheConfig, CacheError, DisabledCache, RecipeCache, open_cache
 
 from ..formats.keyparts import toolchain_id
 from .keys import ProgramKey
 from ..formats.program import Program
 from ..formats.recipe import Recipe, RecipeFormatError
 from ..runtime import RecipeLoadError, check_ops
-from ..settings import Settings, SettingsError
+from ..settings import Settings
 
 T = TypeVar("T")
 
@@ -27,15 +27,17 @@ log = logging.getLogger(__name__)
 
 
 class RecipeStore:
-    """Recipes and programs by key, in the disk cache ``disk`` (a RecipeCache, or None: no caching).
+    """Recipes and programs by key, in the disk cache ``disk`` (a RecipeCache; without one, the disabled cache).
 
     What the store hands out is always parsed from stored bytes — read on a hit, or just written
     on a put — so the caller runs exactly what a later process will load. Anything stored that
     fails to parse, validate or build is quarantined and counts as a miss.
     """
 
-    def __init__(self, disk: RecipeCache | None = None, capacity: int = CacheConfig.memory_entries):
-        self.disk = disk
+    def __init__(self, disk: RecipeCache | None = None, capacity: int = CacheConfig.memory_entries,
+                 config: CacheConfig | None = None):
+        self.disk = disk if disk is not None else _no_cache()
+        self.config = config  # the configuration it was opened for (None: no caching)
         # How many buckets a compiled graph keeps taken up: the memory tier's size. A memory tier turned off
         # (0) keeps no entries, but a graph still needs its working set: the default size then.
         self.capacity = capacity if capacity > 0 else CacheConfig.memory_entries
@@ -43,7 +45,7 @@ class RecipeStore:
     def load(self, key: str, prepare: Callable[[Any], T], parse: Callable[[bytes], Any] = Recipe.from_bytes
              ) -> tuple[Any, T] | None:
         """``(parsed, prepare(parsed))`` for the entry under key, or None (missing or unusable)."""
-        data = self.disk.get(key) if self.disk is not None else None
+        data = self.disk.get(key)
         if data is None:
             return None
         try:
@@ -57,17 +59,32 @@ class RecipeStore:
     def discard(self, key: str) -> None:
         """Quarantine the entry under key: it parsed, but failed when built or served (a miss from now on,
         here and, through the fleet tier, on other hosts)."""
-        data = self.disk.get(key) if self.disk is not None else None
+        data = self.disk.get(key)
         if data is not None:
             self.disk.quarantine(key, data)
 
     def put(self, key: str | None, recipe: Recipe, meta: dict[str, Any]) -> Recipe:
         """Store ``recipe`` under key (None: not cached) and return it as parsed back from its bytes."""
         data = recipe.to_bytes()
-        if key is not None and self.disk is not None:
+        if key is not None:
             self.disk.put(key, data, meta)
         return type(recipe).from_bytes(data)
 
+
+    @classmethod
+    def open(cls, config: CacheConfig | None) -> "RecipeStore":
+        """A store over the disk cache of ``config`` (None: a store that caches nothing)."""
+        capacity = config.memory_entries if config is not None else CacheConfig.memory_entries
+        return cls(_open_disk(config), capacity, config)
+
+    def serves(self, config: CacheConfig | None) -> bool:
+        """Whether this store was opened for ``config`` (the same directory, limits, policy and tiers)."""
+        return _ident(self.config) == _ident(config)
+
+    def flush(self) -> RecipeCache:
+        """Wait until every recipe put so far is on disk; the disk cache."""
+        self.disk.flush()
+        return self.disk
 
     def load_program(self, key: str) -> Program | None:
         """The program under key, its graphs' ops checked against the runtime allowlist."""
@@ -75,10 +92,9 @@ class RecipeStore:
         return None if found is None else found[0]
 
     def put_program(self, pkey: ProgramKey, program: Program, settings: Settings, name: str) -> None:
-        if self.disk is not None:
-            self.disk.put(pkey.key, program.to_bytes(), {
-                "graph": name, "kind": "program", "mode": program.mode, "model": settings.model,
-                "target": settings.target, "bucket": {}, "key_parts": dict(pkey.parts)})
+        self.disk.put(pkey.key, program.to_bytes(), {
+            "graph": name, "kind": "program", "mode": program.mode, "model": settings.model,
+            "target": settings.target, "bucket": {}, "key_parts": dict(pkey.parts)})
 
 
 def entry_meta(recipe: Recipe, parts: dict[str, str], detail: dict[str, Any], settings: Settings) -> dict:
@@ -92,56 +108,27 @@ def entry_meta(recipe: Recipe, parts: dict[str, str], detail: dict[str, Any], se
     }
 
 
-_stores: dict[Any, RecipeStore] = {}
-_stores_lock = threading.Lock()
+def _ident(config: CacheConfig | None) -> tuple | None:
+    return None if config is None else (str(config.resolved_path()), config.max_size_mb, config.policy,
+                                        config.remote, config.memory_entries)
 
 
-def cache_config(settings: Settings) -> CacheConfig | None:
-    """The disk cache configuration these settings ask for: None with ``cache=False``, else the ``cache_config``
-    option or its environment variable (parsed once, by Settings), else the defaults."""
-    if not settings.cache:
-        return None
-    return settings.cache_config if settings.cache_config is not None else default_config()
+def _no_cache() -> RecipeCache:
+    """The disabled cache: nothing stored or found, no directory touched."""
+    return DisabledCache(CacheConfig(max_size_mb=0, remote="none"))
 
 
-def default_config() -> CacheConfig:
-    """The configuration of ``PT_HPU_RECIPE_CACHE_CONFIG``, else the defaults (SettingsError if malformed)."""
-    try:
-        return CacheConfig.from_env()
-    except ConfigError as e:
-        raise SettingsError(str(e)) from None
-
-
-def store_for(config: CacheConfig | None) -> RecipeStore:
-    """The process-wide store for one cache configuration, opened once (None: a store that caches nothing).
-    The backend opens it once per compile and hands it to every graph it makes."""
-    ident = None if config is None else (str(config.resolved_path()), config.max_size_mb, config.policy,
-                                         config.remote, config.memory_entries)
-    with _stores_lock:
-        if ident not in _stores:
-            _stores[ident] = RecipeStore(_open_disk(config), config.memory_entries if config else
-                                         CacheConfig.memory_entries)
-        return _stores[ident]
-
-
-def reset_stores() -> None:
-    """Forget the caches opened so far (the next compile opens them anew, as a new process would)."""
-    with _stores_lock:
-        for store in _stores.values():
-            if store.disk is not None:
-                store.disk.flush()
-        _stores.clear()
-
-
-def _open_disk(config: CacheConfig | None) -> RecipeCache | None:
+def _open_disk(config: CacheConfig | None) -> RecipeCache:
+    """The disk cache of ``config``; the disabled cache for None, for a limit of 0, and for a disk that
+    cannot be used (after one warning)."""
     if config is None:
-        return None
+        return _no_cache()
     try:
         cache = open_cache(config, cost_of=_compile_time, remote_namespace=toolchain_id())
     except CacheError as e:
         log.warning("hpu_backend: recipe disk cache off, compiling without it: %s", e)
-        return None
-    return cache if cache.enabled else None
+        return DisabledCache(config)
+    return cache if cache.enabled else DisabledCache(config)
 
 
 def _compile_time(meta: dict) -> float:

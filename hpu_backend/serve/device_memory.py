@@ -1,5 +1,6 @@
-"""Gaudi's device-memory counters (``habana_frameworks.torch.hpu.memory_allocated`` and friends) for the
-simulated device: what the recipes that ran hold, from their memory plans.
+"""The simulated device's memory counters (``hpu_backend.gaudi.memory_allocated`` and friends, Gaudi's
+``habana_frameworks.torch.hpu`` names): what the recipes that ran hold, from their memory plans. One device
+per process; every session observes its runs with ``on_run``.
 
 The device holds every tensor a compiled graph read or produced (parameters, inputs, activations saved for
 the backward, gradients) while it lives: a storage is counted once, from the first recipe call that reads or
@@ -17,6 +18,7 @@ target's HBM, and a request past it raises ``DeviceOutOfMemoryError``. ``HPU_BAC
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -24,11 +26,10 @@ from typing import Any
 
 import torch
 
-from ..serve.compiled import observe_runs
 from ..targets import device
 
 _lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
-_storages: dict[int, int] = {}  # data pointer -> bytes, for every storage counted and not yet freed
+_storages: dict[int, tuple] = {}  # data pointer -> (bytes, weak reference), for every storage counted and not yet freed
 _stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
 _target = ["gaudi2"]
 _capacity: list[int | None] = [None]  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
@@ -117,34 +118,38 @@ def _add(t: torch.Tensor) -> int:
     if ptr in _storages:
         return 0
     nbytes = storage.nbytes()
-    _storages[ptr] = nbytes
-    weakref.finalize(storage, _release, ptr)
+    _storages[ptr] = (nbytes, weakref.ref(storage, functools.partial(_release, ptr)))  # a ref: cheaper than finalize
     _stats["NumAllocs"] += 1
-    _stats["MaxAllocSize"] = max(_stats["MaxAllocSize"], nbytes)
+    if nbytes > _stats["MaxAllocSize"]:
+        _stats["MaxAllocSize"] = nbytes
     return nbytes
 
 
-def _release(ptr: int) -> None:
+def _release(ptr: int, _ref=None) -> None:
     with _lock:
-        nbytes = _storages.pop(ptr, None)
-        if nbytes is not None:
-            _stats["InUse"] -= nbytes
+        held = _storages.pop(ptr, None)
+        if held is not None:
+            _stats["InUse"] -= held[0]
             _stats["NumFrees"] += 1
 
 
-def _tensors_in(values) -> list[torch.Tensor]:
-    return [v for v in values if isinstance(v, torch.Tensor) and not v.is_meta]
-
-
-def _on_run(recipe, args: list, outputs) -> None:
+def on_run(recipe, args: list, outputs) -> None:
+    """Count what one run of a compiled graph held (a run observer of every session)."""
     if recipe is None:
         return
-    outs = _tensors_in(outputs if isinstance(outputs, (list, tuple)) else [outputs])
+    outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     with _lock:
         _target[0] = recipe.target
-        _stats["InUse"] += sum(_add(t) for t in _tensors_in(args) + outs)
-        arena = int(recipe.facts.get("memory", {}).get("arena_bytes", 0))
-        _stats["MaxInUse"] = max(_stats["MaxInUse"], _stats["InUse"] + arena)  # while it ran: all that, and its arena
+        held = 0
+        for values in (args, outs):
+            for v in values:
+                if isinstance(v, torch.Tensor) and not v.is_meta:
+                    held += _add(v)
+        _stats["InUse"] += held
+        arena = _arena(recipe)
+        if _stats["InUse"] + arena > _stats["MaxInUse"]:  # while it ran: all that, and its arena
+            _stats["MaxInUse"] = _stats["InUse"] + arena
 
 
-observe_runs(_on_run)
+def _arena(recipe) -> int:
+    return int(recipe.facts.get("memory", {}).get("arena_bytes", 0))
