@@ -222,10 +222,10 @@ def test_a_failing_or_hanging_rank_stops_the_others(tmp_path, mode, args, messag
 
 
 COMPILES = """
-    import sys, torch
+    import itertools, torch
     f = torch.compile(lambda x: torch.sin(x) * 2 + x.sum(), backend="hpu_backend", dynamic=False)
-    for n in range(1, 400):
-        f(torch.randn(n))
+    for n in itertools.count(1):  # a new shape (a recipe to store) each time, until interrupted
+        f(torch.randn(n % 6 + 1))
         print(n, flush=True)
 """
 
