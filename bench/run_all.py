@@ -18,7 +18,7 @@ from common import RESULTS, ROOT, print_table, write_results
 
 SCRIPTS = ["latency_bench", "first_call_bench", "lowering_bench", "dispatch_bench", "cache_bench", "warm_bench",
            "cli_bench", "fleet_bench", "capacity_bench", "fabric_bench",
-           "train_bench"]
+           "train_bench", "startup_bench"]
 
 
 def _load(name: str, quick: bool) -> dict:
@@ -91,6 +91,9 @@ def summarize(quick: bool) -> list[list]:
             ok = r["wall_s"] <= 0.3 and r["rss_mb"] <= 60
             rows.append([f"hpurecipe {command}, {cli['entries']} entries: s / MB", f"{r['wall_s']:.3f} / "
                          f"{r['rss_mb']:.0f}", "≤ 0.3 / 60", ok])
+    start = _load("startup_bench", quick)
+    for command, s in start.get("beyond_import_torch_s", {}).items():
+        rows.append([f"start-up of {command}: s beyond import torch", f"{s:.3f}", "≤ 0.5", s <= 0.5])
     return rows
 
 

@@ -2,7 +2,7 @@
 
 Floors, bottom to top (a module's floor is its longest matching prefix):
 recipecache → errors, metrics, version → formats → settings, targets → runtime → lowering → capture →
-serve → backend → gaudi, device → aot → the hpu_backend package itself → cli (hpurecipe).
+serve → backend → gaudi, device → aot → run → the hpu_backend package itself → cli (hpurecipe).
 
 The floors meet at the compile session (``hpu_backend.serve.session``): every front end hands its graphs to
 one, so the session is the one place that runs the bucket passes (``lower_bucket``) outside the lowering
@@ -37,6 +37,7 @@ FLOORS = (
     ("hpu_backend.backend",),
     ("hpu_backend.gaudi", "hpu_backend.device"),
     ("hpu_backend.aot",),
+    ("hpu_backend.run",),  # the launcher: Intel's module names, ranks, the run's report
     ("hpu_backend",),
     ("hpurecipe",),
 )

@@ -16,6 +16,7 @@ from hpu_backend.buckets import BucketError
 from hpu_backend.aot.modelfile import ModelFileError
 from hpu_backend.errors import one_line
 from hpu_backend.formats.package import PackageError
+from hpu_backend.run.errors import RunError
 from hpu_backend.settings import SettingsError
 from recipecache import CacheError, ConfigError
 
@@ -62,7 +63,7 @@ def mapped(fn: Callable) -> Callable:
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except CliError as e:
+        except (CliError, RunError) as e:
             _traceback(e)
             raise fail(str(e), e.code) from None
         except tuple(cls for cls, _ in EXIT_CODES) as e:

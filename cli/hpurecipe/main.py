@@ -11,7 +11,7 @@ from hpu_backend.version import __version__
 from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
-from . import buildcmds, cachecmds, packagecmds, shipcmds
+from . import buildcmds, cachecmds, packagecmds, runcmd, shipcmds
 from .errors import mapped
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ COMMANDS = [
 ]
 for _name, _fn in COMMANDS:
     app.command(_name)(mapped(_fn))
+app.command("run", context_settings=runcmd.CONTEXT)(mapped(runcmd.run))
 
 
 def _print_version(value: bool) -> None:

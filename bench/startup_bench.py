@@ -1,0 +1,62 @@
+"""Start-up of the launcher: time from starting ``hpurecipe run SCRIPT`` (and ``python -m hpu_backend.run SCRIPT``)
+to the script's first line, against ``python SCRIPT`` whose first line comes after ``import torch``.
+
+The script's first line writes ``time.time()``; each fresh process is timed from just before it is started,
+best of ``--repeat``. Target (issue 33): the launcher's start-up ≤ 0.5 s beyond ``import torch``.
+Writes bench/results/startup_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import ROOT, print_table, write_results
+
+TARGET_S = 0.5
+FIRST_LINE = "import time, sys; open(sys.argv[1], 'w').write(repr(time.time()))\n"
+AFTER_TORCH = "import torch\n" + FIRST_LINE
+
+
+def to_first_line(cmd: list[str], stamp: str) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")])}
+    start = time.time()
+    proc = subprocess.run([*cmd, stamp], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited with {proc.returncode}: {proc.stderr[-500:]}")
+    with open(stamp) as f:
+        return float(f.read()) - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    repeat = 2 if args.quick else args.repeat
+    tmp = tempfile.mkdtemp()
+    plain, torch_first = os.path.join(tmp, "first_line.py"), os.path.join(tmp, "torch_first.py")
+    open(plain, "w").write(FIRST_LINE)
+    open(torch_first, "w").write(AFTER_TORCH)
+    cases = {"python SCRIPT (import torch, then the first line)": [sys.executable, torch_first],
+             "python -m hpu_backend.run SCRIPT": [sys.executable, "-m", "hpu_backend.run", plain],
+             "hpurecipe run SCRIPT": [sys.executable, "-m", "hpurecipe.main", "run", plain]}
+    stamp = os.path.join(tmp, "stamp")
+    results = {name: min(to_first_line(cmd, stamp) for _ in range(repeat)) for name, cmd in cases.items()}
+    base = results["python SCRIPT (import torch, then the first line)"]
+    over = {name: s - base for name, s in results.items() if name != next(iter(results))}
+    rows = [[name, f"{s:.3f}", "" if name not in over else f"+{over[name]:.3f}"] for name, s in results.items()]
+    print_table(f"seconds to the script's first line (fresh process, best of {repeat})",
+                ["command", "s", "beyond import torch"], rows)
+    write_results("startup_bench" + ("_quick" if args.quick else ""),
+                  {"repeat": repeat, "load_average_1m": os.getloadavg()[0],  # a shared machine's noise
+                   "target_beyond_torch_s": TARGET_S, "to_first_line_s": results,
+                   "beyond_import_torch_s": over})
+
+
+if __name__ == "__main__":
+    main()

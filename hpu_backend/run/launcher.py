@@ -1,0 +1,69 @@
+"""``python -m hpu_backend.run [--cards N] [--report FILE] [--timeout S] [--target T] SCRIPT [ARGS...]``.
+
+One card and no timeout: the script runs in this process (start-up is ``import torch`` and the device).
+More cards, or a timeout: each rank is a process of its own (``ranks.py``) and this one watches them.
+``hpurecipe run`` parses the same options and calls ``launch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .errors import RunError
+
+TARGET_ENV = "HPU_BACKEND_TARGET"
+
+
+def launch(script: str, args: list[str], cards: int = 1, report: str | None = None, timeout: float | None = None,
+           target: str | None = None) -> int:
+    """Run ``script`` with ``args`` on ``cards`` simulated cards; the exit code (``RunError`` for our failures)."""
+    from .script import check_script
+
+    if cards < 1:
+        raise RunError(f"--cards must be 1 or more, got {cards}", 2)
+    if timeout is not None and timeout <= 0:
+        raise RunError(f"--timeout must be more than 0 seconds, got {timeout:g}", 2)
+    check_script(script)
+    if target is not None:
+        _set_target(target)
+    if cards == 1 and timeout is None:
+        from .script import run_script
+
+        return run_script(script, args, report)
+    from .ranks import run_ranks
+
+    return run_ranks(script, args, cards, report, timeout)
+
+
+def _set_target(target: str) -> None:
+    from ..settings import TARGETS
+
+    if target not in TARGETS:
+        raise RunError(f"--target must be one of {', '.join(TARGETS)}, got {target!r}", 2)
+    os.environ[TARGET_ENV] = target  # read by the device and the backend's settings, here and in every rank
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hpu_backend.run", description="Run a Gaudi script on the "
+                                "simulated hpu device, as `python SCRIPT ARGS` would, and report what it did.")
+    p.add_argument("--cards", type=int, default=1, help="ranks to start (default 1)")
+    p.add_argument("--report", metavar="FILE", help="write the report as JSON here instead of stderr")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop every rank when one runs longer than S seconds")
+    p.add_argument("--target", help="the device to plan and estimate for: gaudi2 | gaudi3")
+    p.add_argument("script", help="the script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
+    try:
+        return launch(ns.script, ns.args, ns.cards, ns.report, ns.timeout, ns.target)
+    except RunError as e:
+        print(f"hpu_backend.run: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("hpu_backend.run: interrupted", file=sys.stderr)
+        return 130

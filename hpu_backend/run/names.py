@@ -1,0 +1,215 @@
+"""Intel's module names (``habana_frameworks.torch.*``) over this project's implementations, on request only.
+
+``simulate()`` refuses when Intel's real ``habana_frameworks`` is importable (a Gaudi host keeps its own
+stack), turns the ``hpu`` device on (``hpu_backend.device.enable``), and appends one finder to
+``sys.meta_path`` that answers the names Gaudi scripts import. No package directory of that name exists:
+each name is a module object built on first import from the table below, so the import-time effects of
+Intel's modules happen at the same moment (``core`` turns the device on in the mode ``PT_HPU_LAZY_MODE``
+says; ``distributed.hccl`` registers the ``hccl`` process-group backend). ``habana_frameworks.torch.hpu``
+is the very object ``torch.hpu`` is. Nothing here runs on a plain ``import hpu_backend``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from typing import Callable
+
+from .errors import RunError
+
+ROOT = "habana_frameworks"
+
+
+def _device():
+    from .. import device
+
+    return device
+
+
+def _hpu_module() -> types.ModuleType:
+    """``torch.hpu`` (the device's module), with the Gaudi names the device module leaves to us."""
+    import torch
+
+    from .. import gaudi, metrics
+
+    _device().enable()
+    hpu = torch.hpu
+    extras = {"wrap_in_hpu_graph": gaudi.wrap_in_hpu_graph, "metrics": metrics,
+              "enable_recompute_sdp": gaudi.enable_recompute_sdp, "recompute_sdp_enabled": gaudi.recompute_sdp_enabled,
+              "sdp_kernel": gaudi.sdp_kernel}
+    for name, value in extras.items():
+        if not hasattr(hpu, name):
+            setattr(hpu, name, value)
+    return hpu
+
+
+def _core() -> dict:
+    from .. import gaudi
+
+    _device().enable()  # as Intel's core: loading it starts the device (lazy unless PT_HPU_LAZY_MODE=0)
+    return {"mark_step": gaudi.mark_step, "hpu": _hpu_module(), "is_enabled_weight_permute_pass": _permute_pass,
+            "get_device_count": lambda: _hpu_module().device_count(), "hpu_initialize": _no_op}
+
+
+def _permute_pass() -> bool:
+    """The bridge permutes convolution weights itself; scripts that ask skip their own permute (nothing to do
+    here: the simulated device keeps torch's layouts)."""
+    return True
+
+
+def _no_op(*args, **kwargs) -> None:
+    return None
+
+
+def _debug() -> dict:
+    from .. import metrics
+
+    def fallback_op_count() -> dict:
+        stats = dict(metrics.metric_global("cpu_fallback").stats())
+        return dict(stats.get("FallbackOps", {}))
+
+    return {"_is_enabled_weight_permute_pass": _permute_pass, "_get_fallback_op_count": fallback_op_count,
+            "_enable_weight_permute_pass": _no_op, "_set_module_name": _no_op, "_set_dynamic_mode": _no_op}
+
+
+def _library_loader() -> dict:
+    return {"load_habana_module": lambda: _device().enable(), "is_habana_available": lambda: True}
+
+
+def _hccl() -> dict:
+    from ..gaudi import distributed
+
+    distributed.register_hccl()  # as Intel's hccl module: importing it registers backend="hccl"
+    return {"initialize_distributed_hpu": distributed.initialize_distributed_hpu}
+
+
+def _kernels() -> dict:
+    from .. import gaudi
+
+    return {"FusedSDPA": gaudi.FusedSDPA}
+
+
+def _optimizers() -> dict:
+    from .. import gaudi
+
+    return {"FusedAdamW": gaudi.FusedAdamW, "FusedSGD": gaudi.FusedSGD}
+
+
+def _normalization() -> dict:
+    from .. import gaudi
+
+    return {"FusedClipNorm": gaudi.FusedClipNorm}
+
+
+def _metrics() -> dict:
+    from .. import metrics
+
+    return {"metric_global": metrics.metric_global, "metric_localcontext": metrics.metric_localcontext}
+
+
+def _package() -> dict:
+    return {}
+
+
+# name -> (is a package, what its module holds). ``hpu`` is torch.hpu itself (see _HpuLoader).
+MODULES: dict[str, tuple[bool, Callable[[], dict]]] = {
+    ROOT: (True, _package),
+    f"{ROOT}.torch": (True, _package),
+    f"{ROOT}.torch.core": (True, _core),
+    f"{ROOT}.torch.hpu.metrics": (False, _metrics),
+    f"{ROOT}.torch.hpex": (True, _package),
+    f"{ROOT}.torch.hpex.kernels": (False, _kernels),
+    f"{ROOT}.torch.hpex.optimizers": (False, _optimizers),
+    f"{ROOT}.torch.hpex.normalization": (False, _normalization),
+    f"{ROOT}.torch.utils": (True, _package),
+    f"{ROOT}.torch.utils.debug": (False, _debug),
+    f"{ROOT}.torch.utils.library_loader": (False, _library_loader),
+    f"{ROOT}.torch.distributed": (True, _package),
+    f"{ROOT}.torch.distributed.hccl": (False, _hccl),
+}
+HPU = f"{ROOT}.torch.hpu"
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers the names of ``MODULES`` (and ``HPU``) with module objects; every other name is not ours."""
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname == HPU:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        if fullname in MODULES:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=MODULES[fullname][0])
+        return None
+
+    def create_module(self, spec):
+        return _hpu_module() if spec.name == HPU else None  # None: a fresh module object
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__spec__.name == HPU:
+            return
+        module.__dict__.update(MODULES[module.__spec__.name][1]())
+        if module.__spec__.submodule_search_locations is not None:
+            module.__getattr__ = _submodules(module.__spec__.name)
+
+
+def _submodules(package: str) -> Callable[[str], types.ModuleType]:
+    """A package's ``__getattr__``: ``habana_frameworks.torch.hpex.kernels`` without importing it first, as the
+    bridge's packages import their submodules."""
+
+    def attr(name: str) -> types.ModuleType:
+        child = f"{package}.{name}"
+        if child not in MODULES and child != HPU:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return importlib.import_module(child)
+
+    return attr
+
+
+_FINDER = _Finder()
+
+
+def installed() -> bool:
+    return _FINDER in sys.meta_path
+
+
+def intel_stack() -> str | None:
+    """Where Intel's own ``habana_frameworks`` is, if it is importable (our finder set aside), else None."""
+    if installed():
+        return None
+    spec = importlib.util.find_spec(ROOT)
+    if spec is None:
+        return None
+    return spec.origin or ", ".join(spec.submodule_search_locations or []) or ROOT
+
+
+class SpawnedPath(str):
+    """A ``sys.path`` entry (the script's folder) that carries the names into processes ``multiprocessing``
+    spawns: the spawn start method (DataLoader workers of Intel's examples) sends the parent's ``sys.path``
+    to the child, which unpickles it before importing the script again as ``__mp_main__``; unpickling this
+    entry calls ``simulate()`` there first. A plain string everywhere else."""
+
+    def __reduce__(self):
+        return _spawned, (str(self),)
+
+
+def _spawned(path: str) -> str:
+    simulate()
+    return path
+
+
+def simulate() -> None:
+    """Make ``import habana_frameworks.torch.*`` and ``torch.hpu`` resolve to the simulator (idempotent).
+
+    Raises ``RunError`` (one line) where Intel's ``habana_frameworks`` is installed: there a Gaudi script
+    should run on Intel's stack, and the simulator never shadows it."""
+    if installed():
+        return
+    where = intel_stack()
+    if where is not None:
+        raise RunError(f"Intel's habana_frameworks is installed ({where}): run the script with Python on this "
+                       "host; the simulator does not shadow a real Gaudi stack")
+    _device().enable()
+    sys.meta_path.append(_FINDER)  # last: any real package found by the other finders would come first
