@@ -177,3 +177,20 @@ def test_gradients_accumulate_over_backward_passes_as_on_the_cpu(mode):
     gaudi.mark_step()
     torch.testing.assert_close(model.weight.grad.cpu(), reference.weight.grad)
     torch.testing.assert_close(model.bias.grad.cpu(), reference.bias.grad)
+
+
+def test_a_deepcopy_of_pending_work_holds_its_values(mode):
+    """``copy.deepcopy`` of a tensor computed since the last mark_step (a model copied for EMA or evaluation) holds
+    the computed values, never the unfilled host bytes; a deep-copied parameter keeps its gradient and flag."""
+    import copy
+
+    x = torch.arange(6.0).reshape(2, 3).to("hpu").requires_grad_()
+    (x * 2).sum().backward()
+    pending = x * 3 + 1
+    copied = copy.deepcopy(pending)
+    twin = copy.deepcopy(x)
+    torch.testing.assert_close(copied.cpu(), torch.arange(6.0).reshape(2, 3) * 3 + 1)
+    assert copied.device.type == "hpu" and twin.requires_grad and twin.is_leaf
+    torch.testing.assert_close(twin.grad.cpu(), torch.full((2, 3), 2.0))
+    model = nn.Linear(3, 2).to("hpu")
+    torch.testing.assert_close(copy.deepcopy(model).weight.cpu(), model.weight.cpu())

@@ -11,6 +11,8 @@ host tensors (``__tensor_flatten__``) and runs them through the backend like any
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.utils._pytree as pytree
 
@@ -71,6 +73,20 @@ class HpuTensor(torch.Tensor):
     def numpy(self, *, force: bool = False):
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. "
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
+
+    def __deepcopy__(self, memo):
+        """A copy made by the device (a pending op in lazy mode, filled when its graph runs), never a copy of
+        ``host``'s bytes, which torch's own deepcopy would take from the instance dict before they are filled."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        new.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "host"})
+        new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = new
+        return new
 
     def __reduce_ex__(self, proto):
         """Saved as its host values and device, rebuilt by torch's own loader (which ``weights_only`` allows)."""
