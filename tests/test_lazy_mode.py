@@ -288,3 +288,24 @@ def test_a_graph_that_cannot_be_lowered_runs_as_recorded(monkeypatch):
         y = (x * 3).exp().sum(0)
         gaudi.mark_step()
     torch.testing.assert_close(y, (x * 3).exp().sum(0))
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss"])
+def test_a_loss_with_its_default_reduction_matches_eager_in_lazy_mode(loss):
+    """The lazy recorder keeps the call as issued (``mse_loss(a, b)``, reduction left to its default, the mean):
+    the recipe must reduce as the schema says, not as a generated binding's own default would (none)."""
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(8, 8)
+    lazy_model = torch.nn.Linear(8, 8)
+    lazy_model.load_state_dict(eager.state_dict())
+    x, y = torch.randn(2, 4, 8), torch.randn(2, 4, 8).sign()
+    op = getattr(torch.ops.aten, loss).default
+    op(eager(x), y).backward()
+    with gaudi.lazy():
+        value = op(lazy_model(x), y)
+        value.backward()
+        gaudi.mark_step()
+    assert value.shape == ()
+    torch.testing.assert_close(value, op(eager(x), y))
+    _assert_same_params(lazy_model, eager)
+    torch.testing.assert_close(lazy_model.weight.grad, eager.weight.grad)

@@ -118,6 +118,10 @@ _TENSOR_METHODS = frozenset({"view", "expand"})
 # Argument types the generated bindings parse differently from the schema: a binding refuses
 # ``None`` in an index list (``x[:, idx]`` is ``index(x, [None, idx])``), the dispatcher does not.
 _SCHEMA_ONLY_TYPES = frozenset({"List[Optional[Tensor]]"})
+# Arguments whose default the generated bindings read differently from the schema: the losses' ``int
+# reduction=Mean`` is 1 (mean) in the schema and 0 (none) in the bindings, so a recorded call that leaves it
+# out (the lazy recorder's ``mse_loss(a, b)``) would reduce nothing through a binding.
+_SCHEMA_ONLY_DEFAULTS = frozenset({"reduction"})
 
 
 def standard_callable(name: str):
@@ -132,7 +136,8 @@ def fast_callable(name: str):
     op = resolve(name)
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return standard_callable(name)
-    if any(str(a.type) in _SCHEMA_ONLY_TYPES for a in op._schema.arguments):
+    if any(str(a.type) in _SCHEMA_ONLY_TYPES or (a.name in _SCHEMA_ONLY_DEFAULTS and a.has_default_value())
+           for a in op._schema.arguments):
         return op._op
     packet = op._schema.name.split("::", 1)[1]
     if packet in _TENSOR_METHODS and op._overloadname == "default":
