@@ -62,7 +62,9 @@ def test_export_import_coverage_then_zero_compilations(tmp_path, gpt_cache):
     cli("export", bundle, "--cache-dir", gpt_cache, "--model", "gpt")
     target = tmp_path / "imported"
     assert cli_json("import", bundle, "--cache-dir", target)["imported"] == len(manifest_keys(gpt_cache))
-    assert cli_json("coverage", GPT, "--cache-dir", target, *AXIS_ARGS)["uncovered"] == []
+    # In a fresh process, as the warm-up was: this worker may hold the hpu device (the device tests enable it at
+    # import), under which Dynamo retraces a recompile's restart once more and keys one more (empty) program.
+    assert cli_process("coverage", GPT, "--cache-dir", target, *AXIS_ARGS)["uncovered"] == []
     torch._dynamo.reset()
     spec = load_model_file(GPT).with_axes(AXES)
     model = torch.compile(spec.make_model().eval(), backend="hpu_backend", dynamic=spec.dynamic,

@@ -60,7 +60,8 @@ def build(device, times: StepTimes) -> dict[str, Any]:
         "steps": steps,
         "lazy_graph_steps": graphs,
         "recipes_compiled": sum(s["recipes_compiled"] for s in graphs),
-        "recompiles": [{k: str(v) for k, v in r.items()} for r in metrics.recompiles()] + _lazy_recompiles(),
+        "recompiles": [{"kind": "dynamo", **{k: str(v) for k, v in r.items()}} for r in metrics.recompiles()]
+        + _lazy_recompiles(),
         "cpu_fallbacks": _fallbacks(device),
         "host_syncs": _syncs(device),
         "memory": {"peak_bytes": memory.max_memory_allocated(), "in_use_bytes": memory.memory_allocated(),
