@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import maybe_plot
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "device_bench.json"
 MODES = ("cpu", "eager", "lazy")
@@ -98,6 +100,8 @@ def main() -> None:
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"), "rows": list(rows.values())}
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    maybe_plot("device_bench", [f"{m} ({rows[m]['step_s'] / cpu['step_s']:.2f}x)" for m in MODES],
+               {"median ms per training step": [rows[m]["step_s"] * 1e3 for m in MODES]}, "ms per step (batch 64)")
     for row in rows.values():
         extra = f", {row['ratio_to_cpu']:.2f}x the CPU, losses match: {row['losses_match_cpu']}" if row["mode"] != "cpu" else ""
         print(f"{row['mode']}: {row['step_s'] * 1e3:.1f} ms per step (first step {row['first_step_s']:.2f} s){extra}")
