@@ -15,6 +15,8 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
+from hpu_backend.units import size  # the one byte formatter; the commands call it as render.size
+
 # C0 and C1 control characters and DEL, except tab and newline: stored strings (model names, graph
 # names, reasons) could otherwise move the cursor, recolour or retitle the user's terminal.
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)] if c not in (0x09, 0x0a)}
@@ -35,17 +37,6 @@ def _width(stream) -> int | None:
 console = Console(highlight=False, width=_width(sys.stdout))
 err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def size(n: float) -> str:
-    """1536 → '1.5 KiB' (powers of 1024, as the cache limit is counted, with their IEC names)."""
-    n = float(n)
-    for unit in _UNITS:
-        if abs(n) < 1024 or unit == _UNITS[-1]:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def ago(t: float, now: float | None = None) -> str:

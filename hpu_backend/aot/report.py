@@ -18,6 +18,7 @@ import torch._dynamo
 
 from ..serve.compiled import collect_recipes
 from ..formats.recipe import Recipe
+from ..units import size
 
 
 @dataclass
@@ -103,8 +104,8 @@ class AnalysisReport:
         for g in self.graphs:
             t.add_row(g.name, g.kind, _bucket(g.bucket), _counts(g.ops_by_engine),
                       ", ".join(sorted({fb["op"] for fb in g.fallbacks})) or "-", str(g.clusters),
-                      _counts(g.fusions) or "-", _seconds(g.est_time_s), _bytes(g.est_peak_bytes),
-                      f"{g.host_transfers['count']} ({_bytes(g.host_transfers['bytes'])})")
+                      _counts(g.fusions) or "-", _seconds(g.est_time_s), size(g.est_peak_bytes),
+                      f"{g.host_transfers['count']} ({size(g.host_transfers['bytes'])})")
         return t
 
     def __rich__(self):
@@ -162,11 +163,3 @@ def _bucket(b: dict[str, list[int]]) -> str:
 
 def _seconds(s: float) -> str:
     return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"

@@ -104,7 +104,7 @@ def _no_tag(obj) -> None:
 
 
 def _host_storage(storage, location: str):
-    """``torch.load(..., map_location="hpu")`` of storages saved from host tensors: the storage stays in host
+    """Loading a checkpoint with ``map_location="hpu"``, of storages saved from host tensors: each stays in host
     memory (device tensors have no storage of their own), so those tensors load on the CPU; the checkpoint's
     device tensors, saved with their device, load on the device."""
     return storage if location.split(":")[0] == tensor.HPU else None

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from ..units import size
 from .errors import RunError
 
 
@@ -101,13 +102,5 @@ def _memory(r: dict[str, Any]) -> str:
     peak, hbm = r.get("peak_bytes"), r.get("hbm_bytes")
     if peak is None:
         return "peak device memory: n/a"
-    share = f" ({100 * peak / hbm:.2f}% of {_size(hbm)} HBM)" if hbm else ""
-    return f"peak device memory: {_size(peak)}{share}"
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    share = f" ({100 * peak / hbm:.2f}% of {size(hbm)} HBM)" if hbm else ""
+    return f"peak device memory: {size(peak)}{share}"
