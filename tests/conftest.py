@@ -66,6 +66,16 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(params=["eager", "lazy"])
+def device_mode(request):
+    """The hpu device in each of its modes; back to eager after, so nothing of the device stays pending."""
+    import hpu_backend.device as hd
+
+    hd.enable(request.param)
+    yield request.param
+    hd.enable("eager")
+
+
 def load_model_file(name: str):
     """Import models/<name>.py as a module (model files are plain scripts, not a package)."""
     path = MODELS / f"{name}.py"

@@ -55,15 +55,8 @@ def train(make, device: str, steps: int = 5, optimizer: str = "sgd"):
     return losses, model
 
 
-@pytest.fixture(params=["eager", "lazy"])
-def mode(request):
-    hd.enable(request.param)
-    yield request.param
-    hd.enable("eager")  # leaves lazy mode: nothing of the device stays pending for the next test
-
-
 @pytest.mark.parametrize("make, optimizer", [(TinyCNN, "sgd"), (mlp, "adamw")])
-def test_training_matches_the_cpu(mode, make, optimizer):
+def test_training_matches_the_cpu(device_mode, make, optimizer):
     cpu_losses, cpu_model = train(make, "cpu", optimizer=optimizer)
     losses, model = train(make, "hpu", optimizer=optimizer)
     torch.testing.assert_close(losses, cpu_losses)
@@ -85,7 +78,7 @@ def test_lazy_mode_cuts_graphs_at_mark_step_and_reuses_them():
     assert all(not g.new for s in steps[-4:] for g in s.graphs)  # the steady state runs graphs seen before
 
 
-def test_views_in_place_and_host_reads(mode):
+def test_views_in_place_and_host_reads(device_mode):
     base = torch.arange(12.0).reshape(3, 4)
     t = base.to("hpu")
     row = t[1]
@@ -101,7 +94,7 @@ def test_views_in_place_and_host_reads(mode):
     assert "device='hpu:0'" in repr(t)
 
 
-def test_factories_seed_the_device_generator_like_the_cpu(mode):
+def test_factories_seed_the_device_generator_like_the_cpu(device_mode):
     torch.manual_seed(7)
     a = torch.randn(5, device="hpu")
     torch.manual_seed(7)
@@ -116,7 +109,7 @@ def test_factories_seed_the_device_generator_like_the_cpu(mode):
     assert torch.arange(4, device="hpu").sum().item() == 6
 
 
-def test_checkpoint_holds_the_values_after_the_step(mode, tmp_path):
+def test_checkpoint_holds_the_values_after_the_step(device_mode, tmp_path):
     _, model = train(mlp, "hpu", steps=2)
     x = torch.randn(4, 1, 12, 12)
     with torch.no_grad():
@@ -164,7 +157,7 @@ def test_streams_events_and_properties_a_timing_script_uses():
     assert props.name == hpu.get_device_name() and props.total_memory == hpu.mem_get_info()[1]
 
 
-def test_gradients_accumulate_over_backward_passes_as_on_the_cpu(mode):
+def test_gradients_accumulate_over_backward_passes_as_on_the_cpu(device_mode):
     torch.manual_seed(3)
     reference = nn.Linear(4, 3)
     model = nn.Linear(4, 3)
@@ -179,7 +172,7 @@ def test_gradients_accumulate_over_backward_passes_as_on_the_cpu(mode):
     torch.testing.assert_close(model.bias.grad.cpu(), reference.bias.grad)
 
 
-def test_a_deepcopy_of_pending_work_holds_its_values(mode):
+def test_a_deepcopy_of_pending_work_holds_its_values(device_mode):
     """``copy.deepcopy`` of a tensor computed since the last mark_step (a model copied for EMA or evaluation) holds
     the computed values, never the unfilled host bytes; a deep-copied parameter keeps its gradient and flag."""
     import copy

@@ -94,28 +94,23 @@ def test_fallback_log_lines_and_exit_table_in_gaudi_format():
     assert lines[table + 1].split() == ["3", "aten::lgamma"]
 
 
-@pytest.mark.parametrize("mode", ["eager", "lazy"])
-def test_autocast_on_hpu_casts_by_gaudis_lists(mode):
-    hd.enable(mode)
-    try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
-        with gaudi.autocast(dtype=torch.bfloat16):  # Gaudi's lists on the CPU: the reference
-            ref_out = model(x)
-            ref_loss = F.cross_entropy(ref_out, y)
-        model.to("hpu")
-        with torch.autocast("hpu", dtype=torch.bfloat16):
-            out = model(x.to("hpu"))
-            loss = F.cross_entropy(out, y.to("hpu"))
-        loss.backward()
-        gaudi.mark_step()
-        assert out.dtype == torch.bfloat16 and loss.dtype == torch.float32  # linear: bf16; cross entropy: fp32
-        torch.testing.assert_close(out.cpu(), ref_out)
-        torch.testing.assert_close(loss.cpu(), ref_loss)
-        assert model[0].weight.grad.dtype == torch.float32
-    finally:
-        hd.enable("eager")
+def test_autocast_on_hpu_casts_by_gaudis_lists(device_mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    with gaudi.autocast(dtype=torch.bfloat16):  # Gaudi's lists on the CPU: the reference
+        ref_out = model(x)
+        ref_loss = F.cross_entropy(ref_out, y)
+    model.to("hpu")
+    with torch.autocast("hpu", dtype=torch.bfloat16):
+        out = model(x.to("hpu"))
+        loss = F.cross_entropy(out, y.to("hpu"))
+    loss.backward()
+    gaudi.mark_step()
+    assert out.dtype == torch.bfloat16 and loss.dtype == torch.float32  # linear: bf16; cross entropy: fp32
+    torch.testing.assert_close(out.cpu(), ref_out)
+    torch.testing.assert_close(loss.cpu(), ref_loss)
+    assert model[0].weight.grad.dtype == torch.float32
 
 
 def test_host_reads_flush_pending_lazy_work_and_are_reported(lazy):
@@ -134,28 +129,23 @@ def _line(prefix: str) -> int:
         return next(i for i, line in enumerate(f, 1) if line.strip().startswith(prefix))
 
 
-@pytest.mark.parametrize("mode", ["eager", "lazy"])
-def test_torch_compile_on_device_tensors(mode):
-    hd.enable(mode)
-    try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        reference = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        reference.load_state_dict(model.state_dict())
-        model.to("hpu")
-        compiled = torch.compile(model, backend="hpu_backend")
-        x = torch.randn(5, 8)
-        with torch.no_grad():
-            model[0].bias.add_(1.0)  # pending in lazy mode: the compiled graph must read it
-            reference[0].bias.add_(1.0)
-        out = compiled(x.to("hpu"))
-        out.sum().backward()
-        reference(x).sum().backward()
-        assert out.device.type == "hpu"
-        torch.testing.assert_close(out.cpu(), reference(x))
-        torch.testing.assert_close(model[0].weight.grad.cpu(), reference[0].weight.grad)
-    finally:
-        hd.enable("eager")
+def test_torch_compile_on_device_tensors(device_mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    reference = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    reference.load_state_dict(model.state_dict())
+    model.to("hpu")
+    compiled = torch.compile(model, backend="hpu_backend")
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        model[0].bias.add_(1.0)  # pending in lazy mode: the compiled graph must read it
+        reference[0].bias.add_(1.0)
+    out = compiled(x.to("hpu"))
+    out.sum().backward()
+    reference(x).sum().backward()
+    assert out.device.type == "hpu"
+    torch.testing.assert_close(out.cpu(), reference(x))
+    torch.testing.assert_close(model[0].weight.grad.cpu(), reference[0].weight.grad)
 
 
 def test_pin_memory_loader_feeds_the_device(eager):
