@@ -115,14 +115,21 @@ class LazyRecorder(TorchDispatchMode):
 
     def __init__(self, run: Callable[[Pending], list[torch.Tensor]], on_sync: Callable[[str, str, bool], None]):
         super().__init__()
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         self.run = run
         self.on_sync = on_sync
         self.g = _Graph()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self._fake_mode = None  # made at the first recorded op: making one imports Dynamo (≈1 s)
         self.layouts: dict = {}  # op and input layouts -> its fake outputs
         self.host = _HostReads(self)
+
+    @property
+    def fake_mode(self):
+        """The fake-tensor mode that infers what each recorded op returns."""
+        if self._fake_mode is None:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            self._fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        return self._fake_mode
 
     # -- the flush -------------------------------------------------------------------------------------------
 

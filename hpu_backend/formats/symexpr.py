@@ -147,12 +147,10 @@ def _sympy_table():
 
 def encode(expr: Any, rename: Mapping[str, str] | None = None) -> Tree:
     """Encode a sympy expression (or int / SymInt) as a tree; ``rename`` maps symbol names."""
+    if isinstance(expr, (bool, int)):
+        return expr  # before importing sympy: a graph of static shapes never needs it
     import sympy
 
-    if isinstance(expr, bool):
-        return expr
-    if isinstance(expr, int):
-        return expr
     if hasattr(expr, "node") and hasattr(expr.node, "expr"):  # SymInt / SymBool
         expr = expr.node.expr
     if expr is sympy.true or expr is sympy.false:

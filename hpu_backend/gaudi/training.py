@@ -58,9 +58,20 @@ class FusedClipNorm:
         return torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, self.norm_type, foreach=True)
 
 
-@torch._dynamo.disable
 def mark_step() -> None:
     """Run the pending lazy graph in lazy mode; a graph boundary under torch.compile; counted in
     ``metric_global("mark_step")``."""
+    if torch.compiler.is_compiling():  # Dynamo is tracing this call: break the graph here, run it eagerly
+        _boundary()
+    else:
+        _mark_step()
+
+
+def _mark_step() -> None:
     metrics.record_mark_step()
     lazy_mode.mark_step()
+
+
+# torch.compiler.disable(_mark_step), with Dynamo imported at its first call rather than here: only a trace
+# calls it, and importing Dynamo (≈1 s) when the device starts would double the launcher's start-up.
+_boundary = torch._disable_dynamo(_mark_step)

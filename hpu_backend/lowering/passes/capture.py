@@ -14,7 +14,6 @@ import re
 import sys
 from typing import Any
 
-import sympy
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -98,10 +97,12 @@ def symbol_table(values: list) -> tuple[dict[str, str], list[list[int]]]:
         dims = [(-1, val)] if isinstance(val, torch.SymInt) else (
             list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [])
         for d, size in dims:
-            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
+            if not isinstance(size, torch.SymInt):
+                continue  # a static size names no symbol
+            expr = size.node.expr  # a sympy expression: sympy is loaded wherever SymInts exist
             for sym in sorted(expr.free_symbols, key=lambda s: s.name):
                 rename.setdefault(sym.name, f"s{len(rename)}")
-            if isinstance(expr, sympy.Symbol) and expr.name not in sources:
+            if expr.is_Symbol and expr.name not in sources:
                 sources[expr.name] = [i, d]
     missing = [s for s in rename if s not in sources]
     if missing:
