@@ -5,6 +5,7 @@ import gc
 import torch
 
 import hpu_backend.gaudi as hg
+from conftest import run_python
 from hpu_backend.serve.compiled import collect_recipes
 from hpu_backend.targets import device
 
@@ -57,6 +58,7 @@ def test_training_keeps_saved_activations_until_the_backward():
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
     compiled = torch.compile(model, backend="hpu_backend", options={"cache": False})
     x = torch.randn(128, 32)
+    hg.reset_peak_memory_stats()  # the counters count from their first use: x and the parameters from the next run
     compiled(x).sum().backward()  # compile first; then count a step from a clean peak
     for p in model.parameters():
         p.grad = None
@@ -71,3 +73,20 @@ def test_training_keeps_saved_activations_until_the_backward():
     grads = _bytes(*(p.grad for p in model.parameters()))
     assert hg.memory_allocated() - start == grads < after_forward - start  # saved activations freed, grads held
     assert hg.max_memory_allocated() >= after_forward
+
+
+
+def test_the_counters_cost_nothing_until_first_used():
+    """A process that never reads them compiles and calls without observing runs; the first reading starts them,
+    and from then on every run counts (a fresh process: here the counters are started)."""
+    out = run_python(
+        "import torch\n"
+        "import hpu_backend.gaudi as hg\n"
+        "from hpu_backend.serve import session\n"
+        "f = torch.compile(lambda x: x * 2, backend='hpu_backend', options={'cache': False})\n"
+        "x = torch.randn(64)\n"
+        "kept = f(x)\n"
+        "print(len(session.EVERY_RUN), hg.memory_allocated())\n"
+        "again = f(x)\n"
+        "print(len(session.EVERY_RUN), hg.memory_allocated())\n")
+    assert out.split("\n")[:2] == ["0 0", f"1 {2 * 64 * 4}"]  # unobserved until read; then x and the new output

@@ -200,7 +200,7 @@ def observers_at_import(root: Path) -> list[str]:
     for path, module in _modules(root):
         top = [s for s in ast.parse(path.read_text()).body
                if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-        if any(_called(s, name) for s in top for name in ("observe_runs", "listen")):
+        if any(_called(s, name) for s in top for name in ("observe_runs", "observe_every_run", "listen")):
             found.append(module)
     return found
 

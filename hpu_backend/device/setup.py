@@ -43,6 +43,7 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     _register()
     if current is not None:
         lazy_mode.release_device_recorder()
+    memory.start()  # every device tensor and every run of a compiled graph counts from now on
     memory.set_target(settings.target)
     module.TARGET[0] = settings.target
     device = _state["device"] = Device(mode, settings)

@@ -36,7 +36,7 @@ from ..formats.recipe import Recipe
 from ..runtime import RecipeLoadError, build_callable, check_ops
 from ..runtime.dryrun import build_dry_run
 from ..runtime.symbols import symbol_reader
-from .session import Event, Session, collect_recipes, emit, listen, listening
+from .session import EVERY_RUN, Event, Session, collect_recipes, emit, listen, listening
 from .store import entry_meta
 
 __all__ = ["CompiledGraph", "Event", "GuardViolation", "Replay", "Taken", "boxed", "collect_recipes", "emit", "listen"]
@@ -140,11 +140,11 @@ class CompiledGraph:
         if taken.fallbacks:  # the bridge counts fallbacks per execution
             fallback.executed(taken.fallbacks)
         observers = self.session.runs
-        if not observers:
+        if not observers and not EVERY_RUN:
             return taken.run(args) if taken.proven else self._first_run(taken, args, values)
         inputs = list(args)  # the executor may clear ``args`` (boxed calling convention)
         out = taken.run(args) if taken.proven else self._first_run(taken, args, values)
-        for observe in observers:
+        for observe in (*EVERY_RUN, *observers):
             observe(taken.recipe, inputs, out)
         return out
 

@@ -1,6 +1,8 @@
 """The simulated device's memory counters (``hpu_backend.gaudi.memory_allocated`` and friends, Gaudi's
 ``habana_frameworks.torch.hpu`` names): what the recipes that ran hold, from their memory plans. One device
-per process; every session observes its runs with ``on_run``.
+per process. The counters start with the ``hpu`` device, or else at their first call (a reading or a reset);
+from then on every run of every session is observed with ``on_run``, and until then a compiled call pays nothing
+for them.
 
 The device holds every tensor a compiled graph read or produced (parameters, inputs, activations saved for
 the backward, gradients) while it lives: a storage is counted once, from the first recipe call that reads or
@@ -27,17 +29,27 @@ from typing import Any
 import torch
 
 from ..targets import device
+from .session import observe_every_run
 
 _lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
 _storages: dict[int, tuple] = {}  # data pointer -> (bytes, weak reference), for every storage counted and not yet freed
 _stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
 _target = ["gaudi2"]
 _capacity: list[int | None] = [None]  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
+_started = [False]
 CAPACITY_ENV = "HPU_BACKEND_HBM_BYTES"
 
 
 class DeviceOutOfMemoryError(torch.OutOfMemoryError):
     """A device allocation past the HBM capacity (raised by ``allocate``): names the request, use and capacity."""
+
+
+def start() -> None:
+    """Count from now on: observe every run of every session (once per process; the device and every reading
+    call it)."""
+    if not _started[0]:
+        _started[0] = True
+        observe_every_run(on_run)
 
 
 def set_target(target: str) -> None:
@@ -63,6 +75,7 @@ def capacity() -> int:
 
 def mem_get_info() -> tuple[int, int]:
     """(free, total) bytes of device memory, as ``torch.cuda.mem_get_info``."""
+    start()
     total = capacity()
     return max(total - _stats["InUse"], 0), total
 
@@ -91,22 +104,26 @@ def _size(nbytes: int) -> str:
 
 def memory_allocated() -> int:
     """Bytes of simulated device memory held now by the tensors of what ran."""
+    start()
     return _stats["InUse"]
 
 
 def max_memory_allocated() -> int:
     """The largest ``memory_allocated()`` since start or ``reset_peak_memory_stats()``, arenas included."""
+    start()
     return _stats["MaxInUse"]
 
 
 def reset_peak_memory_stats() -> None:
     """Start the peak over from the memory held now."""
+    start()
     with _lock:
         _stats["MaxInUse"] = _stats["InUse"]
 
 
 def memory_stats() -> dict[str, Any]:
     """Gaudi's ``memory_stats()`` keys: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs, MaxAllocSize."""
+    start()
     with _lock:
         return {"Limit": capacity(), **_stats, "ActiveAllocs": len(_storages)}
 

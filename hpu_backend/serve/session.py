@@ -29,7 +29,6 @@ from ..lowering import LoweringContext, lower_bucket
 from recipecache import CacheConfig, ConfigError
 
 from ..settings import Settings, SettingsError
-from . import device_memory
 from .store import RecipeStore
 
 
@@ -86,9 +85,16 @@ def collect_recipes():
         yield found
 
 
-def _standing_observers() -> list[RunObserver]:
-    """What every session observes: the simulated device's memory (``gaudi.memory_allocated`` reads it)."""
-    return [device_memory.on_run]
+# Observers of every run of every session, from the moment they start: the simulated device's memory counters,
+# started by the device or by their first reading (``serve/device_memory.py``), so that until then a compiled call
+# pays nothing for them. Never filled at import (tests/test_layering.py).
+EVERY_RUN: list[RunObserver] = []
+
+
+def observe_every_run(fn: RunObserver) -> None:
+    """Call ``fn(recipe, args, outputs)`` after every run of every session's graphs from now on (once per fn)."""
+    if fn not in EVERY_RUN:
+        EVERY_RUN.append(fn)
 
 
 @dataclass
@@ -97,7 +103,7 @@ class Session:
 
     settings: Settings
     store: RecipeStore = field(default_factory=RecipeStore)  # default: a store that caches nothing
-    runs: list[RunObserver] = field(default_factory=_standing_observers)  # shared by the sessions derived
+    runs: list[RunObserver] = field(default_factory=list)  # shared by the sessions derived (and EVERY_RUN's too)
 
     listen = staticmethod(listen)
     emit = staticmethod(emit)
