@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Annotated
 
 import typer
@@ -47,6 +48,8 @@ def _options(version: Annotated[bool, typer.Option(
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    if sys.argv[1:2] == ["run"]:
+        runcmd.alone(sys.argv[2:])  # start-up before a script's first line counts: skip the other commands
     app()
 
 

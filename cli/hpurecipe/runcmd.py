@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .errors import mapped
+
 # Everything after SCRIPT is the script's, options included (``--hpu``, even ``--cards``).
 CONTEXT = {"allow_interspersed_args": False, "ignore_unknown_options": True, "allow_extra_args": True}
 
@@ -29,3 +31,11 @@ def run(ctx: typer.Context,
     code = launch(script, list(ctx.args), cards, str(report) if report else None, timeout, target)
     if code:
         raise typer.Exit(code)
+
+
+def alone(args: list[str]) -> None:
+    """``hpurecipe run ARGS`` parsed by an app holding this one command: a script's start-up does not wait for
+    the other commands' parsers to be built (``main.main`` hands ``run`` here)."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(context_settings=CONTEXT)(mapped(run))
+    app(args, prog_name="hpurecipe run")
