@@ -57,6 +57,11 @@ _SIZE = re.compile(r"tensor '(?P<var>[^']+)' (?:size|stride) mismatch at index (
                    r"expected (?P<old>\d+), actual (?P<new>\d+)")
 _DTYPE = re.compile(r"tensor '(?P<var>[^']+)' dtype mismatch\. expected (?P<old>\w+), actual (?P<new>\w+)")
 _GRAD = re.compile(r"tensor '(?P<var>[^']+)' requires_grad mismatch")
+# A size-range guard: "2 <= x.size()[0] <= 15", "x.size()[0] <= 15", "2 <= L['x'].size()[1]" (Dynamo's 0/1
+# specialization gives the lower bound 2; a kernel choice inside torch, such as the convolution backend, may add
+# an upper one).
+_RANGE = re.compile(r"^(?:(?P<lo>\d+) <=? )?(?P<var>[A-Za-z_][\w.]*(?:\[[^\]]+\])*)\.size\(\)\[(?P<dim>\d+)\]"
+                    r"(?: <=? (?P<hi>\d+))?$")
 _EQ = re.compile(r"^(?P<var>[A-Za-z_][\w.]*(?:\[[^\]]+\])?) == (?P<old>[^\s#]+)")
 _USER_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
@@ -91,6 +96,10 @@ def classify(text: str, code, f_locals: dict) -> Recompile:
         cause, var, change = "input shape", m["var"], f"dim {m['dim']}: {m['old']} -> {m['new']}"
     elif m := _DTYPE.search(guard):
         cause, var, change = "dtype", m["var"], f"{m['old']} -> {m['new']}"
+    elif (m := _RANGE.match(guard)) and (m["lo"] or m["hi"]):
+        cause, var = "input shape", re.sub(r"^L\['(\w+)'\]$", r"\1", m["var"])
+        size = _size(var, int(m["dim"]), f_locals)
+        change = f"dim {m['dim']}: {m['lo'] or ''}..{m['hi'] or ''} -> {'?' if size is None else size}"
     elif m := _GRAD.search(guard):
         cause, var = "requires_grad", m["var"]
     elif "GLOBAL_STATE changed" in guard:
@@ -120,6 +129,24 @@ def _value(path: str, f_locals: dict):
         except (AttributeError, KeyError, TypeError):
             return _UNKNOWN
     return value if isinstance(value, (bool, int, float, str)) else _UNKNOWN
+
+
+def _size(path: str, dim: int, f_locals: dict) -> int | None:
+    """The size now of dimension ``dim`` of the tensor a guard names (``x``, ``args[0]``, ``L['x']``), or None;
+    only names and integer or string subscripts are followed, never code."""
+    import torch
+
+    head, *keys = re.findall(r"[A-Za-z_]\w*|\[(?:\d+|'[^']*')\]", path)
+    value = f_locals.get(head, _UNKNOWN) if head != "L" else f_locals
+    for key in keys:
+        key = key[1:-1]
+        try:
+            value = value[int(key)] if key.isdigit() else value[key.strip("'")]
+        except (KeyError, IndexError, TypeError):
+            return None
+    if isinstance(value, torch.Tensor) and 0 <= dim < value.dim():
+        return int(value.shape[dim])
+    return None
 
 
 def _is_module(name: str, f_locals: dict) -> bool:
