@@ -8,6 +8,15 @@ from typing import Any
 from . import render
 
 
+def _step(state: dict | None) -> str:
+    """The whole training step's state the batch search counted, as one sentence (nothing for inference)."""
+    if not state:
+        return ""
+    return (f" The whole step: parameters {render.size(state['parameters'])}, gradients "
+            f"{render.size(state['gradients'])}, optimizer state {render.size(state['optimizer_state'])} "
+            f"({state['optimizer']}), master weights {render.size(state['master_weights'])}.")
+
+
 def print_analysis(doc: dict[str, Any]) -> None:
     render.table(["point", "planned at", "recipes", "fallbacks", "graph breaks", "recompilations", "est. time",
                   "peak HBM"],
@@ -33,8 +42,9 @@ def print_analysis(doc: dict[str, Any]) -> None:
         at = " ".join(f"{k}={v}" for k, v in mb["at"].items())
         where = f"{doc['target']} HBM" + (f" at {at}" if at else "")
         if mb.get("batch"):
-            render.note("Largest batch that fits {}: {} (planned peak {}; an estimate).{}", where, f"{mb['batch']:,}",
-                        render.size(mb["peak_bytes"]), f" {mb['note']}." if mb.get("note") else "")
+            render.note("Largest batch that fits {}: {} (planned peak {}; an estimate).{}{}", where, f"{mb['batch']:,}",
+                        render.size(mb["peak_bytes"]), f" {mb['note']}." if mb.get("note") else "",
+                        _step(mb.get("step")))
         else:
             render.note("Largest batch that fits {}: cannot tell: {}.", where, mb["reason"])
 

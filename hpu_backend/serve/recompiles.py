@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
 from .. import metrics
+from .sources import library_file
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class Recompile:
     variable: str  # "i", "x", "self.k"; "" when the guard names none
     change: str  # "2 -> 3", "dim 0: 4 -> 8", "Float -> Double"; "" when unknown
     source: str  # the user's line that reads the variable: "model.py:12"; else the function's line
+    library: str = ""  # the function's file when it is library code ("transformers/utils/generic.py"), else ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +111,7 @@ def classify(text: str, code, f_locals: dict) -> Recompile:
         value = _value(var, f_locals)
         cause = "module attribute" if "." in var and _is_module(var.split(".")[0], f_locals) else "constant"
         change = f"{m['old']} -> {value}" if value is not _UNKNOWN else ""
-    return Recompile(function, guard, cause, var, change, _source(text, code, var))
+    return Recompile(function, guard, cause, var, change, _source(text, code, var), library_file(code.co_filename))
 
 
 _UNKNOWN = object()
