@@ -34,7 +34,7 @@ from ..serve import hbm
 from ..serve.recompiles import LOOP_CONSTANT_FIX
 from ..serve.sources import library_file, library_location
 from .analyze import _max_batch, hbm_bytes
-from .modelfile import ModelSpec
+from .modelfile import ModelSpec, model_call, point_label
 from .warm import PointResult, plan
 
 # The checks in checklist order (port, optimize, profile): the order of findings without a gain estimate.
@@ -88,11 +88,12 @@ def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2") -> dict
         seen = len(metrics.recompiles())
         points = plan(spec, train=train, target=target, repeat=2)  # a steady loop's second step compiles nothing
         recompiled = metrics.recompiles()[seen:]
+        batch = _batch(spec, points, train, target)  # its probes recompile too: counted in its finding only
     largest = points[-1] if points else None
     recipes = [u.recipe for u in largest.used] if largest else []
     findings = [*_hbm(recipes), *_fallbacks(recipes, spec), *_breaks(breaks, spec), *_recompiles(recompiled, spec),
                 *_buckets(spec), *_attention(recipes, spec), *_autocast(recipes, target), *_source(spec),
-                *_batch(spec, points, train, target), *_hpu_graphs(spec, recipes, train)]
+                *batch, *_hpu_graphs(spec, recipes, train)]
     findings.sort(key=lambda f: (not f.gain_s, -(f.gain_s or 0.0), CHECKS.index(f.check)))
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "planned_at": largest.point if largest else {}, "estimate": True,
@@ -120,7 +121,8 @@ def graph_breaks(spec: ModelSpec, train: bool) -> list[tuple[str, str]]:
     model = spec.build_model().train(train)
     inputs = spec.split(spec.inputs(spec.points()[0]))
     with torch.no_grad():
-        out = torch._dynamo.explain(model)(*inputs)
+        out = model_call(spec.path, f"the model at {point_label(spec.points()[0])}", torch._dynamo.explain(model),
+                         *inputs, eager=model)
     torch._dynamo.reset()
     found = []
     for b in out.break_reasons:
@@ -337,8 +339,12 @@ def _batch(spec: ModelSpec, points: list[PointResult], train: bool, target: str)
     largest, fits = max(spec.axes["batch"]), found.get("batch")
     if not fits or fits < 4 * largest:
         return []
-    return [Finding("batch size", f"the largest batch point is {largest}; {fits:,} fit {target}'s HBM (planned)",
-                    spec.path, DOCS["batch size"], fix=f"try batches up to {fits:,} (`hpurecipe analyze`)")]
+    step = found.get("step")
+    planned = (f"the whole step planned: gradients, {step['optimizer']} state and master weights included"
+               if step else "planned")
+    return [Finding("batch size", f"the largest batch point is {largest}; {fits:,} fit {target}'s HBM ({planned})",
+                    _model_line(spec, "AXES"), DOCS["batch size"], fix=f"try batches up to {fits:,} (`hpurecipe "
+                                                                         f"analyze{' --train' if train else ''}`)")]
 
 
 HOST_BOUND_S = 1e-3  # below this estimated device time per call, launches dominate

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .. import metrics
 from .report import GraphReport
-from .modelfile import ModelSpec, point_label, user_call
+from .modelfile import ModelSpec, model_call, point_label
 from .step_memory import StepState, step_state
 from .warm import PointResult, plan, plan_lazy
 
@@ -85,7 +85,8 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
     point = spec.points()[0]
     inputs = spec.split(spec.inputs(point))
     with torch.no_grad():
-        out = user_call(spec.path, f"the model at {point_label(point)}", torch._dynamo.explain(model), *inputs)
+        out = model_call(spec.path, f"the model at {point_label(point)}", torch._dynamo.explain(model), *inputs,
+                         eager=model)
     torch._dynamo.reset()
     return sorted({str(getattr(b, "reason", b)).splitlines()[0] for b in out.break_reasons})
 

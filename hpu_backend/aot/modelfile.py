@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import inspect
 import itertools
+import logging
 import re
 import signal
 import sys
@@ -129,6 +130,47 @@ def user_call(where: str, what: str, fn: Callable, *args, **kwargs) -> Any:
     except BaseException as e:  # the user's code: anything may come out of it
         # chained: HPURECIPE_TRACEBACK=1 shows where in the model file it failed
         raise ModelFileError(f"{where}: {what} {_raised(e)}") from e
+
+
+def model_call(where: str, what: str, model: Callable, *args, eager: Callable | None = None) -> Any:
+    """``model(*args)`` for a compiled or traced model, as ``user_call``, with torch's fake-tensor log kept
+    quiet. When it fails and the model fails run eagerly on the same inputs too, the eager error is raised
+    instead: the model's own cause with real sizes ("[1, 3] X [2, 2]"), not the tracer's wrapper or symbols.
+    ``eager`` is the model itself when ``model`` is not a torch.compile'd module."""
+    try:
+        with quiet_trace_logs():
+            return user_call(where, what, model, *args)
+    except ModelFileError:
+        check_eager(where, what, eager or getattr(model, "_orig_mod", model), *args)
+        raise
+
+
+def check_eager(where: str, what: str, model: Callable, *args) -> None:
+    """ModelFileError "WHERE: WHAT raised TYPE: MESSAGE (run eagerly too, ...)" when ``model``
+    fails on ``args`` without any compiler or tracer; nothing when it runs."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(*args)
+    except (KeyboardInterrupt, _Expired):
+        raise
+    except BaseException as e:  # the user's code: anything may come out of it
+        raise ModelFileError(f"{where}: {what} {_raised(e)} (run eagerly too, without compiling: fix the model "
+                             f"or make_inputs)") from e
+
+
+@contextlib.contextmanager
+def quiet_trace_logs():
+    """Torch logs a traceback at ERROR for every op that fails on fake tensors while tracing; the failure
+    reaches the caller as an exception too, which is reported in one line, so the log is noise."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _raised(e: BaseException) -> str:
