@@ -29,7 +29,7 @@ def _spec(tmp_path, text=WIDE, name="wide"):
     ("opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)", ("SGD", 1)),
     ("opt = torch.optim.SGD(params, lr=0.1)", ("SGD", 0)),
     ("from torch.optim import AdamW\nopt = AdamW(params)", ("AdamW", 2)),
-    ("pass", ("AdamW (assumed: the model file names no optimizer)", 2)),
+    ("pass", ("", 2)),  # none named: AdamW's states are planned
 ])
 def test_the_optimizer_is_read_from_the_source_and_adamw_is_assumed_when_none_is_named(tmp_path, source, expected):
     spec = _spec(tmp_path, WIDE + "\ndef train(params):\n    " + source.replace("\n", "\n    ") + "\n")
@@ -56,7 +56,8 @@ def test_the_largest_training_batch_leaves_room_for_the_whole_step(tmp_path, mon
     whole = analyze._max_batch(spec, points, hbm, True, "gaudi2")
     monkeypatch.setattr(analyze, "step_state", lambda spec: StepState("none", 0, 0, 0, 0))
     graphs_only = analyze._max_batch(spec, points, hbm, True, "gaudi2")
-    assert whole["step"]["optimizer_state"] == 2 * whole["step"]["parameters"] > 0  # AdamW, assumed
+    assert whole["step"]["optimizer_state"] == 2 * whole["step"]["parameters"] > 0
+    assert (whole["step"]["optimizer"], whole["step"]["assumed"]) == ("AdamW", True)
     assert 0 < whole["batch"] < graphs_only["batch"]
     assert whole["peak_bytes"] <= hbm
 

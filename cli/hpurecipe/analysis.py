@@ -14,7 +14,8 @@ def _step(state: dict | None) -> str:
         return ""
     return (f" The whole step: parameters {render.size(state['parameters'])}, gradients "
             f"{render.size(state['gradients'])}, optimizer state {render.size(state['optimizer_state'])} "
-            f"({state['optimizer']}), master weights {render.size(state['master_weights'])}.")
+            f"({state['optimizer']}{', assumed: the model file names no optimizer' if state.get('assumed') else ''}), "
+            f"master weights {render.size(state['master_weights'])}.")
 
 
 def print_analysis(doc: dict[str, Any]) -> None:

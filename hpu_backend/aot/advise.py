@@ -340,7 +340,8 @@ def _batch(spec: ModelSpec, points: list[PointResult], train: bool, target: str)
     if not fits or fits < 4 * largest:
         return []
     step = found.get("step")
-    planned = (f"the whole step planned: gradients, {step['optimizer']} state and master weights included"
+    planned = (f"the whole step planned: gradients, {step['optimizer']} state"
+               f"{' (assumed: the file names no optimizer)' if step['assumed'] else ''} and master weights included"
                if step else "planned")
     return [Finding("batch size", f"the largest batch point is {largest}; {fits:,} fit {target}'s HBM ({planned})",
                     _model_line(spec, "AXES"), DOCS["batch size"], fix=f"try batches up to {fits:,} (`hpurecipe "

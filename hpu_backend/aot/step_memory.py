@@ -32,11 +32,12 @@ MOMENTUM = {"SGD", "FusedSGD", "RMSprop"}  # one more state when the call gives 
 class StepState:
     """Bytes a training step holds besides the graphs' plans, and where the optimizer was read."""
 
-    optimizer: str  # "AdamW", or "AdamW (assumed: the model file names no optimizer)"
+    optimizer: str  # "AdamW", "SGD", ...
     parameters: int
     gradients: int
     optimizer_state: int
     master_weights: int
+    assumed: bool = False  # the model file names no optimizer: AdamW is planned
 
     def held(self) -> int:
         """Held through the whole step, whatever graph runs."""
@@ -62,11 +63,12 @@ def step_state(spec: ModelSpec) -> StepState:
     low = sum(p.numel() for p in params if p.dtype in (torch.bfloat16, torch.float16))
     name, states = optimizer_of(spec)
     count = sum(p.numel() for p in params)
-    return StepState(name, param_bytes, param_bytes, 4 * states * count, 4 * low)
+    return StepState(name or ASSUMED, param_bytes, param_bytes, 4 * states * count, 4 * low, assumed=not name)
 
 
 def optimizer_of(spec: ModelSpec) -> tuple[str, int]:
-    """(name, fp32 states per parameter) of the first optimizer the model file's source constructs."""
+    """(name, fp32 states per parameter) of the first optimizer the model file's source constructs; ("", AdamW's)
+    when it constructs none."""
     path = Path(spec.path.split(":", 1)[0])
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -77,7 +79,7 @@ def optimizer_of(spec: ModelSpec) -> tuple[str, int]:
         name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
         if name in STATES:
             return name, STATES[name] + (name in MOMENTUM and _momentum(call))
-    return f"{ASSUMED} (assumed: the model file names no optimizer)", STATES[ASSUMED]
+    return "", STATES[ASSUMED]
 
 
 def _momentum(call: ast.Call) -> bool:
