@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from hpu_backend import load_model_file
 from hpu_backend.aot.advise import advise
@@ -74,3 +75,12 @@ def test_denoiser_loop_constant_is_named_at_the_users_line():
     assert "loop constant pattern" in rec["what"] and "self.step" in rec["what"]
     assert rec["where"] == _line("denoiser.py", "sigma = SIGMAS[")
     assert "torch.tensor(steps)" in rec["fix"]
+
+
+def test_library_code_is_told_from_the_users_own_files():
+    from hpu_backend.serve.sources import library_location
+
+    assert library_location("torch/nn/modules/conv.py:560") == "torch/nn/modules/conv.py:560"  # as recipes store it
+    assert library_location(f"{torch.__file__}:1") == "torch/__init__.py:1"  # as Dynamo's frames give it
+    assert library_location(f"{USER_MODELS / 'vgg_bn.py'}:3") == ""
+    assert library_location("tests/user_models/vgg_bn.py:3") == "" and library_location("fx_graph_0001_fw") == ""
