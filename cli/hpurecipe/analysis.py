@@ -37,7 +37,8 @@ def print_analysis(doc: dict[str, Any]) -> None:
         render.note("graph break: {}", reason)
     for r in doc.get("recompiles", []):
         render.note("recompile: {}", f"{r['function']}: {r['cause']} ({r['variable']} {r['change']}".rstrip()
-                    + f") at {r['source']}; guard {r['guard']}")
+                    + f") at {r['source']}" + (f" (in library code: {r['library']})" if r.get("library") else "")
+                    + f"; guard {r['guard']}")
     mb = doc["max_batch"]
     if mb:
         at = " ".join(f"{k}={v}" for k, v in mb["at"].items())
