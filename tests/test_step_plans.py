@@ -69,3 +69,20 @@ def test_a_training_plan_without_per_card_plans_the_file_on_one_card(tmp_path):
     assert doc["memory"]["optimizer_state_bytes"] == 8 * n and doc["fits_hbm"] and doc["max_batch"]["batch"] > 64
     with pytest.raises(CapacityError, match="tensor parallel over 2 cards needs PER_CARD"):
         plan_training(spec, "gaudi2", "bf16", seq=1, global_batch=64, cards=2, tp=2)
+
+
+def test_analyze_prints_the_whole_step_and_a_library_recompile_as_such(capsys):
+    from hpurecipe.analysis import print_analysis
+
+    doc = {"model": "m", "mode": "train", "target": "gaudi2", "hbm_bytes": 2**30, "buckets": [],
+           "graph_break_reasons": [], "recompiles": [
+               {"function": "wrapper (generic.py:1030)", "cause": "input shape", "variable": "args[0]",
+                "change": "dim 0: 1 -> 2", "source": "generic.py:1036", "guard": "g",
+                "library": "transformers/utils/generic.py"}],
+           "max_batch": {"batch": 8, "at": {}, "peak_bytes": 2**29, "step": StepState(
+               "AdamW", 2**20, 2**20, 2**21, 0, assumed=True).to_dict()}}
+    print_analysis(doc)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "at generic.py:1036 (in library code: transformers/utils/generic.py)" in out
+    assert ("The whole step: parameters 1.0 MiB, gradients 1.0 MiB, optimizer state 2.0 MiB (AdamW, assumed: the "
+            "model file names no optimizer), master weights 0 B.") in out
