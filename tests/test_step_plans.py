@@ -8,7 +8,6 @@ import pytest
 
 from hpu_backend.aot import analyze
 from hpu_backend.aot.capacity import CapacityError
-from hpu_backend.aot.modelfile import spec_from
 from hpu_backend.aot.step_memory import StepState, optimizer_of, step_state
 from hpu_backend.aot.training_plan import plan_training
 from hpu_backend.aot.warm import plan

@@ -32,7 +32,7 @@ from typing import Any
 from .. import metrics
 from ..serve import hbm
 from ..serve.recompiles import LOOP_CONSTANT_FIX
-from ..serve.sources import library_file, library_location
+from ..serve.sources import library_location
 from .analyze import _max_batch, hbm_bytes
 from .modelfile import ModelSpec, model_call, point_label
 from .warm import PointResult, plan
@@ -237,7 +237,8 @@ def _recompile_cause(cause: str, change: str, source: str, spec: ModelSpec) -> t
     old, new = m["old"], m["new"]
     axes = [a for a, v in spec.axes.items() if new.isdigit() and int(new) in v]
     axis = axes[0] if len(axes) == 1 else ""
-    if spec.dynamic and {old, new} & {"0", "1"} or old.startswith("2..") and new in ("0", "1"):
+    specialized = (spec.dynamic and {old, new} & {"0", "1"}) or (old.startswith("2..") and new in ("0", "1"))
+    if specialized:
         size = old if old in ("0", "1") else new
         where = _model_line(spec, "AXES") if axis else source
         return where, (f": Dynamo specializes sizes 0 and 1 even with dynamic shapes, so {axis or 'the size'}="

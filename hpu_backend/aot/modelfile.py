@@ -3,14 +3,13 @@
 A model file defines ``make_model()`` (returns the module), ``make_inputs(**axes)`` (a tuple of example
 inputs for one shape; given ``seed=`` too when it takes one) and ``AXES = {axis: [values]}`` (the shapes to
 cover; one recipe set per point of their cartesian product). Optional: ``COMPILE = {"dynamic": ...,
-"options": {...}}`` (the ``torch.compile`` arguments; default ``{}``), ``MODEL_INPUTS`` (how many leading inputs feed the model; the
-default is all of them), ``loss(output, *inputs)`` (needed to warm training graphs), ``AXES_MIN =
-{axis: size}`` (the smallest size a package serves on an axis, for models that cannot take smaller ones,
-such as strided convolutions), ``DECODE`` (a generative model's decode step: a holder of the same names,
-missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers) and
+"options": {...}}`` (the ``torch.compile`` arguments; default ``{}``), ``MODEL_INPUTS`` (how many leading
+inputs feed the model; the default is all of them), ``loss(output, *inputs)`` (needed to warm training
+graphs), ``AXES_MIN = {axis: size}`` (the smallest size a package serves on an axis, for models that cannot
+take smaller ones, such as strided convolutions), ``DECODE`` (a generative model's decode step: a holder of
+the same names, missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers) and
 ``PER_CARD(cards, group, layers)`` (a holder of one card's tensor-parallel shard, its collectives over the
-process group ``group``, with ``layers`` layers). With
-``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
+process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
 """
 
 from __future__ import annotations
@@ -135,7 +134,7 @@ def user_call(where: str, what: str, fn: Callable, *args, **kwargs) -> Any:
 def model_call(where: str, what: str, model: Callable, *args, eager: Callable | None = None) -> Any:
     """``model(*args)`` for a compiled or traced model, as ``user_call``, with torch's fake-tensor log kept
     quiet. When it fails and the model fails run eagerly on the same inputs too, the eager error is raised
-    instead: the model's own cause with real sizes ("[1, 3] X [2, 2]"), not the tracer's wrapper or symbols.
+    instead: the model's own cause with real sizes ("(1x3 and 2x2)"), not the tracer's wrapper or symbols.
     ``eager`` is the model itself when ``model`` is not a torch.compile'd module."""
     try:
         with quiet_trace_logs():
