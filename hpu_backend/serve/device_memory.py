@@ -47,9 +47,12 @@ class DeviceOutOfMemoryError(torch.OutOfMemoryError):
 def start() -> None:
     """Count from now on: observe every run of every session (once per process; the device and every reading
     call it)."""
-    if not _started[0]:
-        _started[0] = True
-        observe_every_run(on_run)
+    if _started[0]:
+        return
+    with _lock:
+        if not _started[0]:
+            observe_every_run(on_run)
+            _started[0] = True
 
 
 def set_target(target: str) -> None:
