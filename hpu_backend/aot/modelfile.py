@@ -162,7 +162,12 @@ def time_limit(seconds: float | None, where: str):
 
 
 def load_model_file(selector: str | Path) -> ModelSpec:
-    """Import ``path.py`` (or ``path.py:attr``) and return its checked ModelSpec."""
+    """Import ``path.py`` (or ``path.py:attr``) and return its checked ModelSpec; a Hugging Face ``config.json``
+    (or a directory holding one) is read as data instead (``hfmodels``: nothing is imported from it)."""
+    from .hfmodels import is_config, load_config
+
+    if is_config(selector):
+        return load_config(selector)
     path, _, attr = str(selector).partition(":") if not Path(str(selector)).exists() else (str(selector), "", "")
     module = _import(Path(path))
     holder = module
