@@ -30,6 +30,7 @@ PHASE_DIMS = {"prompt": ("bs", "seq"), "decode": ("bs", "block")}
 PARAMS = ("min", "step", "max")
 LONG_CONTEXT = 8192  # exponential prompt lengths from this max_model_len on: half exponential, half linear
 MAX_VALUE = 1 << 24  # a bucket bound past this is not a serving setting
+MAX_GRAPHS = 20_000  # a grid past this many buckets would warm for days; refused before it is built
 
 
 class BucketSettingError(ValueError):
@@ -121,6 +122,9 @@ def read_range(env: Mapping[str, str], phase: str, dim: str, **defaults: int) ->
     if lo > hi:
         raise BucketSettingError(f"{var(phase, dim, 'min')}={lo} is above {var(phase, dim, 'max')}={hi}: "
                                  "MIN must be at most MAX")
+    if hi // step > MAX_GRAPHS:
+        raise BucketSettingError(f"{var(phase, dim, 'step')}={step} with {var(phase, dim, 'max')}={hi}: "
+                                 f"{hi // step:,} buckets; at most {MAX_GRAPHS:,} (raise STEP or lower MAX)")
     return lo, step, hi
 
 
@@ -190,8 +194,9 @@ def bucket_env(env: Mapping[str, str]) -> dict[str, str]:
         "VLLM_BUCKETING_STRATEGY", "VLLM_EXPONENTIAL_BUCKETING"))}
 
 
-def generate(engine: Engine, cache_blocks: int, env: Mapping[str, str] | None = None) -> Grid:
-    """The grid vLLM-Gaudi warms for ``engine`` with a KV cache of ``cache_blocks`` blocks under ``env``."""
+def generate(engine: Engine, cache_blocks: int | None, env: Mapping[str, str] | None = None) -> Grid:
+    """The grid vLLM-Gaudi warms for ``engine`` with a KV cache of ``cache_blocks`` blocks under ``env``
+    (None: the prompt buckets only, which do not depend on the cache)."""
     env = bucket_env(env or {})
     strategy = strategy_of(env)
     if strategy == "linear":
@@ -203,10 +208,15 @@ def _linear(e: Engine, cache_blocks: int, env: dict[str, str]) -> Grid:
     pbs = read_range(env, "prompt", "bs", min=1, step=32, max=e.prefill_seqs)
     pseq = read_range(env, "prompt", "seq", min=e.block_size, step=e.block_size, max=e.max_model_len)
     dbs = read_range(env, "decode", "bs", min=1, step=32, max=e.max_num_seqs)
+    prompt, omitted = _filter_prompt(linear_range(*pbs), linear_range(*pseq), e.batched_tokens, None)
+    if cache_blocks is None:
+        return Grid("linear", tuple(prompt), (), {"prompt_bs": pbs, "prompt_seq": pseq}, env, (), omitted)
     block_max = cache_blocks if e.contiguous_pa and var("decode", "block", "max") not in env else None
     dblk = read_range(env, "decode", "block", min=e.block_size, step=e.block_size, max=block_max or cache_blocks)
-    prompt, omitted = _filter_prompt(linear_range(*pbs), linear_range(*pseq), e.batched_tokens, None)
     blocks = linear_range(*dblk)
+    if len(blocks) * len(linear_range(*dbs)) > MAX_GRAPHS:
+        raise BucketSettingError(f"decode: {len(linear_range(*dbs))} batch sizes x {len(blocks)} block counts; at most "
+                                 f"{MAX_GRAPHS:,} buckets (raise VLLM_DECODE_BLOCK_BUCKET_STEP)")
     if block_max and cache_blocks not in blocks:
         blocks.append(cache_blocks)
     decode = []
@@ -229,6 +239,8 @@ def _exponential(e: Engine, cache_blocks: int, env: dict[str, str]) -> Grid:
     long_context = e.max_model_len >= LONG_CONTEXT  # half the length buckets linear past MAX / limit
     prompt, omitted = _filter_prompt(exponential_range(*pbs), exponential_range(*pseq, long_context=long_context),
                                      e.batched_tokens, e.max_model_len)
+    if cache_blocks is None:
+        return Grid("exponential", tuple(prompt), (), {"prompt_bs": pbs, "prompt_seq": pseq}, env, (), omitted)
     dbs = (1, 2, e.max_num_seqs, math.ceil(math.log2(e.max_num_seqs)) + 1)
     top = cache_blocks if e.contiguous_pa else min(e.max_model_len // e.block_size * e.max_num_seqs, cache_blocks)
     dblk = (1, e.max_num_seqs, top, math.ceil(math.log2(max(cache_blocks, 2))) + 1)
