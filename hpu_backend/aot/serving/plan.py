@@ -28,8 +28,8 @@ from .trace import Request
 
 # Fitted by bench/serving_bench.py on vLLM-Gaudi's managing_warm-up.md row: LLaMA 3.1 8B, TP 1, bf16, the bucket
 # settings that page gives (47 graphs), max-model-len 8192: 66 s cold, 23 s from a recipe cache. Planned on gaudi2.
-COMPILE_S_PER_SLICE = 1.0e-4
-CACHED_S_PER_SLICE = 1.0e-5
+COMPILE_S_PER_SLICE = 1.947e-5
+CACHED_S_PER_SLICE = 5.492e-6
 CALIBRATION = "vLLM-Gaudi docs, managing_warm-up.md: LLaMA 3.1 8B TP1 bf16, 66 s cold / 23 s cached"
 
 
