@@ -204,6 +204,19 @@ def generate(engine: Engine, cache_blocks: int | None, env: Mapping[str, str] | 
     return _exponential(engine, cache_blocks, env)
 
 
+def validate(engine: Engine, env: Mapping[str, str]) -> None:
+    """BucketSettingError for a variable that is not an integer or contradicts another (before any work): the
+    set ones are read over placeholder defaults, so that only what the user gave is judged."""
+    env = bucket_env(env)
+    if strategy_of(env) != "linear":
+        return
+    for phase, dims in PHASE_DIMS.items():
+        for dim in dims:
+            given = {p: _int(var(phase, dim, p), env[var(phase, dim, p)]) for p in PARAMS if var(phase, dim, p) in env}
+            lo, hi = given.get("min", 1), given.get("max", max(1, given.get("min", 1)))
+            read_range(env, phase, dim, min=lo, step=1, max=hi)
+
+
 def _linear(e: Engine, cache_blocks: int, env: dict[str, str]) -> Grid:
     pbs = read_range(env, "prompt", "bs", min=1, step=32, max=e.prefill_seqs)
     pseq = read_range(env, "prompt", "seq", min=e.block_size, step=e.block_size, max=e.max_model_len)

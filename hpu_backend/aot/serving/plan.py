@@ -174,7 +174,8 @@ def _grid_doc(grid: bk.Grid) -> dict[str, Any]:
 def _serve(requests, grid, engine, mem, model, budget, say) -> dict[str, Any]:
     cost = costs(model, engine)
     base = replay(requests, grid, engine, mem.blocks, cost)
-    out = {"requests": len(requests), "default": base.summary(), "histogram": _histogram(requests)}
+    out = {"requests": len(requests), "default": base.summary(), "histogram": _histogram(requests),
+           "decode_blocks": _blocks(base.shapes["decode"])}
     if budget is not None:
         say("searching bucket settings within the warm-up budget")
         best = recommend(base.shapes, model, engine, mem, budget)
@@ -189,8 +190,22 @@ def _serve(requests, grid, engine, mem, model, budget, say) -> dict[str, Any]:
     return out
 
 
-def _histogram(requests: list[Request]) -> dict[str, list[int]]:
-    return {"prompt": [r.prompt for r in requests], "output": [r.output for r in requests]}
+def _histogram(requests: list[Request], bins: int = 32) -> dict[str, dict[str, list]]:
+    """The trace's prompt and output lengths, binned."""
+    out = {}
+    for name, values in (("prompt", [r.prompt for r in requests]), ("output", [r.output for r in requests])):
+        counts, edges = np.histogram(values, bins=bins)
+        out[name] = {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+    return out
+
+
+def _blocks(decode_shapes: Mapping[tuple[int, int], int]) -> dict[str, list[int]]:
+    """Decode steps by the KV blocks their batch held (unpadded)."""
+    by: dict[int, int] = {}
+    for (_, blocks), n in decode_shapes.items():
+        by[blocks] = by.get(blocks, 0) + n
+    keys = sorted(by)
+    return {"blocks": keys, "steps": [by[k] for k in keys]}
 
 
 # -- recommendation -------------------------------------------------------------------------------------------
