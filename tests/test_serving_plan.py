@@ -138,3 +138,14 @@ def test_bad_input_is_one_line_before_lowering(config, args, message):
     argv = ["serving-plan", config, *(["--max-model-len", "256"] if "--max-model-len" not in args else []), *args]
     line = one_line(cli(*argv, code=2))
     assert message in line, line
+
+
+def test_a_plan_read_back_gives_the_points_to_warm():
+    from hpu_backend.aot.serving.plan import planned_points
+
+    doc = {"grid": {"prompt": [[1, 128], [4, 256]], "decode": [[2, 3], [8, 8]]}, "engine": {"block_size": 128}}
+    prompt, decode = planned_points(doc)
+    assert prompt == [{"batch": 1, "input_len": 128}, {"batch": 4, "input_len": 256}]
+    assert decode == [{"batch": 2, "kv_len": 192}, {"batch": 8, "kv_len": 128}]  # each sequence's share of the blocks
+    with pytest.raises(PlanError, match=r"grid.decode: expected at most"):
+        planned_points({**doc, "grid": {"prompt": [], "decode": [[1, "x"]]}})

@@ -6,6 +6,7 @@ They import torch when they run, not when the CLI starts (the cache-only command
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
@@ -47,10 +48,17 @@ def progress(total: int, quiet: bool) -> Iterator:
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
                                              "if the cache did not keep everything the buckets use.")] = False,
-         timeout: Timeout = None, json: Json = False) -> None:
+         timeout: Timeout = None, json: Json = False,
+         serving_plan: Annotated[Optional[Path], typer.Option(
+             "--serving-plan", help="Warm exactly the buckets of a plan (hpurecipe serving-plan --json > PLAN).",
+             show_default=False)] = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
+    if serving_plan is not None:
+        from .servingcmd import warm_plan
+
+        return warm_plan(model_file, serving_plan, cache_dir, timeout, json)
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         config = config_to_fill(cache_dir, "warm")

@@ -211,3 +211,33 @@ def _plot(doc: dict, reqs, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> None:
+    """``hpurecipe warm MODEL --serving-plan PLAN``: the plan's prompt buckets through the prefill step and its
+    decode buckets through the decode step, compiled and run once each, filling the cache (one manifest each)."""
+    import json as jsonlib
+
+    from hpu_backend.aot.cachepolicy import config_to_fill
+    from hpu_backend.aot.modelfile import load_model_file, time_limit
+    from hpu_backend.aot.serving.plan import MAX_PLAN_BYTES, PlanError, planned_points
+    from hpu_backend.aot.warm import warm
+
+    from .buildcmds import _finish, progress
+
+    if not plan_path.is_file() or plan_path.stat().st_size > MAX_PLAN_BYTES:
+        raise UsageError(f"--serving-plan {plan_path}: expected a serving plan's JSON file of at most 64 MiB")
+    try:
+        doc = jsonlib.loads(plan_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"--serving-plan {plan_path}: not JSON ({str(e).splitlines()[0]})") from None
+    prompt, decode = planned_points(doc)
+    with time_limit(timeout, model):
+        spec = load_model_file(model)
+        if spec.decode is None:
+            raise PlanError(f"{model}: no DECODE step; a serving plan warms a prefill and a decode step")
+        config = config_to_fill(cache_dir, "warm")
+        for step, points in ((spec, prompt), (spec.decode, decode)):
+            with progress(len(points), json) as on_point:
+                report = warm(step, config, on_point=on_point, points=points)
+            _finish(report, config, json, False)

@@ -301,5 +301,37 @@ def _pad(values: np.ndarray, raw: np.ndarray) -> np.ndarray:
     return np.where(inside, values[np.minimum(idx, len(values) - 1)], raw)
 
 
+
+
+# -- a plan read back (hpurecipe warm --serving-plan) ------------------------------------------------------------
+
+MAX_PLAN_BYTES = 64 << 20
+
+
+def planned_points(doc: Any) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """The prefill points (batch, input_len) and decode points (batch, kv_len: each sequence's share of the
+    bucket's blocks) of a serving plan's JSON, checked as data (PlanError naming the field)."""
+    grid = doc.get("grid") if isinstance(doc, dict) else None
+    engine = doc.get("engine") if isinstance(doc, dict) else None
+    block = engine.get("block_size") if isinstance(engine, dict) else None
+    if not isinstance(grid, dict) or not _int_ok(block):
+        raise PlanError("serving plan: expected the JSON of hpurecipe serving-plan --json (grid, engine.block_size)")
+    phases = []
+    for phase in ("prompt", "decode"):
+        shapes = grid.get(phase)
+        if not isinstance(shapes, list) or len(shapes) > bk.MAX_GRAPHS or not all(
+                isinstance(s, list) and len(s) == 2 and all(_int_ok(v) for v in s) for s in shapes):
+            raise PlanError(f"serving plan: grid.{phase}: expected at most {bk.MAX_GRAPHS:,} [batch, size] pairs of "
+                            "positive integers")
+        phases.append(shapes)
+    prompt = [{"batch": b, "input_len": s} for b, s in phases[0]]
+    decode = [{"batch": b, "kv_len": max(1, -(-k * block // b))} for b, k in phases[1]]
+    return prompt, decode
+
+
+def _int_ok(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= bk.MAX_VALUE
+
+
 __all__ = ["CACHED_S_PER_SLICE", "COMPILE_S_PER_SLICE", "Memory", "PlanError", "bucket_rows", "check_engine",
-           "costs", "memory", "plan", "recommend", "warmup"]
+           "costs", "memory", "plan", "planned_points", "recommend", "warmup"]
