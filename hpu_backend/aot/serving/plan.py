@@ -231,27 +231,28 @@ def recommend(shapes: Mapping[str, Mapping[tuple[int, int], int]], model: Servin
 
 
 Candidate = tuple[tuple[str, tuple[int, int, int]], ...]
+MAX_CANDIDATE_GRAPHS = 2_000  # a grid past this warms for hours; no budget worth searching admits it
 
 
 def _candidates(phase: str, seen: Mapping[tuple[int, int], int], engine: bk.Engine, mem: Memory) -> list[Candidate]:
-    """Linear (min, step, max) ranges per dimension covering every shape the trace ran."""
+    """Linear (min, step, max) ranges per dimension covering every shape the trace ran: steps from the largest
+    value over 1 to 64 (batch) and 2 to 128 (length, blocks), at most MAX_CANDIDATE_GRAPHS buckets each."""
     if not seen:
         return []
-    top_b = max(b for b, _ in seen)
-    top_x = max(x for _, x in seen)
+    top_b, top_x = max(b for b, _ in seen), max(x for _, x in seen)
     limit_b = engine.prefill_seqs if phase == "prompt" else engine.max_num_seqs
     unit = engine.block_size if phase == "prompt" else 1
     cap_x = engine.max_model_len if phase == "prompt" else mem.blocks
+    dims = ("bs", "seq") if phase == "prompt" else ("bs", "block")
     out = []
-    for b_step in sorted({1, 2, 4, 8, 16, 32, 64, 128} & set(range(1, max(2, limit_b) + 1))):
+    for b_step in sorted({max(1, top_b // n) for n in (1, 2, 4, 8, 16, 32, 64)}):
         b_max = min(limit_b, -(-top_b // b_step) * b_step)
-        for mult in (1, 2, 4, 8, 16, 32, 64):
-            x_step = unit * mult
+        for x_step in sorted({max(unit, -(-top_x // n // unit) * unit) for n in (2, 4, 8, 16, 32, 64, 128)}):
             x_min = min(x_step, cap_x)
             x_max = min(cap_x, max(x_min, -(-top_x // x_step) * x_step))
-            dims = ("bs", "seq") if phase == "prompt" else ("bs", "block")
-            out.append(((f"{phase}_{dims[0]}", (1, b_step, max(1, b_max))), (f"{phase}_{dims[1]}", (x_min, x_step,
-                                                                                                 x_max))))
+            if (b_max // b_step + 6) * (x_max // x_step + 6) <= MAX_CANDIDATE_GRAPHS:
+                out.append(((f"{phase}_{dims[0]}", (1, b_step, max(1, b_max))),
+                            (f"{phase}_{dims[1]}", (x_min, x_step, x_max))))
     return list(dict.fromkeys(out))
 
 

@@ -87,7 +87,7 @@ def replay(requests: list[Request], grid: Grid, engine: Engine, cache_blocks: in
 class _State:
     def __init__(self, requests, grid: Grid, engine: Engine, cache_blocks: int, costs: Costs, out: Replay):
         self.requests, self.grid, self.engine, self.costs, self.out = requests, grid, engine, costs, out
-        self.cache_blocks, self.free = cache_blocks, cache_blocks
+        self.cache_blocks, self.free, self.used = cache_blocks, cache_blocks, 0
         self.prompt_batch = max((b for b, _ in grid.prompt), default=1)
         self.arrivals = deque(range(len(requests)))
         self.waiting: deque[_Seq] = deque()
@@ -126,7 +126,7 @@ class _State:
                     or (batch and tokens + length > self.engine.batched_tokens)):
                 break
             self.waiting.popleft()
-            s.blocks, self.free = need, self.free - need
+            s.blocks, self.free, self.used = need, self.free - need, self.used + need
             batch.append(s)
             tokens += length
         return batch
@@ -147,45 +147,56 @@ class _State:
 
     def _decode(self) -> None:
         self._grow()
-        used = sum(s.blocks for s in self.running)
-        self._raw("decode", (len(self.running), used))
-        shape = self.grid.decode_bucket(len(self.running), used, self.cache_blocks)
+        n, used = len(self.running), self.used
+        self._raw("decode", (n, used))
+        shape = self.grid.decode_bucket(n, used, self.cache_blocks)
         seconds = self.costs.decode_s(*shape) + self._compile("decode", shape)
         self._count("decode", shape, used, shape[1])  # the KV blocks read, real and padded
         self.clock += seconds
+        self.out.tokens += n
         running, self.running = self.running, []
-        for s in running:
+        for s in running:  # the hot loop of a replay: kept to attribute reads and one comparison
             s.done += 1
-            self.out.tokens += 1
-            self._finish_or_run(s)
+            if s.done >= s.output:
+                self._finish(s)
+            else:
+                self.running.append(s)
 
     def _grow(self) -> None:
-        """Give each sequence the block its next token needs; preempt the newest when the cache is full."""
-        needs = [self.engine.blocks_per_seq(s.prompt + s.done + 1) - s.blocks for s in self.running]
-        while sum(needs) > self.free and len(self.running) > 1:
+        """Give each sequence whose next token starts a block that block; preempt the newest when the cache is
+        full (one token a step: at most one block each)."""
+        size = self.engine.block_size
+        needy = [s for s in self.running if s.prompt + s.done >= s.blocks * size]
+        while len(needy) > self.free and len(self.running) > 1:
             self._preempt(self.running[-1])
-            needs.pop()
-        for s, need in zip(self.running, needs):
-            s.blocks += need
-        self.free -= sum(needs)
+            needy = [s for s in self.running if s.prompt + s.done >= s.blocks * size]
+        for s in needy:
+            s.blocks += 1
+        self.free -= len(needy)
+        self.used += len(needy)
 
     def _preempt(self, s: _Seq) -> None:
         self.running.remove(s)
         self.free += s.blocks
+        self.used -= s.blocks
         s.blocks = 0
         self.waiting.appendleft(s)
         self.out.preemptions += 1
 
     def _finish_or_run(self, s: _Seq) -> None:
         if s.done >= s.output:
-            self.free += s.blocks
-            r = self.requests[s.req]
-            first = self.first[s.req]
-            self.out.ttft.append(first - r.arrival)
-            if s.output > 1:
-                self.out.tpot.append((self.clock - first) / (s.output - 1))
+            self._finish(s)
         else:
             self.running.append(s)
+
+    def _finish(self, s: _Seq) -> None:
+        self.free += s.blocks
+        self.used -= s.blocks
+        r = self.requests[s.req]
+        first = self.first[s.req]
+        self.out.ttft.append(first - r.arrival)
+        if s.output > 1:
+            self.out.tpot.append((self.clock - first) / (s.output - 1))
 
     def _compile(self, phase: str, shape: tuple[int, int]) -> float:
         if self.grid.warmed(phase, shape):
