@@ -96,7 +96,7 @@ def config(tmp_path_factory):
     return path
 
 
-def test_plan_of_a_config(config, tmp_path):
+def test_plan_of_a_config(config, tmp_path, capsys):
     trace = tmp_path / "trace.jsonl"
     rows = [{"arrival": 0.01 * i, "prompt_tokens": 60 + 4 * i, "output_tokens": 8} for i in range(40)]
     rows.append({"arrival": 1.0, "prompt_tokens": 300, "output_tokens": 4})  # past the prompt buckets
@@ -105,7 +105,8 @@ def test_plan_of_a_config(config, tmp_path):
            "VLLM_DECODE_BS_BUCKET_MAX=8", "VLLM_DECODE_BLOCK_BUCKET_MIN=1", "VLLM_DECODE_BLOCK_BUCKET_STEP=8",
            "VLLM_DECODE_BLOCK_BUCKET_MAX=64"]
     doc = cli_json("serving-plan", config, "--max-model-len", "512", "--max-num-seqs", "8", "--trace", trace,
-                   "--warmup-budget", "60", *[a for e in env for a in ("--env", e)])
+                   "--warmup-budget", "60", "--plot", tmp_path / "grid.png", *[a for e in env for a in ("--env", e)])
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
     grid = doc["grid"]
     assert sorted(map(tuple, grid["prompt"])) == [(b, s) for b in (1, 2, 4) for s in (128, 256)]
     assert grid["graphs"] == len(grid["prompt"]) + len(grid["decode"]) == len(doc["buckets"])
@@ -121,6 +122,12 @@ def test_plan_of_a_config(config, tmp_path):
     rec = doc["trace"]["recommended"]
     assert rec["warmup"]["cold_s"] <= 60 and rec["env"]["VLLM_BUCKETING_STRATEGY"] == "lin"
     assert not [u for u in rec["unwarmed"] if u["phase"] == "prompt"]  # the recommendation covers the long prompt
+    from hpurecipe.servingview import print_plan
+
+    capsys.readouterr()
+    print_plan(doc)
+    text = capsys.readouterr().out
+    assert "recompile after warm-up: prompt 1x300" in text and "export VLLM_BUCKETING_STRATEGY=lin" in text
 
 
 @pytest.mark.parametrize("args, message", [

@@ -201,7 +201,8 @@ def _step_class():
             out = self.lm(input_ids=tokens, cache=past, position_ids=positions, use_cache=True,
                           logits_to_keep=1)
             new = []
-            for layer in out.past_key_values.layers:
+            cache = out.cache if "cache" in out else out.past_key_values  # renamed in transformers 5.x
+            for layer in cache.layers:
                 new += [layer.keys[:, :, start:], layer.values[:, :, start:]]
             return (out.logits[:, -1], *new)
 

@@ -118,7 +118,7 @@ def warmup(rows: list[dict[str, Any]], mem: Memory) -> dict[str, Any]:
                "cached_s": sum(r["cached_s"] for r in rows if r["phase"] == p)} for p in ("prompt", "decode")}
     return {"graphs": len(rows), "cold_s": sum(r["cold_s"] for r in rows), "cached_s": sum(r["cached_s"] for r in rows),
             "phases": per, "peak_bytes": peak, "peak_activation_bytes": peak_act, "fits": peak <= mem.hbm,
-            "graph_memory_fits": peak_act <= mem.graph_reserved + (mem.usable - mem.kv_bytes - mem.graph_reserved)}
+            "graph_memory_fits": peak_act <= mem.graph_reserved}
 
 
 def costs(model: ServingModel, engine: bk.Engine) -> Costs:
