@@ -56,8 +56,9 @@ def print_trace(t: dict[str, Any]) -> None:
                         "preempted"))
     unwarmed = t["default"]["unwarmed"]
     for u in unwarmed[:SHOWN_UNWARMED]:
-        render.note("recompile after warm-up: {} {} ({} steps, first at {}): compiles for {}.", u["phase"],
-                    "x".join(map(str, u["shape"])), u["steps"], render.duration(u["first_at_s"]), render.duration(u["compile_s"]))
+        render.note("recompile after warm-up: {} {} ({} steps, first at {}): compiles for {}; {}.", u["phase"],
+                    "x".join(map(str, u["shape"])), u["steps"], render.duration(u["first_at_s"]),
+                    render.duration(u["compile_s"]), u.get("why", ""))
     if len(unwarmed) > SHOWN_UNWARMED:
         render.note("... and {} more shapes outside the grid (--json lists them all).", len(unwarmed) - SHOWN_UNWARMED)
     rec = t.get("recommended")

@@ -174,20 +174,58 @@ def _grid_doc(grid: bk.Grid) -> dict[str, Any]:
 def _serve(requests, grid, engine, mem, model, budget, say) -> dict[str, Any]:
     cost = costs(model, engine)
     base = replay(requests, grid, engine, mem.blocks, cost)
-    out = {"requests": len(requests), "default": base.summary(), "histogram": _histogram(requests),
+    out = {"requests": len(requests), "default": _explained(base.summary(), grid, engine), "histogram": _histogram(requests),
            "decode_blocks": _blocks(base.shapes["decode"])}
     if budget is not None:
         say("searching bucket settings within the warm-up budget")
-        best = recommend(base.shapes, model, engine, mem, budget)
-        if best is not None:
-            env, chosen = best
-            rep = replay(requests, chosen, engine, mem.blocks, cost)
-            out["recommended"] = {"env": env, "grid": _grid_doc(chosen), "budget_s": budget,
-                                  "warmup": warmup(bucket_rows(model, chosen, engine), mem), **rep.summary()}
-        else:
-            out["recommended"] = {"budget_s": budget, "reason": "no linear grid covering the trace warms up within "
-                                  "the budget"}
+        out["recommended"] = _recommended(requests, base.shapes, model, engine, mem, budget, cost)
     return out
+
+
+SEARCH_ROUNDS = 3
+
+
+def _recommended(requests, seen, model, engine, mem, budget, cost) -> dict[str, Any]:
+    """The best grid for the shapes seen, replayed; a grid changes how prefills are batched (its largest prompt
+    batch), so the shapes its own replay runs are added and the search repeated until none is left unwarmed."""
+    seen = {phase: dict(shapes) for phase, shapes in seen.items()}
+    found = None
+    for _ in range(SEARCH_ROUNDS):
+        best = recommend(seen, model, engine, mem, budget)
+        if best is None:
+            break
+        rep = replay(requests, best[1], engine, mem.blocks, cost)
+        found = (best, rep)
+        if not rep.unwarmed:
+            break
+        for phase, shapes in rep.shapes.items():
+            for shape, n in shapes.items():
+                seen[phase][shape] = seen[phase].get(shape, 0) + n
+    if found is None:
+        return {"budget_s": budget, "reason": "no linear grid covering the trace warms up within the budget"}
+    (env, chosen), rep = found
+    return {"env": env, "grid": _grid_doc(chosen), "budget_s": budget,
+            "warmup": warmup(bucket_rows(model, chosen, engine), mem), **_explained(rep.summary(), chosen, engine)}
+
+
+def _explained(summary: dict[str, Any], grid: bk.Grid, engine: bk.Engine) -> dict[str, Any]:
+    """Each unwarmed shape with why the grid lacks it."""
+    for u in summary["unwarmed"]:
+        u["why"] = _why(u["phase"], tuple(u["shape"]), grid, engine)
+    return summary
+
+
+def _why(phase: str, shape: tuple[int, int], grid: bk.Grid, engine: bk.Engine) -> str:
+    shapes = grid.prompt if phase == "prompt" else grid.decode
+    names = ("batch", "length") if phase == "prompt" else ("batch", "blocks")
+    for i, name in enumerate(names):
+        top = max((s[i] for s in shapes), default=0)
+        if shape[i] > top:
+            return f"{name} {shape[i]} is past the largest bucket's {top}"
+    if phase == "prompt" and shape[0] * shape[1] > engine.batched_tokens:
+        return (f"{shape[0]} x {shape[1]} padded tokens are over max_num_batched_tokens {engine.batched_tokens}, "
+                "so no grid warms it: lower VLLM_PROMPT_BS_BUCKET_MAX or raise --max-num-batched-tokens")
+    return "each dimension has a bucket, but not this pair"
 
 
 def _histogram(requests: list[Request], bins: int = 32) -> dict[str, dict[str, list]]:
@@ -235,8 +273,9 @@ MAX_CANDIDATE_GRAPHS = 2_000  # a grid past this warms for hours; no budget wort
 
 
 def _candidates(phase: str, seen: Mapping[tuple[int, int], int], engine: bk.Engine, mem: Memory) -> list[Candidate]:
-    """Linear (min, step, max) ranges per dimension covering every shape the trace ran: steps from the largest
-    value over 1 to 64 (batch) and 2 to 128 (length, blocks), at most MAX_CANDIDATE_GRAPHS buckets each."""
+    """Linear (min, step, max) ranges per dimension covering every shape the trace ran: power-of-two steps (in
+    blocks for prompt lengths) from the largest value down to 1/64 of it (batch) or 1/128 (length, blocks), at
+    most MAX_CANDIDATE_GRAPHS buckets each."""
     if not seen:
         return []
     top_b, top_x = max(b for b, _ in seen), max(x for _, x in seen)
@@ -245,15 +284,21 @@ def _candidates(phase: str, seen: Mapping[tuple[int, int], int], engine: bk.Engi
     cap_x = engine.max_model_len if phase == "prompt" else mem.blocks
     dims = ("bs", "seq") if phase == "prompt" else ("bs", "block")
     out = []
-    for b_step in sorted({max(1, top_b // n) for n in (1, 2, 4, 8, 16, 32, 64)}):
+    for b_step in _powers(1, top_b, 64):
         b_max = min(limit_b, -(-top_b // b_step) * b_step)
-        for x_step in sorted({max(unit, -(-top_x // n // unit) * unit) for n in (2, 4, 8, 16, 32, 64, 128)}):
+        for x_step in (unit * p for p in _powers(1, -(-top_x // unit), 128)):
             x_min = min(x_step, cap_x)
             x_max = min(cap_x, max(x_min, -(-top_x // x_step) * x_step))
             if (b_max // b_step + 6) * (x_max // x_step + 6) <= MAX_CANDIDATE_GRAPHS:
                 out.append(((f"{phase}_{dims[0]}", (1, b_step, max(1, b_max))),
                             (f"{phase}_{dims[1]}", (x_min, x_step, x_max))))
     return list(dict.fromkeys(out))
+
+
+def _powers(low: int, top: int, spread: int) -> list[int]:
+    """Powers of two from the one at or above ``top`` down to ``top / spread`` (at least ``low``)."""
+    high = 1 << max(0, (top - 1).bit_length())
+    return sorted({max(low, high >> k) for k in range(spread.bit_length())})
 
 
 def _grid_for(engine: bk.Engine, mem: Memory, phase: str, cand: Candidate) -> bk.Grid:
