@@ -55,8 +55,9 @@ def test_steps_match_the_transformers_model(configs, kind):
     assert len(prefill) == 1 + 2 * BASE["num_hidden_layers"] and decode[1].shape == (2, 2, 1, 8)
 
 
-def test_planned_weights_and_kv_bytes(configs):
-    spec = load_model_file(configs["mixtral"] / "config.json")
+@pytest.mark.parametrize("kind", ["qwen2", "mixtral"])
+def test_planned_weights_and_kv_bytes(configs, kind):
+    spec = load_model_file(configs[kind] / "config.json")
     built = spec.build_model()
     elements = sum(t.numel() for t in [*built.parameters(), *built.buffers()])
     model = served.load(spec, "gaudi2", "bf16", 1)
@@ -64,8 +65,8 @@ def test_planned_weights_and_kv_bytes(configs):
     assert model.kv_bytes_per_token == 2 * 2 * BASE["num_hidden_layers"] * 2 * 8  # K and V, 2 KV heads of 8, bf16
 
 
-def test_capacity_across_cards_takes_a_config(configs):
-    doc = cli_json("analyze", configs["qwen2"] / "config.json", "--input-len", "16", "--output-len", "4",
+def test_capacity_across_cards_takes_a_config(configs):  # (LLaMA is planned in test_serving_plan.py)
+    doc = cli_json("analyze", configs["mistral"] / "config.json", "--input-len", "16", "--output-len", "4",
                    "--cards", "2", "--batch", "4")
     assert doc["cards"] == 2
     assert doc["hbm_per_card"]["comm_buffer_bytes"] > 0  # the shard's all-reduces were lowered

@@ -140,6 +140,7 @@ def test_plan_of_a_config(config, tmp_path, capsys):
     (["--requests", "5", "--prompt-len", "-3:10"], "--prompt-len '-3:10': expected 1 <= LOW <= HIGH"),
     (["--warmup-budget", "10"], "--warmup-budget recommends settings for a trace"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: expected above 0, at most 1"),
+    (["--max-model-len", "0"], "--max-model-len 0: expected an integer from 1 to"),
 ])
 def test_bad_input_is_one_line_before_lowering(config, args, message):
     argv = ["serving-plan", config, *(["--max-model-len", "256"] if "--max-model-len" not in args else []), *args]

@@ -25,7 +25,7 @@ DTYPES = ("bf16", "fp8")
 
 def serving_plan(
         model: ModelFile,
-        max_model_len: Annotated[int, typer.Option("--max-model-len", callback=bounded("--input-len"),
+        max_model_len: Annotated[int, typer.Option("--max-model-len",
                                                    help="vLLM's --max-model-len: the longest sequence served.")],
         target: Annotated[str, typer.Option(help=f"Device: {' or '.join(TARGETS)}.")] = TARGETS[0],
         cards: Annotated[int, typer.Option(callback=bounded("--cards"), help="Tensor-parallel cards (1-8).")] = 1,
@@ -101,7 +101,7 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
         raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPES)}")
     if not 1 <= cards <= 8:
         raise UsageError(f"--cards {cards}: a server joins 1 to 8 cards")
-    for name, value, high in (("--block-size", block_size, 1 << 16), ("--max-num-seqs", max_num_seqs, 1 << 16),
+    for name, value, high in (("--max-model-len", max_model_len, 1 << 24), ("--block-size", block_size, 1 << 16), ("--max-num-seqs", max_num_seqs, 1 << 16),
                               ("--max-num-batched-tokens", max_num_batched_tokens, 1 << 24)):
         if value is not None and not 1 <= value <= high:
             raise UsageError(f"{name} {value}: expected an integer from 1 to {high:,}")
