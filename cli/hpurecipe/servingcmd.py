@@ -115,7 +115,7 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
         raise UsageError("--warmup-budget recommends settings for a trace: give --trace or --requests")
     engine = bk.Engine(max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
-                       graph_reserved_mem=_reserved(env))
+                       graph_reserved_mem=_reserved(env), contiguous_pa=_flag(env, "VLLM_CONTIGUOUS_PA"))
     context = _context(model)
     try:
         check_engine(engine, context)
@@ -144,6 +144,13 @@ def _reserved(env: list[str] | None) -> float:
         return float(raw)
     except ValueError:
         raise UsageError(f"VLLM_GRAPH_RESERVED_MEM={raw!r}: expected a fraction from 0 to below 1") from None
+
+
+def _flag(env: list[str] | None, name: str) -> bool:
+    raw = dict(_pair(e) for e in env or []).get(name, os.environ.get(name, "false"))
+    if raw.strip().lower() not in ("true", "false", "1", "0"):
+        raise UsageError(f"{name}={raw!r}: expected true or false")
+    return raw.strip().lower() in ("true", "1")
 
 
 def _context(model: str) -> int | None:
