@@ -5,6 +5,7 @@ as one line before any lowering."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -125,9 +126,11 @@ def test_plan_of_a_config(config, tmp_path, capsys):
     from hpurecipe.servingview import print_plan
 
     capsys.readouterr()
-    print_plan(doc)
+    print_plan(doc, buckets=True)
     text = capsys.readouterr().out
     assert "recompile after warm-up: prompt 1x300" in text and "export VLLM_BUCKETING_STRATEGY=lin" in text
+    rows = re.findall(r"^prompt +\d+ +\d+ .*(?:KiB|MiB|GiB| B) ", text, re.M)  # with an activation size
+    assert len(rows) == len(grid["prompt"])  # one row per prompt bucket
 
 
 @pytest.mark.parametrize("args, message", [

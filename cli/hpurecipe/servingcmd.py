@@ -56,6 +56,8 @@ def serving_plan(
             "warm-up takes at most S seconds.", show_default=False)] = None,
         plot: Annotated[Optional[Path], typer.Option(help="Draw the bucket grid over the trace's shapes (PNG).",
                                                      show_default=False)] = None,
+        buckets: Annotated[bool, typer.Option("--buckets", help="List every bucket: estimated step time, "
+                                              "activation memory, warm-up cold and cached.")] = False,
         json: Json = False) -> None:
     """Plan serving MODEL with vLLM-Gaudi: its bucket grid, memory (weights, activations, KV-cache blocks,
     concurrent sequences), warm-up time cold and from a recipe cache, and with a trace: throughput, TTFT/TPOT,
@@ -85,7 +87,7 @@ def serving_plan(
     else:
         from .servingview import print_plan
 
-        print_plan(doc)
+        print_plan(doc, buckets)
 
 
 def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seqs, max_num_batched_tokens,
@@ -244,7 +246,27 @@ def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> No
         if spec.decode is None:
             raise PlanError(f"{model}: no DECODE step; a serving plan warms a prefill and a decode step")
         config = config_to_fill(cache_dir, "warm")
-        for step, points in ((spec, prompt), (spec.decode, decode)):
+        docs = {}
+        for name, step, points in (("prompt", spec, prompt), ("decode", spec.decode, decode)):
             with progress(len(points), json) as on_point:
                 report = warm(step, config, on_point=on_point, points=points)
-            _finish(report, config, json, False)
+            if json:  # one document for both steps
+                docs[name] = {**report.to_dict(), "manifest": report.manifest}
+                _kept(report, config)
+            else:
+                _finish(report, config, False, False)
+    if json:
+        render.emit_json(docs)
+
+
+def _kept(report, config) -> None:
+    """What ``warm`` says when the cache did not keep what the buckets use (failing when it kept none)."""
+    from .buildcmds import _not_kept
+    from .errors import fail
+
+    for warning in report.warnings:
+        render.warn(warning)
+    if report.fit is not None and not report.fit.fits:
+        if report.fit.stored_nothing:
+            raise fail(_not_kept(report.fit, config))
+        render.warn(_not_kept(report.fit, config))

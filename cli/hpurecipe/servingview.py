@@ -9,7 +9,7 @@ from . import render
 SHOWN_UNWARMED = 10
 
 
-def print_plan(doc: dict[str, Any]) -> None:
+def print_plan(doc: dict[str, Any], buckets: bool = False) -> None:
     mem, warm, grid = doc["memory"], doc["warmup"], doc["grid"]
     cards = f"{doc['cards']} × " if doc["cards"] > 1 else ""
     render.note("{} on {}{} in {}, max-model-len {}: {} buckets ({}): {} prompt, {} decode (estimates).",
@@ -39,8 +39,18 @@ def print_plan(doc: dict[str, Any]) -> None:
                                                      render.duration(warm["cached_s"])]],
                  title="Warm-up (compile-time model calibrated on one published row; see README)",
                  right=("graphs", "warm-up cold", "from a recipe cache"))
+    if buckets:
+        print_buckets(doc["buckets"])
     if "trace" in doc:
         print_trace(doc["trace"])
+
+
+def print_buckets(rows: list[dict[str, Any]]) -> None:
+    render.table(["phase", "batch", "length / blocks", "est. step", "activations", "warm-up cold", "cached"],
+                 [[r["phase"], r["batch"], r.get("length", r.get("blocks")), _t(r["time_s"]),
+                   render.size(r["activation_bytes"]), _t(r["cold_s"]), _t(r["cached_s"])] for r in rows],
+                 title="Buckets (activations: the memory plan's arena at the bucket's end)",
+                 right=("batch", "length / blocks", "est. step", "activations", "warm-up cold", "cached"))
 
 
 def print_trace(t: dict[str, Any]) -> None:
