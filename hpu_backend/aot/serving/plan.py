@@ -275,7 +275,8 @@ MAX_CANDIDATE_GRAPHS = 2_000  # a grid past this warms for hours; no budget wort
 def _candidates(phase: str, seen: Mapping[tuple[int, int], int], engine: bk.Engine, mem: Memory) -> list[Candidate]:
     """Linear (min, step, max) ranges per dimension covering every shape the trace ran: power-of-two steps (in
     blocks for prompt lengths) from the largest value down to 1/64 of it (batch) or 1/128 (length, blocks), at
-    most MAX_CANDIDATE_GRAPHS buckets each."""
+    most MAX_CANDIDATE_GRAPHS buckets each; prompt batches also capped at smaller powers of two (fewer
+    sequences a prefill, so that fewer padded batches exceed the token budget)."""
     if not seen:
         return []
     top_b, top_x = max(b for b, _ in seen), max(x for _, x in seen)
@@ -284,8 +285,9 @@ def _candidates(phase: str, seen: Mapping[tuple[int, int], int], engine: bk.Engi
     cap_x = engine.max_model_len if phase == "prompt" else mem.blocks
     dims = ("bs", "seq") if phase == "prompt" else ("bs", "block")
     out = []
-    for b_step in _powers(1, top_b, 64):
-        b_max = min(limit_b, -(-top_b // b_step) * b_step)
+    caps = [top_b] + ([p for p in _powers(1, top_b, 64) if p < top_b] if phase == "prompt" else [])
+    for b_step, b_top in ((s, c) for c in caps for s in _powers(1, c, 64) if s <= c):
+        b_max = min(limit_b, -(-b_top // b_step) * b_step)
         for x_step in (unit * p for p in _powers(1, -(-top_x // unit), 128)):
             x_min = min(x_step, cap_x)
             x_max = min(cap_x, max(x_min, -(-top_x // x_step) * x_step))
@@ -324,6 +326,9 @@ def _trace_cost(model: ServingModel, engine: bk.Engine, mem: Memory, phase: str,
     x_values = np.array(sorted({x for _, x in shapes}))
     raw = np.array(list(seen), dtype=np.int64).reshape(-1, 2)
     counts = np.array(list(seen.values()), dtype=float)
+    if phase == "prompt":  # a prefill of more sequences than the largest batch runs as several
+        parts = -(-raw[:, 0] // bs_values.max())
+        raw, counts = np.stack([-(-raw[:, 0] // parts), raw[:, 1]], 1), counts * parts
     pb, px = _pad(bs_values, raw[:, 0]), _pad(x_values, raw[:, 1])
     if phase == "decode":
         px = np.minimum(px, mem.blocks)
