@@ -109,7 +109,9 @@ class _Rows:
 
 
 def steady(steps: list[dict], skip: int = 2) -> list[dict]:
-    return steps[skip:] or steps
+    """As ``model.steady``, over the step spans' args."""
+    last = max((i for i, s in enumerate(steps) if float(s.get("compile_s") or 0) > 0), default=-1)
+    return steps[max(last + 1, skip):] or steps[skip:] or steps
 
 
 def _from_steps(p: Parts, steps: list[dict]) -> None:

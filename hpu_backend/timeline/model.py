@@ -82,6 +82,7 @@ class StepTime:
     python_s: float = 0.0  # of which the user's Python (measured)
     input_s: float = 0.0  # of which the Python before the step's first host→device copy (the input loader)
     dispatch_s: float = 0.0  # of which per-op dispatch and launches (what HPU Graphs replace)
+    compile_s: float = 0.0  # of which first launches of recipes (lowering, measured)
     device_s: float = 0.0  # busy: the compute stream and DMA
     engines: dict = field(default_factory=lambda: {"MME": 0.0, "TPC": 0.0, "DMA": 0.0, "Network": 0.0})
     waits: dict = field(default_factory=lambda: {"sync": 0.0, "copy": 0.0, "queue": 0.0})
@@ -104,7 +105,8 @@ class StepTime:
 
     def summary(self) -> dict:
         return {"step": self.step, "time_s": self.time_s, "host_s": self.host_s, "python_s": self.python_s,
-                "input_s": self.input_s, "dispatch_s": self.dispatch_s, "device_s": self.device_s,
+                "input_s": self.input_s, "dispatch_s": self.dispatch_s, "compile_s": self.compile_s,
+                "device_s": self.device_s,
                 "sync_s": self.serial_s, "engines": dict(self.engines), "waits": dict(self.waits),
                 "bound": self.bound, "estimate": True}
 
@@ -201,6 +203,7 @@ class Schedule:
 
     def _launch(self, kind: str, name: str, rid: int, cost: Cost, compile_s: float = 0.0) -> None:
         if compile_s > 0:
+            self.step.compile_s += compile_s
             self._busy("Compile", f"compile {name}", compile_s,
                        {"recipe": name, "recipe_id": rid, "measured": "lowering on this host (not Gaudi's graph "
                         "compiler)"})
@@ -286,15 +289,18 @@ class Schedule:
         self._copied = False
 
     def finish(self) -> list[StepTime]:
-        """The steps, the one under way ended here if it did anything."""
-        if self.step.host_s or self.step.device_s:
+        """The steps, the one under way ended here if it ran anything on the device (a tail of host reads after
+        the last ``mark_step`` is not a step)."""
+        if self.step.device_s:
             self._step()
         return self.steps[:-1]
 
 
 def steady(steps: list[StepTime], skip: int = 2) -> list[StepTime]:
-    """The steps after the first ``skip`` (compiles), or all of them when there are no more."""
-    return steps[skip:] or steps
+    """The steady state: the steps after the last one that compiled, and after the first ``skip``; when that
+    leaves none, the steps after the first ``skip``, else all."""
+    last = max((i for i, s in enumerate(steps) if s.compile_s > 0), default=-1)
+    return steps[max(last + 1, skip):] or steps[skip:] or steps
 
 
 def median_step(steps: list[StepTime]) -> StepTime | None:

@@ -1,0 +1,188 @@
+"""The step timeline: syncs, copies and host-bound steps on the simulated device (a clock that stands still, so
+the host's time is the bridge's constants alone and every run is exact), the trace's layout, the streaming
+reader's one-line errors, and ``hpurecipe perf-tool`` over the checked-in sample trace."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import hpu_backend.device as hd
+from hpu_backend.gaudi import mark_step
+from hpu_backend.timeline import guidance, trace, whatif
+from hpu_backend.timeline.host import HOST
+from hpu_backend.timeline.model import Cost, steady
+from hpu_backend.timeline.record import Recorder
+
+hd.enable("eager")  # before this process's first backward (see test_device.py)
+SAMPLE = Path(__file__).parent / "samples" / "mnist_trace.json"
+
+
+@pytest.fixture(scope="module")
+def lazy_device():
+    hd.enable("lazy")
+    yield hd.current()
+    hd.enable("eager")
+
+
+def _still(device) -> None:
+    device.timeline = Recorder(device.mode, clock=lambda: 0.0)
+
+
+def _train(device, steps: int, print_every: int, pin: bool = False) -> list[tuple]:
+    """A Gaudi-style training loop; the events its timeline recorded."""
+    _still(device)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to("hpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(steps * 256, 8))
+    loader = torch.utils.data.DataLoader(data, batch_size=256, pin_memory=pin)
+    for i, (x,) in enumerate(loader):
+        loss = model(x.to("hpu", non_blocking=pin)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mark_step()
+        if i % print_every == 0:
+            print(loss.item())  # the print
+    return list(device.timeline.events)
+
+
+PRINT_LINE = f"{Path(__file__).name}:{next(i for i, line in enumerate(inspect.getsource(_train).splitlines()) if '# the print' in line) + _train.__code__.co_firstlineno}"
+
+
+def _shown(events: list[tuple], line: str) -> tuple[float, float]:
+    """(mean steady step, what the syncs at ``line`` take per steady step: the wait and the read-back)."""
+    rows = steady(whatif.steps_of(events, "gaudi2"))
+    at = sum(w + HOST.sync_s for s in rows for what, src, w in s.syncs if src.endswith(line))
+    return sum(s.time_s for s in rows) / len(rows), at / len(rows)
+
+
+def test_a_print_every_step_is_a_sync_at_its_line_and_every_20th_saves_what_the_timeline_shows(lazy_device, tmp_path,
+                                                                                                capsys):
+    every, twentieth = _train(lazy_device, 22, 1), _train(lazy_device, 22, 20)
+    (step_every, sync_every), (step_20, sync_20) = _shown(every, PRINT_LINE), _shown(twentieth, PRINT_LINE)
+    assert sync_every > sync_20 > 0
+    assert step_every > step_20
+    assert step_every - step_20 == pytest.approx(sync_every - sync_20, rel=1e-6)
+    path = tmp_path / "t.json"
+    trace.write(str(path), whatif.schedule(every, "gaudi2", spans=True).spans)
+    spans = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    waits = [e for e in spans if e["cat"] == "Sync" and e["args"].get("source", "").endswith(PRINT_LINE)]
+    assert waits and all(e["args"]["estimate"] is True for e in waits)
+
+
+def test_pinned_non_blocking_copies_shorten_the_copy_spans_and_the_step(lazy_device):
+    pageable, pinned = _train(lazy_device, 6, 100), _train(lazy_device, 6, 100, pin=True)
+    # the model's four parameters go up from pageable memory, then the loader's six pinned batches
+    assert [e[3:5] for e in pinned if e[0] == "copy"] == [(False, False)] * 4 + [(True, True)] * 6
+    host_side = {}
+    for name, events in (("pageable", pageable), ("pinned", pinned)):
+        spans = whatif.schedule(events, "gaudi2", spans=True).spans
+        host_side[name] = sum(s.dur_s for s in spans if s.name.startswith(("stage ", "copy wait")))
+        dma = [s.dur_s for s in spans if s.row == "DMA"]
+        assert len(dma) == 10
+    assert host_side["pinned"] < host_side["pageable"] / 2  # what is left: the parameters' pageable copies
+    assert whatif.step_s(pinned, "gaudi2") < whatif.step_s(pageable, "gaudi2")
+
+
+def test_a_host_bound_toy_model_is_host_bound_and_hpu_graphs_close_most_of_the_gap(lazy_device):
+    _still(lazy_device)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(12)]).to("hpu").eval()
+    with torch.no_grad():
+        for _ in range(6):
+            model(torch.randn(4, 8).to("hpu"))
+            mark_step()
+    events = list(lazy_device.timeline.events)
+    rows = steady(whatif.steps_of(events, "gaudi2"))
+    assert {s.bound for s in rows} == {"host"}
+    graphs = steady(whatif.steps_of(whatif.hpu_graphs(events), "gaudi2"))
+    gap = sum(s.time_s - s.device_s for s in rows)
+    assert sum(s.time_s - s.device_s for s in graphs) < 0.5 * gap
+    assert sum(s.device_s for s in graphs) == pytest.approx(sum(s.device_s for s in rows))
+
+
+# -- the trace -----------------------------------------------------------------------------------------------
+
+
+def _events(steps: int = 3) -> list[tuple]:
+    cost = Cost(((2e-4, 5e-5, 1e-4, 5e-6, 2.05e-4),), (("all_reduce", 1e-4, 0),))
+    one = [("py", 1e-4), ("copy", 1 << 20, True, False, False, "x.py:3"), ("op", "lazy"),
+           ("launch", "lazy", "lazy_graph_0001", 7, cost, 0.0), ("sync", "Tensor.item", "x.py:9"), ("step",)]
+    return one * steps
+
+
+def test_the_trace_has_the_device_process_its_engine_rows_recipes_and_estimates(tmp_path):
+    path = tmp_path / "t.json"
+    trace.write(str(path), whatif.schedule(_events(), "gaudi2", spans=True).spans, rank=3)
+    doc = json.loads(path.read_text())  # valid JSON as a whole, too
+    meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
+    names = {e["args"]["name"] for e in meta if e["name"] in ("process_name", "thread_name")}
+    assert {"/device:HPU:3", "Recipe", "MME", "TPC", "DMA", "Network", "Launch", "Sync", "Steps"} <= names
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert all({"pid", "tid", "ts", "dur", "name"} <= set(e) for e in spans)
+    kernels = [e for e in spans if e["cat"] in ("Recipe", "MME", "TPC")]
+    assert kernels and all(e["args"]["recipe"] == "lazy_graph_0001" and e["args"]["recipe_id"] == 7
+                           and e["args"]["estimate"] is True for e in kernels)
+    assert [e["cat"] for e in spans].count("Network") == 3
+    host_ops = [e for e in spans if e["cat"] == "Host ops" and e["args"].get("python_s")]
+    assert host_ops and all(e["args"]["measured"] == "python_s" for e in host_ops)
+    assert list(trace.events(str(path), chunk=64)) == doc["traceEvents"]  # streamed in small chunks: the same
+
+
+def test_perf_tool_names_syncs_and_their_line_on_a_sync_heavy_trace(tmp_path):
+    path = tmp_path / "t.json"
+    trace.write(str(path), whatif.schedule(_events(6), "gaudi2", spans=True).spans)
+    doc = guidance.report(str(path))
+    assert doc["limiting"] in ("host", "MME", "syncs") and 0 < doc["share"] <= 1
+    advice = {a["what"]: a for a in doc["advice"]}
+    assert advice["fewer syncs"]["gain_s"] > 0 and "x.py:9" in advice["fewer syncs"]["detail"]
+    assert advice["pinned memory"]["gain_s"] > 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("hello", "not JSON"),
+    ('{"traceEvents": [{"ph": "X", "ts": 1', "not JSON"),
+    ('{"schema": 1, "rows": []}', "not a trace"),
+    ('{"traceEvents": 3}', "not a trace"),
+    ('[{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 1}]', "no device rows"),
+])
+def test_bad_traces_are_one_line_each(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(trace.TraceError) as e:
+        guidance.report(str(path))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_oversized_event_stops_the_reader_without_reading_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace, "MAX_EVENT_BYTES", 1000)
+    path = tmp_path / "big.json"
+    path.write_text('{"traceEvents": [{"name": "' + "x" * 5000)
+    with pytest.raises(trace.TraceError, match="over 1000 bytes"):
+        list(trace.events(str(path), chunk=256))
+
+
+def test_a_trace_path_in_a_missing_folder_or_a_read_only_place_is_one_line(tmp_path):
+    with pytest.raises(trace.TraceError, match="no such directory"):
+        trace.check_writable(str(tmp_path / "missing" / "t.json"))
+    with pytest.raises(trace.TraceError, match="--trace /proc/"):
+        trace.write("/proc/hpu_trace.json", [])
+
+
+def test_perf_tool_cli_over_the_sample_trace_and_a_bad_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from hpurecipe.main import app
+
+    result = CliRunner().invoke(app, ["perf-tool", "--trace", str(SAMPLE)])
+    assert result.exit_code == 0, result.output
+    assert "limiting resource: host" in result.output and "HPU Graphs" in result.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    result = CliRunner().invoke(app, ["perf-tool", "--trace", str(bad)])
+    assert result.exit_code == 1 and "not a trace" in result.output and "Traceback" not in result.output
