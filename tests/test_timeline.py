@@ -186,3 +186,34 @@ def test_perf_tool_cli_over_the_sample_trace_and_a_bad_one(tmp_path):
     bad.write_text("{}")
     result = CliRunner().invoke(app, ["perf-tool", "--trace", str(bad)])
     assert result.exit_code == 1 and "not a trace" in result.output and "Traceback" not in result.output
+
+
+# -- the advisor -------------------------------------------------------------------------------------------
+
+LOOP = """
+for step in range(100):
+    loss = model(x)
+    print(loss.item())
+    if step % 20 == 0:
+        print(loss.cpu())
+"""
+
+
+def test_the_advisor_finds_reads_in_loops_with_their_rate_and_gains_from_the_timeline():
+    import ast
+    from types import SimpleNamespace
+
+    from hpu_backend.aot import timeline_advice
+
+    reads = timeline_advice.loop_reads(ast.parse(LOOP))
+    assert reads == {4: (".item", 1), 6: (".cpu", 20)}
+    cost = {"cost": {"clusters": [{"id": 0, "mme_s": 3e-4, "tpc_s": 0, "hbm_s": 1e-4, "launch_s": 5e-6,
+                                   "time_s": 3.05e-4}]}}
+    recipe = SimpleNamespace(name="g", nodes=[SimpleNamespace(engine="mme")] * 3, facts=cost)
+    events = timeline_advice.step_events([recipe], 1 << 20, False, False, reads, "m.py")
+    every = whatif.gain(events, whatif.without_syncs("m.py:4"), "gaudi2")
+    twentieth = whatif.gain(events, whatif.without_syncs("m.py:6"), "gaudi2")
+    assert every > 0 and twentieth > 0 and every > 10 * twentieth
+    assert whatif.gain(events, whatif.pinned, "gaudi2") > 0
+    pinned = timeline_advice.step_events([recipe], 1 << 20, True, True, reads, "m.py")
+    assert whatif.gain(pinned, whatif.pinned, "gaudi2") == 0
