@@ -217,3 +217,18 @@ def test_the_advisor_finds_reads_in_loops_with_their_rate_and_gains_from_the_tim
     assert whatif.gain(events, whatif.pinned, "gaudi2") > 0
     pinned = timeline_advice.step_events([recipe], 1 << 20, True, True, reads, "m.py")
     assert whatif.gain(pinned, whatif.pinned, "gaudi2") == 0
+
+
+def test_analyze_writes_a_trace_with_a_step_per_bucket_and_refuses_a_missing_folder(tmp_path):
+    from cli_helpers import cli, tiny_model
+
+    model, path = tiny_model(tmp_path), tmp_path / "plan.json"
+    cli("analyze", str(model), "--trace", str(path))
+    doc = json.loads(path.read_text())
+    assert doc["otherData"]["steps"] == ["batch=2", "batch=8"]
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in spans if e["cat"] == "Steps"] == ["step 0", "step 1"]
+    assert any(e["cat"] == "Recipe" and e["args"]["estimate"] is True for e in spans)
+    assert any(e["cat"] == "Compile" and "measured" in e["args"] for e in spans)
+    result = cli("analyze", str(model), "--trace", str(tmp_path / "no" / "t.json"), code=2)
+    assert "no such directory" in result.stderr and "Traceback" not in result.stderr

@@ -21,6 +21,7 @@ from .caches import config_for, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train, bounded
 from .specs import load_spec
+from .tracing import TraceFile, check_trace, traced
 
 if TYPE_CHECKING:
     from hpu_backend.aot.reports import PointResult, WarmReport
@@ -47,14 +48,15 @@ def progress(total: int, quiet: bool) -> Iterator:
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
                                              "if the cache did not keep everything the buckets use.")] = False,
-         timeout: Timeout = None, json: Json = False) -> None:
+         timeout: Timeout = None, json: Json = False, trace: TraceFile = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
+    check_trace(trace)
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         config = config_to_fill(cache_dir, "warm")
-        with progress(len(spec.points()), json) as on_point:
+        with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "warm") as on_point:
             report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
     _finish(report, config, json, check)
 
@@ -206,7 +208,7 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
                 help="Training plan: activation checkpointing, none or full.")] = "none",
             search: Annotated[bool, typer.Option(
                 "--search", help="Training plan: the fastest layout (TP, ZeRO, checkpointing) that fits.")] = False,
-            timeout: Timeout = None, json: Json = False) -> None:
+            timeout: Timeout = None, json: Json = False, trace: TraceFile = None) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
     prefill and decode steps without weights, the largest batch and tokens/s. With --train --seq
@@ -214,6 +216,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     per-card memory by category, the largest micro-batch and tokens/s. Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
+    if trace is not None and any(v is not None for v in (input_len, output_len, seq, global_batch)):
+        raise UsageError("--trace writes the trace of the model file's buckets; capacity and training plans have "
+                         "none yet")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
@@ -232,9 +237,10 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
         from .analysis import print_analysis
 
+        check_trace(trace)
         with time_limit(timeout, model_file):
             spec = load_spec(model_file, axis)
-            with progress(len(spec.points()), json) as on_point:
+            with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "analyze", target) as on_point:
                 doc = analyze_spec(spec, target, train, on_point, lazy=lazy)
         render.emit_json(doc) if json else print_analysis(doc)
         return

@@ -36,7 +36,8 @@ def _ms(seconds: float) -> str:
 def _print(doc: dict) -> None:
     out = render.console
     step = doc["step_s"]
-    out.print(f"{render.clean(doc['trace'])}: {doc['steps']} steps, {_ms(step)} per step (estimate)")
+    compiles = f"; compiles left out: {_ms(doc['compile_s'])} per step" if doc.get("compile_s") else ""
+    out.print(f"{render.clean(doc['trace'])}: {doc['steps']} steps, {_ms(step)} per step (estimate{compiles})")
     out.print(f"limiting resource: {doc['limiting']} ({doc['share']:.0%} of the step)")
     parts = [("host", doc["host_s"]), *doc["engines"].items(), ("syncs", doc["sync_s"])]
     out.print("busy per step: " + ", ".join(f"{k} {_ms(v)}" for k, v in parts))

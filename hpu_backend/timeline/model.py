@@ -95,8 +95,10 @@ class StepTime:
 
     @property
     def serial_s(self) -> float:
-        """What syncs serialize: the step's time beyond the larger of host and device busy time."""
-        return max(self.time_s - max(self.host_s, self.device_s), 0.0)
+        """What syncs serialize: the step's time beyond the larger of host and device busy time, at most the time
+        the host waited on reads and blocking copies (a step's device work after its last launch is not a sync)."""
+        beyond = max(self.time_s - max(self.host_s, self.device_s), 0.0)
+        return min(beyond, self.waits["sync"] + self.waits["copy"])
 
     @property
     def bound(self) -> str:
