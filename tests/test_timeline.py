@@ -232,3 +232,31 @@ def test_analyze_writes_a_trace_with_a_step_per_bucket_and_refuses_a_missing_fol
     assert any(e["cat"] == "Compile" and "measured" in e["args"] for e in spans)
     result = cli("analyze", str(model), "--trace", str(tmp_path / "no" / "t.json"), code=2)
     assert "no such directory" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- training steps ------------------------------------------------------------------------------------------
+
+
+def test_zero3_gathers_hide_under_long_layers_and_show_under_short_ones():
+    from hpu_backend.timeline.training import TrainingStep, schedule
+
+    def step(layer_s: float) -> dict:
+        return schedule(TrainingStep(layers=4, forward_s=4 * layer_s, backward_s=8 * layer_s, accumulation=2,
+                                     gather_s=1.0, grads=(("reduce_scatter", 0.5, 2, True),)))
+
+    long, short = step(3.0), step(0.1)
+    # only the first gather of each pass (forward, backward) of each micro-step waits
+    assert long["exposed_s"]["all_gather"] == pytest.approx(2 * 2 * 1.0)
+    assert short["exposed_s"]["all_gather"] > 3 * long["exposed_s"]["all_gather"]
+    assert short["step_s"] >= 2 * (8 * 1.0 + 2 * 0.5)  # the network stream bounds it: gathers and reduce-scatters
+
+
+def test_the_training_plan_can_find_zero3_slower_than_zero1():
+    from hpu_backend.aot.training_plan import Layout, step_time
+
+    fwd = {"parameters": 1e9, "time_s": 0.002, "exposed_comm_s": 0.0, "head_flops": 0.0, "layers": 32,
+           "comm_s": 0.0, "collectives": 0}
+    times = {z: step_time(Layout(8, 1, z, "none", 25.0, 1, 8), fwd, "gaudi2", "bf16") for z in (1, 3)}
+    assert times[3]["step_s"] > times[1]["step_s"]
+    gathers = next(r for r in times[3]["collectives"] if r["kind"] == "all_gather")
+    assert gathers["count"] == 2 * 8 * 32 and gathers["exposed_s"] > 0
