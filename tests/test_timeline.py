@@ -260,3 +260,8 @@ def test_the_training_plan_can_find_zero3_slower_than_zero1():
     assert times[3]["step_s"] > times[1]["step_s"]
     gathers = next(r for r in times[3]["collectives"] if r["kind"] == "all_gather")
     assert gathers["count"] == 2 * 8 * 32 and gathers["exposed_s"] > 0
+
+
+def test_one_trace_file_per_rank():
+    assert trace.rank_path("out/t.json", 0, 1) == "out/t.json"
+    assert [trace.rank_path("out/t.json", r, 2) for r in (0, 1)] == ["out/t-rank0.json", "out/t-rank1.json"]
