@@ -2,11 +2,10 @@
 
 The host runs the user's Python (measured), and for every device op, lazy graph, recipe launch and HPU-graph
 replay the bridge spends time of its own before the device sees work. Those costs are not published; each
-constant below says where its value comes from. ``decode_step_s`` is the one fitted constant: the bridge's
-per-step host time in a serving loop (sampling, KV-cache bookkeeping, block tables, launch of the step's
-graph), fitted by ``bench/host_calibration.py`` on the calibration rows the project already names (Intel's
-single-card LLaMA 2 7B and multi-card LLaMA 2 70B rows); every other published row only validates it.
-Every time computed from this record is an estimate, and says so.
+constant below says where its value comes from. A per-step host time of a serving loop was fitted on the
+calibration rows the project names (``bench/host_calibration.py``) and explains almost none of their gap (the
+README's table), so it is not part of this record. Every time computed from this record is an estimate, and
+says so.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ class HostCosts:
     graph_replay_s: float  # one HPU-graph replay (the whole captured graph enqueued at once)
     sync_s: float  # one host read after the device drained: the read-back and the host thread's wake-up
     staging_bytes_per_s: float  # a pageable copy's memcpy into the driver's pinned staging buffer
-    decode_step_s: float  # per serving decode step (fitted; see the module docstring)
     sources: tuple[str, ...] = field(default=())
 
 
@@ -42,6 +40,5 @@ HOST = HostCosts(
     graph_replay_s=25e-6,
     sync_s=15e-6,  # assumed: an interrupt-driven wake-up plus a small read-back over PCIe
     staging_bytes_per_s=10e9,  # a single-threaded memcpy on a server core, about 10 GB/s
-    decode_step_s=0.0,  # fitted by bench/host_calibration.py (0 until fitted: device time only)
     sources=("assumed bridge dispatch costs: Intel publishes no per-op host figures",),
 )
