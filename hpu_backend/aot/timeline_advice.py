@@ -41,7 +41,7 @@ def findings(spec, recipes: list, point: dict, target: str, make) -> list:
     if gain > 0:
         out.append(make("pinned memory", "inputs copied to the device from pageable memory, blocking the host",
                         path.name, gain, "DataLoader(pin_memory=True) and .to('hpu', non_blocking=True)"))
-    out += _graphs(events, target, spec.path, make)
+    out += _graphs(events, target, path.name, make)
     return out
 
 
