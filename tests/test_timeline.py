@@ -134,6 +134,14 @@ def test_the_trace_has_the_device_process_its_engine_rows_recipes_and_estimates(
     assert list(trace.events(str(path), chunk=64)) == doc["traceEvents"]  # streamed in small chunks: the same
 
 
+def test_a_trace_without_our_step_spans_is_read_by_its_rows(tmp_path):
+    path = tmp_path / "t.json"
+    spans = [s for s in whatif.schedule(_events(4), "gaudi2", spans=True).spans if s.row != "Steps"]
+    trace.write(str(path), spans)
+    doc = guidance.report(str(path))
+    assert doc["steps"] == 0 and doc["device_s"] > 0 and doc["host_s"] > 0 and 0 < doc["share"] <= 1
+
+
 def test_perf_tool_names_syncs_and_their_line_on_a_sync_heavy_trace(tmp_path):
     path = tmp_path / "t.json"
     trace.write(str(path), whatif.schedule(_events(6), "gaudi2", spans=True).spans)
@@ -148,6 +156,7 @@ def test_perf_tool_names_syncs_and_their_line_on_a_sync_heavy_trace(tmp_path):
     ("hello", "not JSON"),
     ('{"traceEvents": [{"ph": "X", "ts": 1', "not JSON"),
     ('{"schema": 1, "rows": []}', "not a trace"),
+    ('{"schema": 1, "rows": [', "not JSON"),
     ('{"traceEvents": 3}', "not a trace"),
     ('[{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 1}]', "no device rows"),
 ])

@@ -149,13 +149,25 @@ class _Stream:
                 break
             self.pos = max(len(self.buf) - len(key), self.pos)
             if not self._more():
-                raise TraceError(f"{self.path}: JSON, but not a trace (no traceEvents array)")
+                raise TraceError(f"{self.path}: {self._kind()}, but not a trace (no traceEvents array)"
+                                 if self._kind() == "JSON" else f"{self.path}: not JSON")
         c = self._skip_space()
         if c == ":":
             self.pos += 1
             c = self._skip_space()
         if c != "[":
             raise TraceError(f"{self.path}: JSON, but not a trace (traceEvents is not an array)")
+
+    def _kind(self) -> str:
+        """"JSON" when the file parses as JSON (checked whole only when it is small), else "not JSON"."""
+        try:
+            if os.path.getsize(self.path) > MAX_EVENT_BYTES:
+                return "JSON"  # a large file without the key: not a trace either way, never loaded whole
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                json.load(f)
+        except (OSError, ValueError):
+            return "not JSON"
+        return "JSON"
 
     def _value(self) -> dict:
         while True:
