@@ -34,15 +34,17 @@ def _ms(seconds: float) -> str:
 
 
 def _print(doc: dict) -> None:
-    out = render.console
+    def line(text: str) -> None:
+        render.console.print(text, soft_wrap=True, markup=False)  # one line per item, never folded
+
     step = doc["step_s"]
     compiles = f"; compiles left out: {_ms(doc['compile_s'])} per step" if doc.get("compile_s") else ""
-    out.print(f"{render.clean(doc['trace'])}: {doc['steps']} steps, {_ms(step)} per step (estimate{compiles})")
-    out.print(f"limiting resource: {doc['limiting']} ({doc['share']:.0%} of the step)")
+    line(f"{render.clean(doc['trace'])}: {doc['steps']} steps, {_ms(step)} per step (estimate{compiles})")
+    line(f"limiting resource: {doc['limiting']} ({doc['share']:.0%} of the step)")
     parts = [("host", doc["host_s"]), *doc["engines"].items(), ("syncs", doc["sync_s"])]
-    out.print("busy per step: " + ", ".join(f"{k} {_ms(v)}" for k, v in parts))
+    line("busy per step: " + ", ".join(f"{k} {_ms(v)}" for k, v in parts))
     if not doc["advice"]:
-        out.print("advice: none (no remedy shortens this step)")
+        line("advice: none (no remedy shortens this step)")
     for i, a in enumerate(doc["advice"], 1):
         gain = "-" if a["gain_s"] is None else f"{_ms(a['gain_s'])} ({a['gain_s'] / step:.0%})" if step else "-"
-        out.print(f"{i}. {a['what']}: saves {gain} per step — {render.clean(a['detail'])}")
+        line(f"{i}. {a['what']}: saves {gain} per step — {render.clean(a['detail'])}")
