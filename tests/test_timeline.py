@@ -274,3 +274,21 @@ def test_the_training_plan_can_find_zero3_slower_than_zero1():
 def test_one_trace_file_per_rank():
     assert trace.rank_path("out/t.json", 0, 1) == "out/t.json"
     assert [trace.rank_path("out/t.json", r, 2) for r in (0, 1)] == ["out/t-rank0.json", "out/t-rank1.json"]
+
+
+def test_a_layered_step_is_its_first_layer_and_one_kernel_per_further_layer():
+    from types import SimpleNamespace
+
+    from hpu_backend.aot.plan_trace import request_events, step_cost
+
+    def lowered(n: int):
+        clusters = [{"id": i, "mme_s": 2.0, "tpc_s": 1.0, "hbm_s": 0.5, "launch_s": 0.1, "time_s": 2.1}
+                    for i in range(n)]
+        return SimpleNamespace(at=lambda point: SimpleNamespace(facts={"cost": {"clusters": clusters}}))
+
+    step = SimpleNamespace(one=lowered(1), two=lowered(2), layers=5)
+    cost = step_cost(step, {})
+    assert len(cost.clusters) == 5 and cost.device_s == pytest.approx(5 * 2.1)
+    events = request_events(step, step, 4, 8, 3)
+    assert [e[0] for e in events].count("step") == 4  # the prefill and three decode steps
+    assert all(e[1] == "replay" for e in events if e[0] == "launch")

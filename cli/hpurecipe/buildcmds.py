@@ -216,9 +216,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     per-card memory by category, the largest micro-batch and tokens/s. Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
-    if trace is not None and any(v is not None for v in (input_len, output_len, seq, global_batch)):
-        raise UsageError("--trace writes the trace of the model file's buckets; capacity and training plans have "
-                         "none yet")
+    if trace is not None and (seq is not None or global_batch is not None):
+        raise UsageError("--trace writes the trace of the buckets or of a served request; a training plan has none "
+                         "yet")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
@@ -244,8 +244,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
                 doc = analyze_spec(spec, target, train, on_point, lazy=lazy)
         render.emit_json(doc) if json else print_analysis(doc)
         return
+    check_trace(trace)
     with time_limit(timeout, model_file):
-        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json)
+        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json, trace)
 
 
 def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
@@ -266,7 +267,7 @@ def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
 
 def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | None, output_len: int | None,
-              dtype: str, batch: int | None, cards: int | None, json: bool) -> None:
+              dtype: str, batch: int | None, cards: int | None, json: bool, trace=None) -> None:
     if input_len is None or output_len is None:
         raise UsageError("capacity planning needs both --input-len and --output-len, e.g. --input-len 128 "
                          "--output-len 128")
@@ -282,7 +283,8 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
     from .analysis import print_capacity
 
-    doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards)
+    doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards,
+                   str(trace) if trace else None)
     render.emit_json(doc) if json else print_capacity(doc)
 
 
