@@ -21,6 +21,7 @@ from ..timeline.host import HOST
 from ..timeline.model import mean_step_s, steady
 
 KEPT_STEPS = 10_000
+TIMELINE_STEPS = 1_000  # steps of the timeline the report lists one by one (its means cover all)
 
 
 class StepTimes:
@@ -83,7 +84,7 @@ def timeline(device) -> dict[str, Any]:
     bounds = Counter(s.bound for s in rows)
     return {"estimate": True, "step_s": mean_step_s(steps), "host_s": mean["host_s"], "python_s": mean["python_s"],
             "device_s": mean["device_s"], "sync_s": mean["serial_s"],
-            "bound": bounds.most_common(1)[0][0] if bounds else "", "steps": [s.summary() for s in steps[:KEPT_STEPS]],
+            "bound": bounds.most_common(1)[0][0] if bounds else "", "steps": [s.summary() for s in steps[:TIMELINE_STEPS]],
             "truncated": device.timeline.truncated, "host_constants": _constants()}
 
 

@@ -13,7 +13,7 @@ import contextvars
 import time
 from typing import Callable
 
-from .model import Cost, cost_of
+from .model import cost_of
 
 KEPT_EVENTS = 2_000_000  # past it, the run goes on and the timeline says it was cut
 _COSTS = 10_000  # recipes whose Cost is remembered
@@ -121,7 +121,3 @@ class Recorder:
         if self.depth:
             self.leave()
 
-
-def fixed_cost(clusters: tuple = (), comms: tuple = ()) -> Cost:
-    """A ``Cost`` built by hand (tests, plans): clusters of (mme_s, tpc_s, hbm_s, launch_s, time_s)."""
-    return Cost(tuple(clusters), tuple(comms))

@@ -81,14 +81,5 @@ def hpu_graphs(events: list[tuple]) -> list[tuple]:
     return out
 
 
-def sync_lines(events: list[tuple]) -> dict[str, tuple[str, int]]:
-    """Source line -> (what, host reads there), for the lines that read in the steady steps."""
-    found: dict[str, list] = {}
-    for e in events:
-        if e[0] == "sync":
-            found.setdefault(e[2], [e[1], 0])[1] += 1
-    return {k: (v[0], v[1]) for k, v in found.items()}
-
-
 def steps_of(events: list[tuple], target: str, host: HostCosts = HOST) -> list[StepTime]:
     return schedule(events, target, host).steps[:-1]
