@@ -121,8 +121,5 @@ def _source(spec) -> tuple[ast.AST | None, Path]:
 
 
 def _input_bytes(spec, point: dict) -> int:
-    try:
-        inputs = spec.make_inputs(**point)
-    except TypeError:
-        return 0
+    inputs = spec.inputs(point) if point else ()
     return sum(t.numel() * t.element_size() for t in inputs if hasattr(t, "element_size"))
