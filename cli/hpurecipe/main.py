@@ -11,7 +11,7 @@ from hpu_backend.version import __version__
 from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
-from . import buildcmds, cachecmds, packagecmds, runcmd, servingcmd, shipcmds
+from . import buildcmds, cachecmds, packagecmds, perftool, runcmd, servingcmd, shipcmds
 from .errors import mapped
 
 app = typer.Typer(
@@ -25,7 +25,8 @@ COMMANDS = [
     ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
-    ("push", shipcmds.push), ("pull", shipcmds.pull), ("serving-plan", servingcmd.serving_plan),
+    ("push", shipcmds.push), ("pull", shipcmds.pull), ("perf-tool", perftool.perf_tool),
+    ("serving-plan", servingcmd.serving_plan),
 ]
 for _name, _fn in COMMANDS:
     app.command(_name)(mapped(_fn))
