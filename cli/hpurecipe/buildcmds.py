@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hpu_backend.aot.cachepolicy import config_to_fill
 from hpu_backend.aot.modelfile import time_limit
 from hpu_backend.settings import TARGETS
+from hpu_backend.targets import layout_problem
 from recipecache.config import ENV_VAR
 
 from . import render
@@ -214,6 +215,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     per-card memory by category, the largest micro-batch and tokens/s. Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
+    problem = layout_problem(target, cards or 1, tp, global_batch)  # before any model loads
+    if problem:
+        raise UsageError(problem)
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hpu_backend.formats.package import Package, check_toolchain, describe, read_package
+from hpu_backend.formats.package import Package, check_destination, check_toolchain, describe, read_package
 
 from . import render
 from .specs import load_spec
@@ -36,6 +36,8 @@ def package(model_file: ModelFile,
     from hpu_backend.aot import build_package
     from hpu_backend.aot.modelfile import time_limit
 
+    if output is not None:
+        check_destination(output)  # before the model loads: a path that cannot be written is refused at once
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         path = output or Path(f"{spec.name}{PACKAGE_SUFFIX}")

@@ -29,7 +29,7 @@ from ..lowering import LoweringContext, lower
 from ..lowering.values import nbytes
 from ..serve.session import Session
 from ..settings import Settings
-from ..targets import fabric
+from ..targets import layout_problem
 from .analyze import hbm_bytes, largest_fitting, replanned_peak
 from .modelfile import ModelFileError, ModelSpec, spec_from, user_call
 
@@ -134,9 +134,9 @@ def _require_axes(spec: ModelSpec, axes: tuple[str, ...], what: str) -> None:
 
 def card_steps(spec: ModelSpec, target: str, dtype: str, cards: int) -> tuple[Any, Any]:
     """The prefill and decode steps of one card's shard over ``cards`` (LayeredSteps when LAYERS > 2)."""
-    server = fabric(target).cards_per_server
-    if not 1 <= cards <= server:
-        raise CapacityError(f"--cards {cards}: a {target} server joins 1 to {server} cards (no scale-out yet)")
+    problem = layout_problem(target, cards)
+    if problem:
+        raise CapacityError(problem)
     if spec.per_card is None:
         raise CapacityError(f"{spec.path}: planning across cards needs PER_CARD(cards, group, layers) in the "
                             f"model file (one card's tensor-parallel shard, see models/llama.py)")
@@ -222,11 +222,19 @@ def capacity(spec: ModelSpec, target: str, dtype: str, input_len: int, output_le
     ``cards``: plan one card's tensor-parallel shard over that many cards of a server (per-card figures)."""
     if input_len < 1 or output_len < 1 or (batch is not None and batch < 1) or (cards is not None and cards < 1):
         raise CapacityError("input length, output length, batch and cards must be positive integers")
+    check_context(spec, input_len + output_len, f"--input-len {input_len} + --output-len {output_len}")
     if cards is None:
         prefill, decode = step_graphs(spec, target, dtype)
     else:
         prefill, decode = card_steps(spec, target, dtype, cards)
     return plan_capacity(prefill, decode, spec.name, target, dtype, input_len, output_len, batch, cards or 1)
+
+
+def check_context(spec: ModelSpec, tokens: int, what: str) -> None:
+    """CapacityError, before any tracing, when a sequence of ``tokens`` is longer than the model's CONTEXT."""
+    if spec.context is not None and tokens > spec.context:
+        raise CapacityError(f"{what} = {tokens:,} tokens: {spec.name} holds at most {spec.context:,} tokens "
+                            "per sequence (CONTEXT in its model file)")
 
 
 def plan_capacity(prefill, decode, model: str, target: str, dtype: str, input_len: int,

@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ..targets import device, fabric
+from ..targets import device, fabric, layout_problem
 from .analyze import hbm_bytes, largest_fitting
-from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, trace_step
+from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, check_context, trace_step
 from ..lowering.values import numel
 from .modelfile import ModelSpec, spec_from, user_call
 
@@ -231,6 +231,7 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
                   micro_batch: int | None = None, search: bool = False) -> dict[str, Any]:
     """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict."""
     _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch)
+    check_context(spec, seq, f"--seq {seq}")
     if not search:
         layout = Layout(cards, tp, zero, checkpointing, bucket_mb)
         return plan_layout(forward_shard(spec, target, dtype, tp), spec.name, layout, target, dtype, seq,
@@ -253,21 +254,17 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
 
 
 def _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch) -> None:
-    server = fabric(target).cards_per_server
     if min(seq, global_batch, cards, tp) < 1 or (micro_batch is not None and micro_batch < 1):
         raise CapacityError("sequence, global batch, cards, --tp and the micro-batch must be positive integers")
-    if cards > server:
-        raise CapacityError(f"--cards {cards}: a {target} server joins 1 to {server} cards (no scale-out yet)")
-    if cards % tp:
-        raise CapacityError(f"--tp {tp} does not divide --cards {cards}")
     if zero not in ZERO_STAGES:
         raise CapacityError(f"--zero {zero}: expected 0, 1, 2 or 3")
     if checkpointing not in CHECKPOINTING:
         raise CapacityError(f"--checkpointing {checkpointing!r}: expected {' or '.join(CHECKPOINTING)}")
     if not bucket_mb > 0:
         raise CapacityError(f"--bucket-mb {bucket_mb}: expected a positive size in MB")
-    if global_batch % (cards // tp):
-        raise CapacityError(f"global batch {global_batch} does not split over {cards // tp} data-parallel cards")
+    problem = layout_problem(target, cards, tp, global_batch)
+    if problem:
+        raise CapacityError(problem)
 
 
 def plan_layout(shard: ForwardShard, model: str, layout: Layout, target: str, dtype: str, seq: int,

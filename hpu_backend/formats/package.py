@@ -251,10 +251,15 @@ def _check_stream(f, key: bytes | None) -> None:
 
 
 def check_destination(path: str | os.PathLike) -> None:
-    """PackageError if ``path`` exists and is not a regular file (a device or a FIFO is never replaced)."""
+    """PackageError if ``path`` exists and is not a regular file (a device or a FIFO is never replaced), or its
+    directory does not exist: a package is written where the caller points, never into directories made for it
+    (as ``export`` refuses the same path)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise PackageError(f"cannot write {path}: there is no directory {parent}") from None
         return
     except OSError as e:
         if e.errno == errno.ENOTDIR:
