@@ -74,7 +74,7 @@ def show(path: Path, json: bool) -> None:
                   "inputs": ", ".join(f"{n} {k}" for k, n in doc["inputs"].items() if n),
                   "weights": "stored" if doc["with_weights"] else "from the model passed to load_package",
                   "axes": ", ".join(f"{a}={v}" for a, v in doc["axes"].items()) or "none",
-                  "ranges": render.bucket(doc["ranges"])})
+                  "serves": _spans(doc["serves"])})
     ls_rows(doc)
 
 
@@ -114,6 +114,11 @@ def verify(path: Path, json: bool) -> None:
         render.note("{}: all {} recipes load.", path, len(package.recipes))
     if problems:
         raise typer.Exit(1)
+
+
+def _spans(serves: dict[str, list[list[int]]]) -> str:
+    """``s0=1-2, 5-8``: the sizes each symbol may take (a size between two spans has no recipe)."""
+    return " ".join(f"{sym}=" + ", ".join(f"{a}-{b}" for a, b in spans) for sym, spans in serves.items()) or "-"
 
 
 def _seconds(s: float | None) -> str:
