@@ -1,11 +1,16 @@
 """What a new user meets at the command line: usage errors as one line, values refused before any model loads,
-destinations that are never made up, plans refused against the model's context length."""
+destinations that are never made up, plans refused against the model's context length, Ctrl-C during warm."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import warnings
+
 import pytest
 
-from cli_helpers import TINY, cli, one_line, tiny_model
+from cli_helpers import TINY, cli, cli_json, one_line, tiny_model
 
 # A model file that leaves a mark when it is loaded: a check "at parse time" must not leave one.
 MARKED = TINY + '''
@@ -56,3 +61,46 @@ def test_plans_longer_than_the_models_context_are_refused_before_tracing(tmp_pat
     bad = tiny_model(tmp_path, "bad", TINY + "\nCONTEXT = 0\n")
     assert "CONTEXT must be a positive integer" in one_line(cli("analyze", bad, "--input-len", "8",
                                                                   "--output-len", "8", code=1))
+
+
+WAITS = TINY.replace("def make_inputs(batch, seed=0):\n", '''def make_inputs(batch, seed=0):
+    if batch == 8:  # the second point, once the first one's recipes are written: wait for Ctrl-C
+        print("waiting", flush=True)
+        import time
+        time.sleep(300)
+''')
+
+
+def test_ctrl_c_during_warm_says_what_was_written_and_that_the_cache_verifies(tmp_path):
+    model, cache = tiny_model(tmp_path, text=WAITS), tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-m", "hpurecipe.main", "warm", str(model), "-d", str(cache)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.strip() == "waiting":
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    recipes = [r for r in cli_json("ls", "-d", cache) if r["kind"] != "program"]
+    assert proc.returncode == 130 and recipes, (proc.returncode, err)
+    assert err.splitlines() == [f"interrupted: {len(recipes)} recipe{'s' * (len(recipes) > 1)} written, "
+                                "the cache verifies clean"], err
+    assert cli_json("verify", "-d", cache)["bad"] == 0
+
+
+def test_the_anomaly_trace_is_dropped_after_ctrl_c_and_kept_otherwise():
+    from hpurecipe.buildcmds import interrupt_quiet
+
+    shown = []
+    trace = "Error detected in AddmmBackward0. Traceback of forward call that caused the error:"
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))
+        with pytest.raises(KeyboardInterrupt), interrupt_quiet():
+            warnings.warn(trace)
+            raise KeyboardInterrupt
+        assert shown == []
+        with interrupt_quiet():
+            warnings.warn(trace)
+            warnings.warn("another warning")
+            assert shown == ["another warning"]  # the trace waits for the end of the run
+    assert shown == ["another warning", trace]

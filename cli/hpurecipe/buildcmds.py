@@ -6,6 +6,7 @@ They import torch when they run, not when the CLI starts (the cache-only command
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
@@ -55,9 +56,59 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         config = config_to_fill(cache_dir, "warm")
-        with progress(len(spec.points()), json) as on_point:
-            report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
+        before = _recipe_keys(config)
+        try:
+            with progress(len(spec.points()), json) as on_point, interrupt_quiet():
+                report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
+        except KeyboardInterrupt:
+            raise _interrupted(config, before) from None
     _finish(report, config, json, check)
+
+
+def _recipe_keys(config) -> set[str]:
+    """The keys of the recipes (not programs) in the cache ``config`` names."""
+    cache = open_cache(config.resolved_path(), quiet=True, inspect=True)
+    return set() if cache is None else {i.key for i in cache.entries() if i.meta.get("kind") != "program"}
+
+
+def _interrupted(config, before: set[str]) -> typer.Exit:
+    """Ctrl-C during warm: one line saying what the run left (the recipes it wrote, and whether the cache
+    verifies, checked now, not assumed), exit 130 as a shell expects."""
+    from hpu_backend.aot.cachepolicy import recipe_problem
+
+    written = len(_recipe_keys(config) - before)
+    cache = open_cache(config.resolved_path(), quiet=True, inspect=True)
+    bad = [] if cache is None else cache.verify(check=recipe_problem)
+    state = "the cache verifies clean" if not bad else \
+        f"the cache has {render.plural(len(bad), 'bad entry')}; run: hpurecipe verify --fix"
+    render.err_console.print(f"interrupted: {render.plural(written, 'recipe')} written, {state}", markup=False,
+                             highlight=False, soft_wrap=True)
+    return typer.Exit(130)
+
+
+@contextlib.contextmanager
+def interrupt_quiet() -> Iterator[None]:
+    """Hold back autograd's anomaly trace ("Error detected in ...", some thirty lines), which AOTAutograd prints
+    when an exception passes through a backward it traces under anomaly mode: after Ctrl-C it is noise (the
+    interrupt is not an error in the model). Held traces are printed when the run ends any other way."""
+    held, show = [], warnings.showwarning
+
+    def hold(message, category, filename, lineno, file=None, line=None):
+        if str(message).startswith("Error detected in"):
+            held.append((message, category, filename, lineno, file, line))
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = hold
+    try:
+        yield
+    except KeyboardInterrupt:
+        held.clear()
+        raise
+    finally:
+        warnings.showwarning = show
+        for args in held:
+            show(*args)
 
 
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
