@@ -104,3 +104,38 @@ def test_the_anomaly_trace_is_dropped_after_ctrl_c_and_kept_otherwise():
             warnings.warn("another warning")
             assert shown == ["another warning"]  # the trace waits for the end of the run
     assert shown == ["another warning", trace]
+
+
+def _advise_stages(monkeypatch, console_file, terminal: bool) -> list:
+    """Run ``advise`` with a stand-in planner that reports two stages and stops; what it was handed."""
+    import hpu_backend.aot.advise as advise_module
+    from rich.console import Console
+
+    from hpu_backend.aot.modelfile import ModelFileError
+    from hpurecipe import render
+
+    handed = []
+
+    def planner(spec, train, target, on_step=None):
+        handed.append(on_step)
+        if on_step is not None:
+            on_step("stage one")
+            on_step("stage two")
+        raise ModelFileError("stopped after the stages")
+
+    monkeypatch.setattr(advise_module, "advise", planner)
+    monkeypatch.setattr(render, "err_console", Console(file=console_file, force_terminal=terminal, width=200))
+    return handed
+
+
+@pytest.mark.parametrize("terminal, json, shown", [(True, False, True), (False, False, False), (True, True, False)],
+                         ids=["terminal", "not-a-terminal", "json"])
+def test_long_plans_show_their_stage_on_a_terminal_only(monkeypatch, tmp_path, terminal, json, shown):
+    import io
+
+    out = io.StringIO()
+    handed = _advise_stages(monkeypatch, out, terminal)
+    cli("advise", tiny_model(tmp_path), *(["--json"] if json else []), code=1)
+    assert (handed[0] is not None) == shown
+    text = out.getvalue()
+    assert ("advise" in text and "stage one" in text and "stage two" in text) == shown, text

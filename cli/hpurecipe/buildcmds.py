@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import TYPE_CHECKING, Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Iterator, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from hpu_backend.aot.cachepolicy import config_to_fill
 from hpu_backend.aot.modelfile import time_limit
@@ -44,6 +44,26 @@ def progress(total: int, quiet: bool) -> Iterator:
     with bar:
         task = bar.add_task("buckets", total=total, last="compiling the first bucket...")
         yield on_point
+
+
+@contextlib.contextmanager
+def stages(what: str, quiet: bool) -> Iterator[Callable[[str], None] | None]:
+    """A spinner line on stderr for a long plan (capacity, training, advise): ``what``, the stage it is at and
+    the time so far; the callback sets the stage. On a terminal only, not with ``quiet`` (--json); gone when
+    done."""
+    if quiet or not render.err_console.is_terminal:
+        yield None
+        return
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                   TextColumn("{task.fields[stage]}"), console=render.err_console, transient=True)
+
+    def on_step(stage: str) -> None:
+        bar.update(task, stage=stage)
+        bar.refresh()  # each stage is shown even when it is over before the next automatic refresh
+
+    with bar:
+        task = bar.add_task(what, total=None, stage="loading the model file")
+        yield on_step
 
 
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
@@ -310,7 +330,8 @@ def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
     from .analysis import print_advice
 
-    doc = run_advise(load_spec(model_file, axis), train, target)
+    with stages("advise", json) as on_step:
+        doc = run_advise(load_spec(model_file, axis), train, target, on_step=on_step)
     render.emit_json(doc) if json else print_advice(doc)
 
 
@@ -331,7 +352,9 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
     from .analysis import print_capacity
 
-    doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards)
+    with stages("capacity plan", json) as on_step:
+        doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards,
+                       on_step=on_step)
     render.emit_json(doc) if json else print_capacity(doc)
 
 
@@ -347,6 +370,7 @@ def _training(model_file: str, axis, train: bool, target: str, seq: int | None, 
 
     from .analysis import print_training
 
-    doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp, bucket_mb,
-                        checkpointing, batch, search)
+    with stages("training plan", json) as on_step:
+        doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp,
+                            bucket_mb, checkpointing, batch, search, on_step=on_step)
     render.emit_json(doc) if json else print_training(doc)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
 
 import torch
 
@@ -228,22 +229,28 @@ def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> d
 
 def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_batch: int, cards: int = 1,
                   zero: int = 0, tp: int = 1, bucket_mb: float = DEFAULT_BUCKET_MB, checkpointing: str = "none",
-                  micro_batch: int | None = None, search: bool = False) -> dict[str, Any]:
-    """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict."""
+                  micro_batch: int | None = None, search: bool = False,
+                  on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict.
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
     _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch)
     check_context(spec, seq, f"--seq {seq}")
+    step = on_step or (lambda what: None)
     if not search:
         layout = Layout(cards, tp, zero, checkpointing, bucket_mb)
+        step(f"tracing and lowering the forward of one card (tp {tp})")
         return plan_layout(forward_shard(spec, target, dtype, tp), spec.name, layout, target, dtype, seq,
                            global_batch, micro_batch)
     tried, shards = [], {}
     for t in (d for d in range(1, cards + 1) if cards % d == 0):
+        step(f"tracing and lowering the forward of one card (tp {t})")
         try:
             shards[t] = forward_shard(spec, target, dtype, t)
         except CapacityError:
             continue  # the model does not split over t cards
         for z in ZERO_STAGES:
             for ck in CHECKPOINTING:
+                step(f"layout tp {t}, ZeRO {z}, checkpointing {ck}")
                 tried.append(plan_layout(shards[t], spec.name, Layout(cards, t, z, ck, bucket_mb), target, dtype,
                                          seq, global_batch, micro_batch))
     fitting = [d for d in tried if d["fits_hbm"] and d["tokens_per_s"]]
