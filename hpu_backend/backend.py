@@ -30,6 +30,8 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 _graph_ids = itertools.count()
+_SUFFIX = {"forward": "fw", "backward": "bw", "inference": "inf"}
+MODES = (None, "default", "reduce-overhead")  # torch.compile modes this backend implements
 
 
 class _ProfilerRangesDropped(logging.Filter):
@@ -45,8 +47,6 @@ class _ProfilerRangesDropped(logging.Filter):
 
 for _logger in ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch"):
     logging.getLogger(_logger).addFilter(_ProfilerRangesDropped())
-_SUFFIX = {"forward": "fw", "backward": "bw", "inference": "inf"}
-MODES = (None, "default", "reduce-overhead")  # torch.compile modes this backend implements
 
 
 def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, **kwargs: Any):
@@ -70,8 +70,7 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
                 else served.call
     recorder = None if pkey is None else Recorder(pkey, session, name_of("program"))
     inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
-
-    labels = input_labels(gm)
+    labels = input_labels(gm)  # what the user calls each input, for ``show``
 
     def compiler(kind: str):
         return functools.partial(_compile_graph, kind=kind, name=name_of(kind), session=session,

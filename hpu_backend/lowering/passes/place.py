@@ -46,8 +46,8 @@ def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = 
             runs = _op_it_runs(node)
             why = _fallback_reason(runs, refs_read, specs, placed, table, ctx.settings.place_on_cpu)
             decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(runs, refs, specs, placed, table)
-        if why is not None:
-            fallbacks.append(_fallback(runs, specs, why, ctx))  # named by the op that falls back
+            if why is not None:
+                fallbacks.append(_fallback(runs, specs, why, ctx))  # named by the op that falls back
         node = with_fields(node, **decision)
         placed[node.name] = node.placement
         nodes.append(node)
