@@ -43,12 +43,16 @@ def _outputs(recipe: Recipe) -> list[dict[str, Any]]:
 
 
 def _placement(recipe: Recipe) -> dict[str, Any]:
+    # The op each fallback ran, as placement recorded it (a with_effects wrapper's is the op it wraps).
+    recorded = recipe.facts.get("placement", {}).get("fallbacks", []) if isinstance(recipe.facts, dict) else []
+    ran = {f["node"]: f["op"] for f in recorded if isinstance(f, dict) and isinstance(f.get("node"), str)
+           and isinstance(f.get("op"), str)}
     return {"nodes": len(recipe.nodes),
             "by_placement": dict(Counter(n.placement for n in recipe.nodes)),
             "by_engine": dict(Counter(n.engine or "-" for n in recipe.nodes)),
             "clusters": dict(sorted(Counter(n.cluster for n in recipe.nodes if n.cluster >= 0).items())),
             "fused_nodes": sum(1 for n in recipe.nodes if n.fusion >= 0),
-            "fallbacks": [{"node": n.name, "op": n.op, "source": n.source}
+            "fallbacks": [{"node": n.name, "op": ran.get(n.name, n.op), "source": n.source}
                           for n in recipe.nodes if n.placement == "cpu"]}
 
 

@@ -103,7 +103,7 @@ def _op_it_runs(node: Node) -> Node:
     (``aten::_linalg_check_errors``, a print) to keep it in order; it is placed, and falls back, as that op."""
     if node.op == EFFECTS and len(node.args) > 1 and isinstance(node.args[1], dict) \
             and isinstance(node.args[1].get("op"), str):
-        return with_fields(node, op=node.args[1]["op"])
+        return with_fields(node, op=node.args[1]["op"], args=node.args[2:])  # without the token and the op
     return node
 
 
