@@ -24,7 +24,7 @@ def _spec(name: str, spec: ValueSpec, labels: dict[str, str]) -> dict[str, Any]:
 
 
 def _labels(recipe: Recipe) -> dict[str, str]:
-    labels = recipe.facts.get("input_labels")
+    labels = recipe.facts.get("input_labels") if isinstance(recipe.facts, dict) else None
     return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)} \
         if isinstance(labels, dict) else {}
 
@@ -44,9 +44,10 @@ def _outputs(recipe: Recipe) -> list[dict[str, Any]]:
 
 def _placement(recipe: Recipe) -> dict[str, Any]:
     # The op each fallback ran, as placement recorded it (a with_effects wrapper's is the op it wraps).
-    recorded = recipe.facts.get("placement", {}).get("fallbacks", []) if isinstance(recipe.facts, dict) else []
-    ran = {f["node"]: f["op"] for f in recorded if isinstance(f, dict) and isinstance(f.get("node"), str)
-           and isinstance(f.get("op"), str)}
+    placement = recipe.facts.get("placement") if isinstance(recipe.facts, dict) else None
+    recorded = placement.get("fallbacks") if isinstance(placement, dict) else None
+    ran = {f["node"]: f["op"] for f in (recorded if isinstance(recorded, list) else [])
+           if isinstance(f, dict) and isinstance(f.get("node"), str) and isinstance(f.get("op"), str)}
     return {"nodes": len(recipe.nodes),
             "by_placement": dict(Counter(n.placement for n in recipe.nodes)),
             "by_engine": dict(Counter(n.engine or "-" for n in recipe.nodes)),
