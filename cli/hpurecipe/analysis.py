@@ -8,6 +8,16 @@ from typing import Any
 from . import render
 
 
+def _step(state: dict | None) -> str:
+    """The whole training step's state the batch search counted, as one sentence (nothing for inference)."""
+    if not state:
+        return ""
+    return (f" The whole step: parameters {render.size(state['parameters'])}, gradients "
+            f"{render.size(state['gradients'])}, optimizer state {render.size(state['optimizer_state'])} "
+            f"({state['optimizer']}{', assumed: the model file names no optimizer' if state.get('assumed') else ''}), "
+            f"master weights {render.size(state['master_weights'])}.")
+
+
 def print_analysis(doc: dict[str, Any]) -> None:
     render.table(["point", "planned at", "recipes", "fallbacks", "graph breaks", "recompilations", "est. time",
                   "peak HBM"],
@@ -27,14 +37,16 @@ def print_analysis(doc: dict[str, Any]) -> None:
         render.note("graph break: {}", reason)
     for r in doc.get("recompiles", []):
         render.note("recompile: {}", f"{r['function']}: {r['cause']} ({r['variable']} {r['change']}".rstrip()
-                    + f") at {r['source']}; guard {r['guard']}")
+                    + f") at {r['source']}" + (f" (in library code: {r['library']})" if r.get("library") else "")
+                    + f"; guard {r['guard']}")
     mb = doc["max_batch"]
     if mb:
         at = " ".join(f"{k}={v}" for k, v in mb["at"].items())
         where = f"{doc['target']} HBM" + (f" at {at}" if at else "")
         if mb.get("batch"):
-            render.note("Largest batch that fits {}: {} (planned peak {}; an estimate).{}", where, f"{mb['batch']:,}",
-                        render.size(mb["peak_bytes"]), f" {mb['note']}." if mb.get("note") else "")
+            render.note("Largest batch that fits {}: {} (planned peak {}; an estimate).{}{}", where, f"{mb['batch']:,}",
+                        render.size(mb["peak_bytes"]), f" {mb['note']}." if mb.get("note") else "",
+                        _step(mb.get("step")))
         else:
             render.note("Largest batch that fits {}: cannot tell: {}.", where, mb["reason"])
 

@@ -35,7 +35,8 @@ from .modelfile import ModelFileError, ModelSpec, spec_from, user_call
 
 DTYPES = {"bf16": "native", "fp8": "fp8"}  # --dtype -> Settings.dtype_policy (weights and activations are bf16)
 PREFILL_AXES, DECODE_AXES = ("batch", "input_len"), ("batch", "kv_len")
-SAMPLE = {"batch": 3, "input_len": 7, "kv_len": 7}  # ≥ 2 (0 and 1 specialize) and distinct from each other
+# ≥ 2 (0 and 1 specialize) and distinct from each other; "seq" is a training plan's tokens per sequence
+SAMPLE = {"batch": 3, "input_len": 7, "kv_len": 7, "seq": 7}
 DECODE_SAMPLES = 17  # decode steps evaluated exactly; the sum over the others is interpolated (see decode_s)
 TP_GROUP = "tp"  # the process-group name a PER_CARD shard's collectives use while planning
 
@@ -159,6 +160,10 @@ def trace_step(spec: ModelSpec, name: str, target: str, dtype: str,
     """Build the step's model on the meta device, trace it on fake inputs and run the graph passes."""
     with torch.device("meta"):
         model = spec.build_model().eval().to(torch.bfloat16)
+    unknown = [a for a in spec.axes if a not in SAMPLE]
+    if unknown:
+        raise CapacityError(f"{spec.path}: no plan for the axis {', '.join(unknown)}; plans know the axes "
+                            f"{', '.join(SAMPLE)}")
     point = {a: SAMPLE[a] for a in spec.axes}
     inputs = [_bf16(t) for t in spec.split(spec.inputs(point))]
     dims = _dim_lines(spec, point, inputs)

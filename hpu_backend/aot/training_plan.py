@@ -2,7 +2,8 @@
 per-card memory by category, data parallelism with ZeRO stages 0-3, tensor parallelism, DDP gradient buckets
 and activation checkpointing; tokens/s, samples/s and the largest micro-batch that fits.
 
-The forward is one card's tensor-parallel shard (``PER_CARD(tp)``), lowered once on the meta device and
+The forward is one card's tensor-parallel shard (``PER_CARD(tp)``; without one, at ``tp`` 1, the model file's
+own model), lowered once on the meta device and
 re-planned at every micro-batch (``capacity.trace_step``; LLaMA-style stacks from their one- and two-layer
 lowerings, ``capacity.LayeredStep``). Everything else follows from it, per DeepSpeed's ZeRO paper (Rajbhandari
 et al., 2020) for a mixed-precision AdamW step with Ψ parameters on a card after tensor parallelism:
@@ -82,7 +83,7 @@ class ForwardShard:
 
     def at(self, batch: int, seq: int) -> dict[str, Any]:
         """Forward time, its TP communication, and the activations it saves/needs at (batch, seq)."""
-        point = {"batch": batch, "input_len": seq}
+        point = {"batch": batch, "input_len": seq, "seq": seq}
         graphs = [self.step] if isinstance(self.step, StepGraph) else [self.step.one, self.step.two]
         recipes = [g.at(point) for g in graphs]
         est = self.step.estimate(point)
@@ -109,8 +110,12 @@ def forward_shard(spec: ModelSpec, target: str, dtype: str, tp: int) -> ForwardS
     if dtype not in DTYPES:
         raise CapacityError(f"dtype {dtype!r}: expected {' or '.join(DTYPES)}")
     if spec.per_card is None:
-        raise CapacityError(f"{spec.path}: training plans need PER_CARD(cards, group, layers) in the model file "
-                            f"(one card's tensor-parallel shard, see models/llama.py)")
+        if tp > 1:
+            raise CapacityError(f"{spec.path}: tensor parallel over {tp} cards needs PER_CARD(cards, group, layers) "
+                                f"in the model file (one card's tensor-parallel shard, see models/llama.py)")
+        # without PER_CARD the model file is the one card's model, planned as one block
+        return ForwardShard(trace_step(spec, "train_forward", target, dtype, {TP_GROUP: 1}), spec.layers or 1,
+                            *_widths(spec))
 
     def shard(layers: int | None) -> tuple[StepGraph, ModelSpec]:
         holder = user_call(spec.path, f"PER_CARD(cards={tp})", spec.per_card, cards=tp, group=TP_GROUP,

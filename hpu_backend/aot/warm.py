@@ -26,7 +26,7 @@ from ..serve.session import Event, Session, listen
 from ..settings import Settings
 from .cachefit import cache_fit
 from .manifests import manifest, send_manifest, write_manifest
-from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
+from .modelfile import ModelFileError, ModelSpec, load_model_file, model_call, point_label, spec_from, user_call
 from .reports import PointResult, UsedRecipe, WarmReport
 
 
@@ -101,10 +101,10 @@ def _run_model(model: Callable, spec: ModelSpec, inputs: tuple, train: bool, poi
     where = f"the model at {point_label(point)}"
     if not train:
         with torch.no_grad():
-            out = user_call(spec.path, where, model, *spec.split(inputs))
+            out = model_call(spec.path, where, model, *spec.split(inputs))
         _end_lazy_step()
         return out
-    output = user_call(spec.path, where, model, *spec.split(inputs))
+    output = model_call(spec.path, where, model, *spec.split(inputs))
     loss = spec.loss_of(output, inputs)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ModelFileError(f"{spec.path}: loss() must return a one-element tensor, got "
