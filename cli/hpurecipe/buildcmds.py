@@ -23,6 +23,7 @@ from .caches import config_for, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train, bounded
 from .specs import load_spec
+from .tracing import TraceFile, check_trace, traced
 
 if TYPE_CHECKING:
     from hpu_backend.aot.reports import PointResult, WarmReport
@@ -69,16 +70,18 @@ def stages(what: str, quiet: bool) -> Iterator[Callable[[str], None] | None]:
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
                                              "if the cache did not keep everything the buckets use.")] = False,
-         timeout: Timeout = None, json: Json = False) -> None:
+         timeout: Timeout = None, json: Json = False, trace: TraceFile = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
+    check_trace(trace)
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         config = config_to_fill(cache_dir, "warm")
         before = _recipe_keys(config)
         try:
-            with progress(len(spec.points()), json) as on_point, interrupt_quiet():
+            with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "warm") as on_point, \
+                    interrupt_quiet():
                 report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
         except KeyboardInterrupt:
             raise _interrupted(config, before) from None
@@ -278,7 +281,7 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
                 help="Training plan: activation checkpointing, none or full.")] = "none",
             search: Annotated[bool, typer.Option(
                 "--search", help="Training plan: the fastest layout (TP, ZeRO, checkpointing) that fits.")] = False,
-            timeout: Timeout = None, json: Json = False) -> None:
+            timeout: Timeout = None, json: Json = False, trace: TraceFile = None) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
     prefill and decode steps without weights, the largest batch and tokens/s. With --train --seq
@@ -289,6 +292,9 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     problem = layout_problem(target, cards or 1, tp, global_batch)  # before any model loads
     if problem:
         raise UsageError(problem)
+    if trace is not None and (seq is not None or global_batch is not None):
+        raise UsageError("--trace writes the trace of the buckets or of a served request; a training plan has none "
+                         "yet")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
@@ -307,14 +313,16 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
         from .analysis import print_analysis
 
+        check_trace(trace)
         with time_limit(timeout, model_file):
             spec = load_spec(model_file, axis)
-            with progress(len(spec.points()), json) as on_point:
+            with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "analyze", target) as on_point:
                 doc = analyze_spec(spec, target, train, on_point, lazy=lazy)
         render.emit_json(doc) if json else print_analysis(doc)
         return
+    check_trace(trace)
     with time_limit(timeout, model_file):
-        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json)
+        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json, trace)
 
 
 def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
@@ -336,7 +344,7 @@ def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
 
 def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | None, output_len: int | None,
-              dtype: str, batch: int | None, cards: int | None, json: bool) -> None:
+              dtype: str, batch: int | None, cards: int | None, json: bool, trace=None) -> None:
     if input_len is None or output_len is None:
         raise UsageError("capacity planning needs both --input-len and --output-len, e.g. --input-len 128 "
                          "--output-len 128")
@@ -354,7 +362,7 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
     with stages("capacity plan", json) as on_step:
         doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards,
-                       on_step=on_step)
+                       str(trace) if trace else None, on_step=on_step)
     render.emit_json(doc) if json else print_capacity(doc)
 
 

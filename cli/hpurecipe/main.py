@@ -11,7 +11,7 @@ from hpu_backend.version import __version__
 from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
-from . import buildcmds, cachecmds, packagecmds, runcmd, shipcmds
+from . import buildcmds, cachecmds, packagecmds, perftool, runcmd, shipcmds
 from .errors import OneLineUsage, mapped
 
 app = typer.Typer(
@@ -25,7 +25,7 @@ COMMANDS = [
     ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
-    ("push", shipcmds.push), ("pull", shipcmds.pull),
+    ("push", shipcmds.push), ("pull", shipcmds.pull), ("perf-tool", perftool.perf_tool),
 ]
 for _name, _fn in COMMANDS:
     app.command(_name)(mapped(_fn))

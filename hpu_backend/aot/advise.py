@@ -34,12 +34,13 @@ from ..serve import hbm
 from ..serve.recompiles import LOOP_CONSTANT_FIX
 from ..serve.sources import library_location
 from .analyze import _max_batch, hbm_bytes
+from . import timeline_advice
 from .modelfile import ModelSpec, model_call, point_label
 from .warm import PointResult, plan
 
 # The checks in checklist order (port, optimize, profile): the order of findings without a gain estimate.
 CHECKS = ("hbm", "cpu fallback", "host sync", "graph break", "recompile", "buckets", "hand-written attention",
-          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs")
+          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs", "per-step sync", "pinned memory")
 
 DOCS = {
     "hbm": "a graph whose plan exceeds HBM fails on the device; the docs split it with mark_step, recompute "
@@ -64,6 +65,11 @@ DOCS = {
     "batch size": "a larger batch is, in general, better for throughput until HBM is full (docs: Batch Size)",
     "hpu graphs": "a host-bound inference model spends more time launching than computing; HPU Graphs record "
                   "the launches once and replay them (docs: HPU Graphs for inference)",
+    "per-step sync": "a host read in the training loop (.item() for a print or a log) waits every step until "
+                     "the device drains, so host and device stop overlapping; the docs reduce the frequency of "
+                     "printing",
+    "pinned memory": "a copy from pageable memory is staged by the host and blocks it; the docs pin the data "
+                     "loader's memory and copy with non_blocking=True",
 }
 
 
@@ -100,7 +106,7 @@ def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2",
     recipes = [u.recipe for u in largest.used] if largest else []
     findings = [*_hbm(recipes), *_fallbacks(recipes, spec), *_breaks(breaks, spec), *_recompiles(recompiled, spec),
                 *_buckets(spec), *_attention(recipes, spec), *_autocast(recipes, target), *_source(spec),
-                *batch, *_hpu_graphs(spec, recipes, train)]
+                *batch, *_timeline(spec, recipes, largest, target)]
     findings.sort(key=lambda f: (not f.gain_s, -(f.gain_s or 0.0), CHECKS.index(f.check)))
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "planned_at": largest.point if largest else {}, "estimate": True,
@@ -356,15 +362,9 @@ def _batch(spec: ModelSpec, points: list[PointResult], train: bool, target: str)
                                                                          f"analyze{' --train' if train else ''}`)")]
 
 
-HOST_BOUND_S = 1e-3  # below this estimated device time per call, launches dominate
+def _timeline(spec: ModelSpec, recipes, largest, target: str) -> list[Finding]:
+    """Per-step host reads, pageable copies and a host-bound step, each with its gain on the step timeline."""
+    def make(check: str, what: str, where: str, gain_s: float, fix: str) -> Finding:
+        return Finding(check, what, where, DOCS[check], gain_s, fix)
 
-
-def _hpu_graphs(spec: ModelSpec, recipes, train: bool) -> list[Finding]:
-    if train or not recipes:
-        return []
-    device_s = sum(r.facts.get("cost", {}).get("device_s", 0.0) for r in recipes)
-    if device_s >= HOST_BOUND_S:
-        return []
-    return [Finding("hpu graphs", f"{device_s * 1e6:.0f} µs of estimated device time per call", spec.path,
-                    DOCS["hpu graphs"], fix="wrap the model with hpu_backend.gaudi.wrap_in_hpu_graph, or "
-                                            "torch.compile(mode='reduce-overhead')")]
+    return timeline_advice.findings(spec, recipes, largest.point if largest else {}, target, make)

@@ -222,10 +222,11 @@ def decode_points(input_len: int, output_len: int) -> list[tuple[int, float]]:
 
 
 def capacity(spec: ModelSpec, target: str, dtype: str, input_len: int, output_len: int,
-             batch: int | None = None, cards: int | None = None,
+             batch: int | None = None, cards: int | None = None, trace: str | None = None,
              on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Per-step estimated time and HBM, the largest batch that fits and tokens/s; a JSON-ready dict.
     ``cards``: plan one card's tensor-parallel shard over that many cards of a server (per-card figures).
+    ``trace``: write one request at the chosen batch as a step-timeline trace (``plan_trace.py``).
     ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
     if input_len < 1 or output_len < 1 or (batch is not None and batch < 1) or (cards is not None and cards < 1):
         raise CapacityError("input length, output length, batch and cards must be positive integers")
@@ -236,8 +237,13 @@ def capacity(spec: ModelSpec, target: str, dtype: str, input_len: int, output_le
         prefill, decode = step_graphs(spec, target, dtype)
     else:
         prefill, decode = card_steps(spec, target, dtype, cards)
-    return plan_capacity(prefill, decode, spec.name, target, dtype, input_len, output_len, batch, cards or 1,
-                         on_step=step)
+    doc = plan_capacity(prefill, decode, spec.name, target, dtype, input_len, output_len, batch, cards or 1,
+                        on_step=step)
+    if trace and doc["batch"]:
+        from .plan_trace import write_request
+
+        write_request(trace, prefill, decode, doc)
+    return doc
 
 
 def _silent(what: str) -> None:

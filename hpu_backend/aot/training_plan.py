@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from ..targets import device, fabric, layout_problem
+from ..timeline.training import TrainingStep, schedule as schedule_training
 from .analyze import hbm_bytes, largest_fitting
 from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, check_context, trace_step
 from ..lowering.values import numel
@@ -171,7 +172,7 @@ def _layers(fwd: dict[str, Any]) -> int:
 
 # -- time -----------------------------------------------------------------------------------------------------
 
-def collectives(layout: Layout, psi: float, net) -> list[dict[str, Any]]:
+def collectives(layout: Layout, psi: float, net, layers: int = 1) -> list[dict[str, Any]]:
     """The data-parallel collectives of one optimizer step: kind, bytes of each, count, when, seconds each."""
     dp, z = layout.dp, layout.zero
     if dp == 1:
@@ -192,12 +193,14 @@ def collectives(layout: Layout, psi: float, net) -> list[dict[str, Any]]:
     if z in (1, 2):  # each card updated its partition: gather the parameters
         add("all_gather", 2 * psi, 1, "after the optimizer step")
     if z == 3:  # parameters gathered layer by layer, for the forward and again for the backward
-        add("all_gather", 2 * psi, 2 * layout.accumulation, "forward and backward of every micro-step")
+        add("all_gather", 2 * psi / layers, 2 * layout.accumulation * layers,
+            "forward and backward of every micro-step, layer by layer")
     return rows
 
 
 def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> dict[str, Any]:
-    """Seconds of one optimizer step and where they go (all estimates)."""
+    """Seconds of one optimizer step and where they go (all estimates): the step on the timeline
+    (``timeline/training.py``), its compute and collectives overlapping only where the schedule allows."""
     dev, net = device(target), fabric(target)
     psi = fwd["parameters"]
     mme = dev.mme_peak("float8_e4m3fn" if dtype == "fp8" else "bfloat16") * dev.efficiency.mme
@@ -206,25 +209,21 @@ def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> d
     compute = passes * fwd_compute / TRAIN_EFFICIENCY
     tp_exposed = (passes - 1) * fwd["exposed_comm_s"]  # backward's all-reduces mirror the forward's
     micro = compute + tp_exposed
-    backward = 2 * fwd_compute / TRAIN_EFFICIENCY
-    rows = collectives(layout, psi, net)
-    exposed = 0.0
-    for r in rows:
-        total = r["seconds_each"] * r["count"]
-        if r["when"].startswith("backward"):  # overlapped with the backward; the last bucket waits after it
-            per_step = layout.accumulation if "every" in r["when"] else 1
-            hidden = per_step * backward
-            r["exposed_s"] = min(total, max(total - hidden, 0.0) + per_step * r["seconds_each"])
-        elif r["when"].startswith("forward"):  # prefetched under the forward and backward compute
-            r["exposed_s"] = max(total - layout.accumulation * compute, 0.0)
-        else:
-            r["exposed_s"] = total
-        exposed += r["exposed_s"]
+    rows = collectives(layout, psi, net, _layers(fwd))
     owned = psi / (layout.dp if layout.zero >= 1 else 1)
     optimizer = owned * ADAMW_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.efficiency.hbm)
-    total = layout.accumulation * micro + exposed + optimizer
+    timeline = schedule_training(TrainingStep(
+        layers=_layers(fwd), forward_s=micro / passes, backward_s=micro * (passes - 1) / passes,
+        accumulation=layout.accumulation, optimizer_s=optimizer,
+        gather_s=next((r["seconds_each"] for r in rows if r["when"].startswith("forward")), 0.0),
+        grads=tuple((r["kind"], r["seconds_each"], r["count"] // (layout.accumulation if "every" in r["when"] else 1),
+                     "every" in r["when"]) for r in rows if r["when"].startswith("backward")),
+        after=tuple((r["kind"], r["seconds_each"]) for r in rows if r["when"].startswith("after"))))
+    for r in rows:
+        r["exposed_s"] = timeline["exposed_s"].get(r["kind"], 0.0)
+    exposed = timeline["step_s"] - layout.accumulation * micro - optimizer
     comm = sum(r["seconds_each"] * r["count"] for r in rows) + layout.accumulation * (passes - 1) * fwd["comm_s"]
-    return {"step_s": total, "micro_step_s": micro, "compute_s": layout.accumulation * compute,
+    return {"step_s": timeline["step_s"], "micro_step_s": micro, "compute_s": layout.accumulation * compute,
             "optimizer_s": optimizer, "comm_s": comm,
             "exposed_comm_s": exposed + layout.accumulation * tp_exposed, "collectives": rows,
             "tp_collectives_per_micro_step": round((passes - 1) * fwd["collectives"])}

@@ -33,8 +33,9 @@ from ..lowering import LoweringError
 from ..errors import one_line
 from ..formats.package import PackageError
 from ..runtime import RecipeLoadError, build_callable
-from ..serve.session import Session
+from ..serve.session import Session, process_observers
 from ..settings import Settings
+from ..timeline.record import launching
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,9 @@ class CapturedGraph:
     """One captured call: static input buffers, the executor with the module's state bound, the output layout."""
 
     def __init__(self, run: Callable[[list], list], static: list[torch.Tensor], out_spec: pytree.TreeSpec,
-                 trainable: bool, fallbacks: tuple[str, ...] = ()):
+                 trainable: bool, fallbacks: tuple[str, ...] = (), recipe=None):
         self.run = run
+        self.recipe = recipe  # what a replay reports to the run observers (the device's timeline and times)
         self.fallbacks = fallbacks  # CPU-fallback ops, counted at every replay as the bridge does
         self.static = static
         self.out_spec = out_spec
@@ -130,6 +132,9 @@ class CapturedGraph:
         if self.fallbacks:
             fallback.executed(self.fallbacks)
         outs = self.run(list(self.static))
+        with launching("replay"):  # the timeline charges one replay, not the bridge's per-op dispatch
+            for observe in process_observers():
+                observe(self.recipe, self.static, outs)
         return outs[0] if self.single else pytree.tree_unflatten(outs, self.out_spec)
 
 
@@ -164,7 +169,7 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str, train
         fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
         run = build_callable(recipe, fixed)
     trainable = any(p.requires_grad for p in module.parameters())
-    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks)
+    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks, recipe)
 
 
 def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: dict
