@@ -12,10 +12,10 @@ from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
 from . import buildcmds, cachecmds, packagecmds, perftool, runcmd, servingcmd, shipcmds
-from .errors import mapped
+from .errors import OneLineUsage, mapped
 
 app = typer.Typer(
-    name="hpurecipe", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="hpurecipe", cls=OneLineUsage, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Prebuild, warm, inspect, evict, verify and ship the hpu_backend recipe cache.\n\n"
          f"Every command works on the backend's cache ({ENV_VAR}, else "
          "~/.cache/hpu_backend/recipes) unless given --cache-dir.")
@@ -48,7 +48,7 @@ def _options(version: Annotated[bool, typer.Option(
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    app()
+    app(prog_name="hpurecipe")
 
 
 if __name__ == "__main__":

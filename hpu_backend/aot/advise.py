@@ -27,7 +27,7 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import metrics
 from ..serve import hbm
@@ -87,14 +87,21 @@ class Finding:
         return asdict(self)
 
 
-def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2") -> dict[str, Any]:
-    """The checklist's findings for ``spec`` on ``target``, most valuable first (a JSON-ready dict)."""
+def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2",
+           on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The checklist's findings for ``spec`` on ``target``, most valuable first (a JSON-ready dict).
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
+    step = on_step or (lambda what: None)
     with _quiet("torch._dynamo", "hpu_backend.serve.recompiles"):  # the findings carry what these log
+        step("graph breaks (Dynamo's explain at the first point)")
         breaks = graph_breaks(spec, train)
         seen = len(metrics.recompiles())
+        step(f"compiling and planning {len(spec.points())} points, twice each")
         points = plan(spec, train=train, target=target, repeat=2)  # a steady loop's second step compiles nothing
         recompiled = metrics.recompiles()[seen:]
+        step("the largest batch that fits")
         batch = _batch(spec, points, train, target)  # its probes recompile too: counted in its finding only
+    step("the checklist over the recipes and the source")
     largest = points[-1] if points else None
     recipes = [u.recipe for u in largest.used] if largest else []
     findings = [*_hbm(recipes), *_fallbacks(recipes, spec), *_breaks(breaks, spec), *_recompiles(recompiled, spec),

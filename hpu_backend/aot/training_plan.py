@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
 
 import torch
 
-from ..targets import device, fabric
+from ..targets import device, fabric, layout_problem
 from ..timeline.training import TrainingStep, schedule as schedule_training
 from .analyze import hbm_bytes, largest_fitting
-from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, trace_step
+from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, check_context, trace_step
 from ..lowering.values import numel
 from .modelfile import ModelSpec, spec_from, user_call
 
@@ -232,21 +233,28 @@ def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> d
 
 def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_batch: int, cards: int = 1,
                   zero: int = 0, tp: int = 1, bucket_mb: float = DEFAULT_BUCKET_MB, checkpointing: str = "none",
-                  micro_batch: int | None = None, search: bool = False) -> dict[str, Any]:
-    """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict."""
+                  micro_batch: int | None = None, search: bool = False,
+                  on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict.
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
     _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch)
+    check_context(spec, seq, f"--seq {seq}")
+    step = on_step or (lambda what: None)
     if not search:
         layout = Layout(cards, tp, zero, checkpointing, bucket_mb)
+        step(f"tracing and lowering the forward of one card (tp {tp})")
         return plan_layout(forward_shard(spec, target, dtype, tp), spec.name, layout, target, dtype, seq,
                            global_batch, micro_batch)
     tried, shards = [], {}
     for t in (d for d in range(1, cards + 1) if cards % d == 0):
+        step(f"tracing and lowering the forward of one card (tp {t})")
         try:
             shards[t] = forward_shard(spec, target, dtype, t)
         except CapacityError:
             continue  # the model does not split over t cards
         for z in ZERO_STAGES:
             for ck in CHECKPOINTING:
+                step(f"layout tp {t}, ZeRO {z}, checkpointing {ck}")
                 tried.append(plan_layout(shards[t], spec.name, Layout(cards, t, z, ck, bucket_mb), target, dtype,
                                          seq, global_batch, micro_batch))
     fitting = [d for d in tried if d["fits_hbm"] and d["tokens_per_s"]]
@@ -257,21 +265,17 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
 
 
 def _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch) -> None:
-    server = fabric(target).cards_per_server
     if min(seq, global_batch, cards, tp) < 1 or (micro_batch is not None and micro_batch < 1):
         raise CapacityError("sequence, global batch, cards, --tp and the micro-batch must be positive integers")
-    if cards > server:
-        raise CapacityError(f"--cards {cards}: a {target} server joins 1 to {server} cards (no scale-out yet)")
-    if cards % tp:
-        raise CapacityError(f"--tp {tp} does not divide --cards {cards}")
     if zero not in ZERO_STAGES:
         raise CapacityError(f"--zero {zero}: expected 0, 1, 2 or 3")
     if checkpointing not in CHECKPOINTING:
         raise CapacityError(f"--checkpointing {checkpointing!r}: expected {' or '.join(CHECKPOINTING)}")
     if not bucket_mb > 0:
         raise CapacityError(f"--bucket-mb {bucket_mb}: expected a positive size in MB")
-    if global_batch % (cards // tp):
-        raise CapacityError(f"global batch {global_batch} does not split over {cards // tp} data-parallel cards")
+    problem = layout_problem(target, cards, tp, global_batch)
+    if problem:
+        raise CapacityError(problem)
 
 
 def plan_layout(shard: ForwardShard, model: str, layout: Layout, target: str, dtype: str, seq: int,

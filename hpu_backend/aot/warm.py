@@ -201,7 +201,11 @@ def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = Fal
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
     eager = model if check else None
     with session.use():
-        points = run_points(compiled, spec, points or spec.points(), train=train, eager=eager, on_point=on_point)
+        try:
+            points = run_points(compiled, spec, points or spec.points(), train=train, eager=eager, on_point=on_point)
+        except KeyboardInterrupt:
+            session.flush()  # the recipes compiled so far land whole, so the cache an interrupt leaves verifies
+            raise
     return _recorded(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), spec, session)
 
 
