@@ -94,8 +94,11 @@ def print_capacity(doc: dict[str, Any]) -> None:
         render.note("At batch {}: {} tokens/s (prefill {} + {} decode steps {}{}){}.", f"{b:,}",
                     f"{doc['tokens_per_s']:,.0f}", _time(doc["prefill_s"]), f"{doc['output_len']:,}",
                     _time(doc["decode_s"]), sampled, "" if doc["fits_hbm"] else "; it does not fit in HBM")
-        render.note("First token after {}; collectives {} of the time ({} not hidden behind compute).",
-                    _time(doc["first_token_s"]), f"{doc['comm_share']:.1%}", _time(doc["exposed_comm_s"]))
+        if doc["cards"] == 1:  # one card has no collectives: a "0.0%" line would say nothing
+            render.note("First token after {}.", _time(doc["first_token_s"]))
+        else:
+            render.note("First token after {}; collectives {} of the time ({} not hidden behind compute).",
+                        _time(doc["first_token_s"]), f"{doc['comm_share']:.1%}", _time(doc["exposed_comm_s"]))
         if doc["cards"] > 1:
             parts = (f"{k.removesuffix('_bytes').replace('_', ' ')} {render.size(v)}"
                      for k, v in doc["hbm_per_card"].items())

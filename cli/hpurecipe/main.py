@@ -12,11 +12,11 @@ from hpu_backend.version import __version__
 from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
-from . import buildcmds, cachecmds, packagecmds, runcmd, shipcmds
-from .errors import mapped
+from . import buildcmds, cachecmds, packagecmds, perftool, runcmd, servingcmd, shipcmds
+from .errors import OneLineUsage, mapped
 
 app = typer.Typer(
-    name="hpurecipe", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="hpurecipe", cls=OneLineUsage, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Prebuild, warm, inspect, evict, verify and ship the hpu_backend recipe cache.\n\n"
          f"Every command works on the backend's cache ({ENV_VAR}, else "
          "~/.cache/hpu_backend/recipes) unless given --cache-dir.")
@@ -26,7 +26,8 @@ COMMANDS = [
     ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
-    ("push", shipcmds.push), ("pull", shipcmds.pull),
+    ("push", shipcmds.push), ("pull", shipcmds.pull), ("perf-tool", perftool.perf_tool),
+    ("serving-plan", servingcmd.serving_plan),
 ]
 for _name, _fn in COMMANDS:
     app.command(_name)(mapped(_fn))
@@ -50,7 +51,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     if sys.argv[1:2] == ["run"]:
         runcmd.alone(sys.argv[2:])  # start-up before a script's first line counts: skip the other commands
-    app()
+    app(prog_name="hpurecipe")
 
 
 if __name__ == "__main__":

@@ -27,19 +27,20 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import metrics
 from ..serve import hbm
 from ..serve.recompiles import LOOP_CONSTANT_FIX
 from ..serve.sources import library_location
 from .analyze import _max_batch, hbm_bytes
+from . import timeline_advice
 from .modelfile import ModelSpec, model_call, point_label
 from .warm import PointResult, plan
 
 # The checks in checklist order (port, optimize, profile): the order of findings without a gain estimate.
 CHECKS = ("hbm", "cpu fallback", "host sync", "graph break", "recompile", "buckets", "hand-written attention",
-          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs")
+          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs", "per-step sync", "pinned memory")
 
 DOCS = {
     "hbm": "a graph whose plan exceeds HBM fails on the device; the docs split it with mark_step, recompute "
@@ -64,6 +65,11 @@ DOCS = {
     "batch size": "a larger batch is, in general, better for throughput until HBM is full (docs: Batch Size)",
     "hpu graphs": "a host-bound inference model spends more time launching than computing; HPU Graphs record "
                   "the launches once and replay them (docs: HPU Graphs for inference)",
+    "per-step sync": "a host read in the training loop (.item() for a print or a log) waits every step until "
+                     "the device drains, so host and device stop overlapping; the docs reduce the frequency of "
+                     "printing",
+    "pinned memory": "a copy from pageable memory is staged by the host and blocks it; the docs pin the data "
+                     "loader's memory and copy with non_blocking=True",
 }
 
 
@@ -81,19 +87,26 @@ class Finding:
         return asdict(self)
 
 
-def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2") -> dict[str, Any]:
-    """The checklist's findings for ``spec`` on ``target``, most valuable first (a JSON-ready dict)."""
+def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2",
+           on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The checklist's findings for ``spec`` on ``target``, most valuable first (a JSON-ready dict).
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
+    step = on_step or (lambda what: None)
     with _quiet("torch._dynamo", "hpu_backend.serve.recompiles"):  # the findings carry what these log
+        step("graph breaks (Dynamo's explain at the first point)")
         breaks = graph_breaks(spec, train)
         seen = len(metrics.recompiles())
+        step(f"compiling and planning {len(spec.points())} points, twice each")
         points = plan(spec, train=train, target=target, repeat=2)  # a steady loop's second step compiles nothing
         recompiled = metrics.recompiles()[seen:]
+        step("the largest batch that fits")
         batch = _batch(spec, points, train, target)  # its probes recompile too: counted in its finding only
+    step("the checklist over the recipes and the source")
     largest = points[-1] if points else None
     recipes = [u.recipe for u in largest.used] if largest else []
     findings = [*_hbm(recipes), *_fallbacks(recipes, spec), *_breaks(breaks, spec), *_recompiles(recompiled, spec),
                 *_buckets(spec), *_attention(recipes, spec), *_autocast(recipes, target), *_source(spec),
-                *batch, *_hpu_graphs(spec, recipes, train)]
+                *batch, *_timeline(spec, recipes, largest, target)]
     findings.sort(key=lambda f: (not f.gain_s, -(f.gain_s or 0.0), CHECKS.index(f.check)))
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "planned_at": largest.point if largest else {}, "estimate": True,
@@ -349,15 +362,9 @@ def _batch(spec: ModelSpec, points: list[PointResult], train: bool, target: str)
                                                                          f"analyze{' --train' if train else ''}`)")]
 
 
-HOST_BOUND_S = 1e-3  # below this estimated device time per call, launches dominate
+def _timeline(spec: ModelSpec, recipes, largest, target: str) -> list[Finding]:
+    """Per-step host reads, pageable copies and a host-bound step, each with its gain on the step timeline."""
+    def make(check: str, what: str, where: str, gain_s: float, fix: str) -> Finding:
+        return Finding(check, what, where, DOCS[check], gain_s, fix)
 
-
-def _hpu_graphs(spec: ModelSpec, recipes, train: bool) -> list[Finding]:
-    if train or not recipes:
-        return []
-    device_s = sum(r.facts.get("cost", {}).get("device_s", 0.0) for r in recipes)
-    if device_s >= HOST_BOUND_S:
-        return []
-    return [Finding("hpu graphs", f"{device_s * 1e6:.0f} µs of estimated device time per call", spec.path,
-                    DOCS["hpu graphs"], fix="wrap the model with hpu_backend.gaudi.wrap_in_hpu_graph, or "
-                                            "torch.compile(mode='reduce-overhead')")]
+    return timeline_advice.findings(spec, recipes, largest.point if largest else {}, target, make)

@@ -7,7 +7,8 @@ cover; one recipe set per point of their cartesian product). Optional: ``COMPILE
 inputs feed the model; the default is all of them), ``loss(output, *inputs)`` (needed to warm training
 graphs), ``AXES_MIN = {axis: size}`` (the smallest size a package serves on an axis, for models that cannot
 take smaller ones, such as strided convolutions), ``DECODE`` (a generative model's decode step: a holder of
-the same names, missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers) and
+the same names, missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers),
+``CONTEXT`` (the most tokens a sequence may hold: plans for longer ones are refused before any tracing) and
 ``PER_CARD(cards, group, layers)`` (a holder of one card's tensor-parallel shard, its collectives over the
 process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
 """
@@ -69,6 +70,7 @@ class ModelSpec:
     layers: int | None = None  # LAYERS: identical decoder layers (capacity across cards extrapolates over them)
     axes_min: dict[str, int] = field(default_factory=dict)  # AXES_MIN: an axis's smallest packaged size
     seeded: bool = True  # make_inputs takes seed=
+    context: int | None = None  # CONTEXT: the most tokens a sequence may hold (prompt and generated)
 
     def points(self) -> list[dict[str, int]]:
         """Every shape to cover: the cartesian product of the axes, in file order."""
@@ -205,7 +207,12 @@ def time_limit(seconds: float | None, where: str):
 
 
 def load_model_file(selector: str | Path) -> ModelSpec:
-    """Import ``path.py`` (or ``path.py:attr``) and return its checked ModelSpec."""
+    """Import ``path.py`` (or ``path.py:attr``) and return its checked ModelSpec; a Hugging Face ``config.json``
+    (or a directory holding one) is read as data instead (``hfmodels``: nothing is imported from it)."""
+    from .hfmodels import is_config, load_config
+
+    if is_config(selector):
+        return load_config(selector)
     path, _, attr = str(selector).partition(":") if not Path(str(selector)).exists() else (str(selector), "", "")
     module = _import(Path(path))
     holder = module
@@ -239,9 +246,12 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
         raise ModelFileError(f"{where}: PER_CARD must be a function (cards, group, layers) returning a model file")
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
         raise ModelFileError(f"{where}: LAYERS must be a positive integer, got {layers!r}")
+    context = get("CONTEXT")
+    if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 1):
+        raise ModelFileError(f"{where}: CONTEXT must be a positive integer (tokens), got {context!r}")
     return ModelSpec(name, where, get("make_model"), get("make_inputs"), axes, dynamic, options, model_inputs,
                      get("loss"), source_hash, decode, per_card, layers,
-                     _check_axes_min(get("AXES_MIN"), axes, where), seeded)
+                     _check_axes_min(get("AXES_MIN"), axes, where), seeded, context)
 
 
 def _getter(holder: Any) -> Callable[..., Any]:

@@ -223,7 +223,6 @@ def _staged(path: Path, data: bytes) -> Iterator[Path]:
     check_destination(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(data)
         yield tmp

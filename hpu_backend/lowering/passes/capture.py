@@ -63,7 +63,18 @@ def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
     groups = {n.name: g for n in gm.graph.nodes if (g := collective_group(n, ctx))}
     if groups:
         recipe.facts["collectives"] = groups
+    labels = {n.name: label for n in placeholders if (label := _user_label(n, ctx.input_labels))}
+    if labels:  # for reading only: not in the recipe key (two models' identical graphs share a recipe)
+        recipe.facts["input_labels"] = labels
     return recipe
+
+
+def _user_label(node: torch.fx.Node, labels: tuple[str, ...]) -> str | None:
+    """The user's name of an AOTAutograd input that is one of the Dynamo graph's inputs (a primal), or None."""
+    idx = getattr(node.meta.get("desc"), "idx", None)
+    if type(node.meta.get("desc")).__name__ != "PlainAOTInput" or not isinstance(idx, int):
+        return None
+    return labels[idx] if 0 <= idx < len(labels) else None
 
 
 def collective_group(node: torch.fx.Node, ctx: LoweringContext) -> dict:
