@@ -73,6 +73,7 @@ class Artifact:
     info: dict[str, Any]  # plain data: fingerprint, program key, recipe keys, ranges, sizes
     torch_bytes: bytes = field(repr=False)  # torch's pickle: only unpickled after the header checks out
     signed: bool = False
+    digest: str = ""  # the payload's SHA-256 (hex), as the manifest lists it
 
 
 def artifact_bytes(info: dict[str, Any], torch_bytes: bytes, key: bytes | None) -> bytes:
@@ -102,18 +103,20 @@ def read_artifact(path: str | os.PathLike, key: bytes | None | bool = True, allo
             size = os.fstat(f.fileno()).st_size
             if size > MAX_ARTIFACT_BYTES:
                 raise PrecompileError(f"{size} bytes is more than an artifact may hold")
-            signed = _check_stream(f, key, allow_unsigned)
+            signed, digest = _check_stream(f, key, allow_unsigned)
             f.seek(HEADER_BYTES)
             payload = f.read(size)
     except OSError as e:
         raise PrecompileError(f"{path}: cannot read the artifact: {e.strerror or e}") from None
     except (PrecompileError, ValueError) as e:
         raise PrecompileError(f"{path}: {e}") from None
-    return _parse(path, payload, signed)
+    if hashlib.sha256(payload).digest() != digest:  # changed between the check and the read
+        raise PrecompileError(f"{path}: changed while being read")
+    return _parse(path, payload, signed, digest.hex())
 
 
-def _check_stream(f, key: bytes | None, allow_unsigned: bool) -> bool:
-    """Header, checksum and signature of the open file, read in chunks; whether it is signed."""
+def _check_stream(f, key: bytes | None, allow_unsigned: bool) -> tuple[bool, bytes]:
+    """Header, checksum and signature of the open file, read in chunks: (whether it is signed, the digest)."""
     head = f.read(HEADER_BYTES)
     if len(head) < HEADER_BYTES or not head.startswith(MAGIC[:-1]):
         raise PrecompileError("not a precompiled hpu_backend artifact (bad magic; an artifact saved by torch "
@@ -130,18 +133,18 @@ def _check_stream(f, key: bytes | None, allow_unsigned: bool) -> bool:
         if not allow_unsigned:
             raise PrecompileError(f"not signed; set {KEY_ENV} when precompiling (or, for a file you built "
                                   f"yourself, {TRUST_UNSIGNED_ENV}=1)")
-        return False
+        return False, digest
     if key is None:
         if not allow_unsigned:
             raise PrecompileError(f"signed, but {KEY_ENV} is not set here to check it")
-        return False
+        return False, digest
     if not verify(key, [MAGIC, digest], tag):
         raise PrecompileError(f"the signature does not match: changed after signing, or signed with another key "
                               f"than {KEY_ENV}")
-    return True
+    return True, digest
 
 
-def _parse(path: Path, payload: bytes, signed: bool) -> Artifact:
+def _parse(path: Path, payload: bytes, signed: bool, digest: str) -> Artifact:
     try:
         raw = unpack(payload)
     except RecipeFormatError as e:
@@ -149,7 +152,7 @@ def _parse(path: Path, payload: bytes, signed: bool) -> Artifact:
     if not (isinstance(raw, dict) and isinstance(raw.get("info"), dict) and isinstance(raw.get("torch"), bytes)):
         raise PrecompileError(f"{path}: not a precompiled artifact's payload")
     check_info(raw["info"], str(path))
-    return Artifact(raw["info"], raw["torch"], signed)
+    return Artifact(raw["info"], raw["torch"], signed, digest)
 
 
 INFO_FIELDS = {"fingerprint": dict, "program": str, "recipes": list, "mode": str, "model": str, "ranges": dict,

@@ -88,7 +88,7 @@ class PrecompiledGraph(SerializableCallable):
                                   + (f" ({fn.why_not})" if fn.why_not else "") + ": it cannot be precompiled")
         return msgpack.packb({
             "format": FORMAT, "version": VERSION, "fingerprint": fingerprint(fn.settings.key_fields(), world_size()),
-            "settings": _plain_settings(fn.settings), "key": fn.key, "program": program.to_bytes(),
+            "settings": plain_settings(fn.settings), "key": fn.key, "program": program.to_bytes(),
             "recipes": fn.recipes()}, use_bin_type=True)
 
     @classmethod
@@ -135,7 +135,7 @@ _SETTING_NAMES = ("target", "buckets", "fusion", "place_on_cpu", "dtype_policy",
                   "model")
 
 
-def _plain_settings(settings: Settings, names: Any = _SETTING_NAMES) -> dict[str, Any]:
+def plain_settings(settings: Settings, names: Any = _SETTING_NAMES) -> dict[str, Any]:
     """The settings a loaded graph runs under, as plain data (the cache configuration is the loading process's)."""
     out = {}
     for name in names:
@@ -154,7 +154,7 @@ def loading_settings(stored: Any, options: dict | None = None) -> Settings:
         asked = Settings.from_options(options)
         explicit = set(options or {}) | {f.name for f in dataclasses.fields(Settings)
                                          if f.metadata["env"] in os.environ}
-        merged = {**stored, **_plain_settings(asked, [n for n in _SETTING_NAMES if n in explicit])}
+        merged = {**stored, **plain_settings(asked, [n for n in _SETTING_NAMES if n in explicit])}
         return Settings.from_options({**merged, **{k: v for k, v in (options or {}).items() if k not in merged}})
     except SettingsError as e:
         raise PrecompileError(f"precompiled graph: settings not usable here ({e})") from None
