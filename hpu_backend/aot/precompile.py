@@ -75,11 +75,17 @@ def precompile(spec: ModelSpec, out: str | os.PathLike, cache_config: CacheConfi
     return _write(spec, out, model, captured, Settings.from_options(options))
 
 
+def call_model(model: torch.nn.Module, *args: Any) -> Any:
+    """What an artifact captures: the model called as a module (hooks included), taken as an argument so that the
+    artifact holds no module and serves the one given to load_precompiled."""
+    return model(*args)
+
+
 def _capture(spec: ModelSpec, model: torch.nn.Module, inputs: tuple, options: dict):
     kwargs = {} if spec.dynamic is None else {"dynamic": spec.dynamic}
-    compiled = torch.compile(model.forward, fullgraph=True, backend="hpu_backend", options=options, **kwargs)
+    compiled = torch.compile(call_model, fullgraph=True, backend="hpu_backend", options=options, **kwargs)
     try:
-        return _aot_compile(compiled, inputs)
+        return _aot_compile(compiled, (model, *inputs))
     except torch._dynamo.exc.Unsupported as e:
         raise PrecompileError(f"{spec.path}: Dynamo cannot capture the model in one graph (graph break: "
                               f"{_first_line(e)}); use `hpurecipe warm` instead, which serves graph breaks") from None
@@ -89,7 +95,7 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, inputs: tuple, options: di
         raise PrecompileError(f"{spec.path}: cannot precompile it ({one_line(e)})") from None
 
 
-def _aot_compile(compiled, inputs: tuple, attempts: int = 4):
+def _aot_compile(compiled, args: tuple, attempts: int = 4):
     """``aot_compile``, captured again while AOTAutograd's float pass asks for floats to be specialized (Dynamo's
     own frame conversion restarts the same way; aot_compile leaves it to its caller)."""
     from torch._dynamo.exc import TensorifyScalarRestartAnalysis
@@ -98,10 +104,10 @@ def _aot_compile(compiled, inputs: tuple, attempts: int = 4):
     try:
         for _ in range(attempts - 1):
             try:
-                return compiled.aot_compile((inputs, {}))
+                return compiled.aot_compile((args, {}))
             except TensorifyScalarRestartAnalysis:
                 continue
-        return compiled.aot_compile((inputs, {}))
+        return compiled.aot_compile((args, {}))
     finally:
         TensorifyState.clear()
 
