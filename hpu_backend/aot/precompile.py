@@ -28,7 +28,7 @@ from ..formats.precompiled import (MAGIC, MANIFEST, MANIFEST_VERSION, Precompile
 from ..serve.precompiled import PrecompiledGraph, plain_settings, world_size
 from ..settings import Settings
 from .modelfile import ModelSpec
-from .precompiled import model_parameters
+from .precompiled import call_model, model_parameters
 from .warm import _options
 
 
@@ -75,15 +75,22 @@ def precompile(spec: ModelSpec, out: str | os.PathLike, cache_config: CacheConfi
     return _write(spec, out, model, captured, Settings.from_options(options))
 
 
-def call_model(model: torch.nn.Module, *args: Any) -> Any:
-    """What an artifact captures: the model called as a module (hooks included), taken as an argument so that the
-    artifact holds no module and serves the one given to load_precompiled."""
-    return model(*args)
+def serializable_guards(entries) -> list[bool]:
+    """The guards an artifact can keep: aot_compile's own choice (no globals, no guard on an object's identity),
+    also leaving out guards derived from one on an identity (a module's hook dict, a config object's type), which
+    aot_compile's filter lets through and its serializer then refuses. The model's tensors and the shapes stay
+    guarded; that the model is the one captured is checked by its parameters and the sources Dynamo inlined."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (e.is_global or e.guard_type in unsupported or unsupported.intersection(e.derived_guard_types or ()))
+            for e in entries]
 
 
 def _capture(spec: ModelSpec, model: torch.nn.Module, inputs: tuple, options: dict):
     kwargs = {} if spec.dynamic is None else {"dynamic": spec.dynamic}
-    compiled = torch.compile(call_model, fullgraph=True, backend="hpu_backend", options=options, **kwargs)
+    compiled = torch.compile(call_model, fullgraph=True, backend="hpu_backend",
+                             options={**options, "guard_filter_fn": serializable_guards}, **kwargs)
     try:
         return _aot_compile(compiled, (model, *inputs))
     except torch._dynamo.exc.Unsupported as e:

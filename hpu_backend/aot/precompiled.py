@@ -41,6 +41,12 @@ def load_precompiled(directory: str | os.PathLike, model: torch.nn.Module, *, op
     return PrecompiledModel(model, functions, manifest, options)
 
 
+def call_model(model: torch.nn.Module, *args: Any) -> Any:
+    """What an artifact captures: the model called as a module (hooks included), taken as an argument so that the
+    artifact holds no module and serves the one given to load_precompiled."""
+    return model(*args)
+
+
 def _load(directory: Path, entry: dict, here: dict, allow_unsigned: bool | None):
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
@@ -52,7 +58,7 @@ def _load(directory: Path, entry: dict, here: dict, allow_unsigned: bool | None)
         raise PrecompileError(f"{path}: not the artifact the manifest lists (checksum differs)")
     check_fingerprint(artifact.info["fingerprint"], here, str(path))
     try:
-        fn = AOTCompiledFunction.deserialize(artifact.torch_bytes)
+        fn = AOTCompiledFunction.deserialize(artifact.torch_bytes, f_globals=call_model.__globals__)
     except PrecompileError as e:
         raise PrecompileError(f"{path}: {e}") from None
     except Exception as e:  # torch's loader raises many types; the artifact was checked, so say which
