@@ -77,9 +77,14 @@ def _open(path: Path) -> tuple[dict | None, list[tuple[Path, Any]]]:
     return None, [(path, read_artifact(path))]
 
 
-def show(path: Path, json: bool) -> None:
+def _described(path: Path) -> tuple[dict | None, list[dict]]:
     manifest, arts = _open(path)
-    docs = [describe(a, p) for p, a in arts]
+    points = {e["file"]: e.get("points", "-") for e in (manifest or {}).get("artifacts", [])}
+    return manifest, [dict(describe(a, p), points=points.get(p.name, "-")) for p, a in arts]
+
+
+def show(path: Path, json: bool) -> None:
+    manifest, docs = _described(path)
     if json:
         return render.emit_json({"path": str(path), "manifest": manifest, "artifacts": docs})
     fp = docs[0]["fingerprint"]
@@ -91,14 +96,13 @@ def show(path: Path, json: bool) -> None:
 
 
 def ls(path: Path, json: bool) -> None:
-    _, arts = _open(path)
-    docs = [describe(a, p) for p, a in arts]
+    _, docs = _described(path)
     render.emit_json(docs) if json else ls_rows(docs)
 
 
 def ls_rows(docs: list[dict]) -> None:
-    _rows([{"file": Path(d["path"]).name, "ranges": d["ranges"], "recipes": len(d["recipes"]), "bytes": d["bytes"],
-            "recipe_bytes": d["recipe_bytes"]} for d in docs])
+    _rows([{"file": Path(d["path"]).name, "ranges": d["ranges"], "points": d["points"], "recipes": len(d["recipes"]),
+            "bytes": d["bytes"], "recipe_bytes": d["recipe_bytes"]} for d in docs])
 
 
 def verify(path: Path, json: bool) -> None:
@@ -108,8 +112,8 @@ def verify(path: Path, json: bool) -> None:
            "recipes": sum(len(a.info["recipes"]) for _, a in arts)}
     if json:
         return render.emit_json(doc)
-    render.note("{}: {} check out ({} recipes{}).", path, render.plural(len(arts), "artifact"), doc["recipes"],
-                ", signed" if doc["signed"] else ", unsigned")
+    render.note("{}: {} checked: signature, checksum and description ({} recipes{}).", path,
+                render.plural(len(arts), "artifact"), doc["recipes"], ", signed" if doc["signed"] else ", unsigned")
 
 
 def covered(directory: Path, points: list[dict[str, int]]) -> list[dict[str, Any]]:

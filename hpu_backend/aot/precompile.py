@@ -157,6 +157,7 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
                         "sha256": _payload_digest(data)})
     _remove_stale(out, {e["file"] for e in entries})
     doc = {"version": MANIFEST_VERSION, "model": spec.name, "axes": spec.axes, "dynamic": spec.dynamic,
+           "model_class": [type(model).__module__, type(model).__qualname__],
            "fingerprint": fingerprint(settings.key_fields(), world_size()), "settings": plain_settings(settings),
            "parameters": model_parameters(model), "artifacts": entries}
     _atomic_write(out / MANIFEST, manifest_bytes(doc, key))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +38,7 @@ def load_precompiled(directory: str | os.PathLike, model: torch.nn.Module, *, op
     settings = loading_settings(manifest.get("settings"), options)
     here = fingerprint(settings.key_fields(), world_size())
     check_fingerprint(manifest["fingerprint"], here, str(directory))
+    _alias_model_module(manifest.get("model_class"), model)
     functions = [_load(directory, entry, here, allow_unsigned) for entry in manifest["artifacts"]]
     return PrecompiledModel(model, functions, manifest, options)
 
@@ -45,6 +47,18 @@ def call_model(model: torch.nn.Module, *args: Any) -> Any:
     """What an artifact captures: the model called as a module (hooks included), taken as an argument so that the
     artifact holds no module and serves the one given to load_precompiled."""
     return model(*args)
+
+
+def _alias_model_module(recorded: Any, model: torch.nn.Module) -> None:
+    """Make the module the model's class comes from importable under the name it had when precompiled, if that
+    name is not taken: Dynamo's bytecode imports it by name, and a model file loaded another way (another loader,
+    an edited copy) has another module name. Only for the same class name."""
+    if not (isinstance(recorded, list) and len(recorded) == 2 and all(isinstance(x, str) for x in recorded)):
+        return
+    name, qualname = recorded
+    cls = type(model)
+    if name not in sys.modules and cls.__qualname__ == qualname and cls.__module__ in sys.modules:
+        sys.modules[name] = sys.modules[cls.__module__]
 
 
 def _load(directory: Path, entry: dict, here: dict, allow_unsigned: bool | None):

@@ -74,6 +74,7 @@ class Artifact:
     torch_bytes: bytes = field(repr=False)  # torch's pickle: only unpickled after the header checks out
     signed: bool = False
     digest: str = ""  # the payload's SHA-256 (hex), as the manifest lists it
+    size: int = 0  # of the file
 
 
 def artifact_bytes(info: dict[str, Any], torch_bytes: bytes, key: bytes | None) -> bytes:
@@ -112,7 +113,7 @@ def read_artifact(path: str | os.PathLike, key: bytes | None | bool = True, allo
         raise PrecompileError(f"{path}: {e}") from None
     if hashlib.sha256(payload).digest() != digest:  # changed between the check and the read
         raise PrecompileError(f"{path}: changed while being read")
-    return _parse(path, payload, signed, digest.hex())
+    return _parse(path, payload, signed, digest.hex(), size)
 
 
 def _check_stream(f, key: bytes | None, allow_unsigned: bool) -> tuple[bool, bytes]:
@@ -144,7 +145,7 @@ def _check_stream(f, key: bytes | None, allow_unsigned: bool) -> tuple[bool, byt
     return True, digest
 
 
-def _parse(path: Path, payload: bytes, signed: bool, digest: str) -> Artifact:
+def _parse(path: Path, payload: bytes, signed: bool, digest: str, size: int) -> Artifact:
     try:
         raw = unpack(payload)
     except RecipeFormatError as e:
@@ -152,7 +153,7 @@ def _parse(path: Path, payload: bytes, signed: bool, digest: str) -> Artifact:
     if not (isinstance(raw, dict) and isinstance(raw.get("info"), dict) and isinstance(raw.get("torch"), bytes)):
         raise PrecompileError(f"{path}: not a precompiled artifact's payload")
     check_info(raw["info"], str(path))
-    return Artifact(raw["info"], raw["torch"], signed, digest)
+    return Artifact(raw["info"], raw["torch"], signed, digest, size)
 
 
 INFO_FIELDS = {"fingerprint": dict, "program": str, "recipes": list, "mode": str, "model": str, "ranges": dict,
@@ -171,7 +172,7 @@ def describe(artifact: Artifact, path: str | os.PathLike) -> dict[str, Any]:
     return {"kind": "precompiled", "path": str(path), "model": info["model"], "mode": info["mode"],
             "signed": artifact.signed, "fingerprint": info["fingerprint"], "program": info["program"],
             "ranges": info["ranges"], "recipes": info["recipes"], "recipe_bytes": info["recipe_bytes"],
-            "bytes": HEADER_BYTES + len(artifact.torch_bytes)}
+            "bytes": artifact.size}
 
 
 # -- the directory: one artifact per bucket range, and a signed manifest ---------------------------------
@@ -244,14 +245,6 @@ def _check_manifest_signature(outer: dict, doc: dict, key: bytes | None, allow_u
     if not ok:
         raise PrecompileError(f"{path}: the signature does not match: changed after signing, or signed with "
                               f"another key than {KEY_ENV}")
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open_regular(path) as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def is_precompiled(path: str | os.PathLike) -> bool:
