@@ -214,3 +214,15 @@ def test_training_and_dynamic_shapes_round_trip_through_torchs_own_save_and_load
         torch.testing.assert_close([p.grad for p in model.parameters()], want)
     assert isinstance(loaded._artifacts.compiled_fn, PrecompiledGraph)
     assert loaded._artifacts.compiled_fn.program.mode == "training"
+
+
+def test_a_precompiled_directory_travels_in_a_signed_bundle(precompiled, tmp_path):
+    _, directory = precompiled
+    bundle = tmp_path / "ship.tar"
+    cli("export", bundle, "-d", tmp_path / "no-cache", "--precompiled", directory)
+    target = tmp_path / "arrived"
+    cli("import", bundle, "-d", tmp_path / "cache", "--precompiled", target)
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in directory.iterdir())
+    assert "1 artifact" in one_line(cli("verify", target))
+    (target / "stray.txt").write_text("not ours")  # import never writes over a directory of other files
+    assert "is not a precompiled directory" in one_line(cli("import", bundle, "--precompiled", target, code=1))

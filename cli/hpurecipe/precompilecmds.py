@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from hpu_backend.formats.precompiled import (PrecompileError, describe, is_precompiled, read_artifact,
+from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, describe, is_precompiled, read_artifact,
                                              read_manifest)
 
 from . import render
@@ -18,7 +18,8 @@ from .errors import CliError
 from .options import Axis, CacheDir, Json, ModelFile, Timeout
 from .specs import load_spec
 
-__all__ = ["is_precompiled", "precompile", "show", "ls", "verify", "covered"]
+__all__ = ["is_precompiled", "precompile", "show", "ls", "verify", "covered", "precompiled_files",
+           "write_precompiled"]
 
 
 def precompile(model_file: ModelFile,
@@ -129,3 +130,29 @@ def covered(directory: Path, points: list[dict[str, int]]) -> list[dict[str, Any
 def _holds(ranges: dict, point: dict[str, int]) -> bool:
     return all(isinstance(r, list) and len(r) == 2 and r[0] <= point.get(axis, r[0]) <= r[1]
                for axis, r in ranges.items())
+
+
+def precompiled_files(directory: Path) -> dict[str, bytes]:
+    """name -> bytes of a precompiled directory's manifest and artifacts, each checked (for export)."""
+    manifest, arts = _open(directory)
+    if manifest is None:
+        raise CliError(f"{directory}: export ships a precompiled directory, not one artifact")
+    files = {MANIFEST: (directory / MANIFEST).read_bytes()}
+    files.update({p.name: p.read_bytes() for p, _ in arts})
+    return files
+
+
+def write_precompiled(directory: Path, files: dict[str, bytes], bundle: Path) -> None:
+    """Write a bundle's precompiled files into ``directory`` (new, or one precompiled before), then check them."""
+    if MANIFEST not in files:
+        raise CliError(f"{bundle}: holds no precompiled directory")
+    if directory.exists() and (not directory.is_dir() or any(
+            p.name != MANIFEST and not p.name.endswith(".hpuaot") for p in directory.iterdir())):
+        raise CliError(f"{directory}: exists and is not a precompiled directory; give a new one")
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        tmp = directory / f".{name}.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.write_bytes(data)
+        tmp.replace(directory / name)
+    _open(directory)  # signature, checksum, description of each: refused in one line if anything is off
