@@ -103,18 +103,21 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, inputs: tuple, options: di
 
 
 def _aot_compile(compiled, args: tuple, attempts: int = 4):
-    """``aot_compile``, captured again while AOTAutograd's float pass asks for floats to be specialized (Dynamo's
-    own frame conversion restarts the same way; aot_compile leaves it to its caller)."""
+    """``aot_compile`` with float values specialized: a float Dynamo would make an input (a module's ``math.pi``)
+    gets a shape guard that reads the global through a scope torch does not save, so the loaded guards would
+    always fail. Captured again while AOTAutograd's float pass asks for floats to be specialized (Dynamo's own
+    frame conversion restarts the same way; aot_compile leaves it to its caller)."""
     from torch._dynamo.exc import TensorifyScalarRestartAnalysis
     from torch._dynamo.symbolic_convert import TensorifyState
 
     try:
-        for _ in range(attempts - 1):
-            try:
-                return compiled.aot_compile((args, {}))
-            except TensorifyScalarRestartAnalysis:
-                continue
-        return compiled.aot_compile((args, {}))
+        with torch._dynamo.config.patch(specialize_float=True):
+            for _ in range(attempts - 1):
+                try:
+                    return compiled.aot_compile((args, {}))
+                except TensorifyScalarRestartAnalysis:
+                    continue
+            return compiled.aot_compile((args, {}))
     finally:
         TensorifyState.clear()
 
