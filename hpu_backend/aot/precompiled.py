@@ -129,12 +129,14 @@ class PrecompiledModel:
         self._fallback: Callable | None = None
         self._warned = False
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any) -> Any:
+        # call_model's frame, as its guards read it; the guards once, then Dynamo's bytecode directly
+        f_locals = {"model": self.model, "args": args}
         with torch.no_grad():
             for fn in self.functions:
-                if fn.guard_check(self.model, *args, **kwargs):
-                    return fn(self.model, *args, **kwargs)
-            return self._compiled(args, kwargs)(*args, **kwargs)
+                if fn._artifacts.guard_manager.check(f_locals):
+                    return fn.fn(self.model, *args)
+            return self._compiled(args, {})(*args)
 
     def _compiled(self, args: tuple, kwargs: dict) -> Callable:
         """torch.compile with the same backend and settings, after one warning naming the failed guard."""
