@@ -161,16 +161,15 @@ def main() -> None:
     suffix = "_quick" if args.quick else "" if args.models == "gpt,bert" else "_" + args.models.replace(",", "_")
     path = write_results("first_call_bench" + suffix,
                          {"repeat": repeat, "results": results})
-    if args.models == "gpt,bert":  # the README's plot
-        plot({"results": results})
+    plot({"results": results}, "first_call_bench" + suffix)
     print(f"wrote {path}")
 
 
-def plot(doc: dict) -> None:
-    """bench/results/first_call_bench.png from the results (as written to the JSON)."""
+def plot(doc: dict, name: str = "first_call_bench") -> None:
+    """bench/results/<name>.png from the results (as written to the JSON)."""
     results = doc["results"]
     labels = list(dict.fromkeys(label for by_case in results.values() for label in by_case))
-    maybe_plot("first_call_bench", list(results),
+    maybe_plot(name, list(results),
                {label: [results[c].get(label, {}).get("ratio_to_aot_eager", 0.0) for c in results]
                 for label in labels}, "time to first result / aot_eager")
 

@@ -226,3 +226,11 @@ def test_a_precompiled_directory_travels_in_a_signed_bundle(precompiled, tmp_pat
     assert "1 artifact" in one_line(cli("verify", target))
     (target / "stray.txt").write_text("not ours")  # import never writes over a directory of other files
     assert "is not a precompiled directory" in one_line(cli("import", bundle, "--precompiled", target, code=1))
+
+
+def test_coverage_says_which_points_lie_outside_every_precompiled_range(precompiled):
+    model_file, directory = precompiled
+    cli("coverage", model_file, "--precompiled", directory)  # the points it was built over: exit 0
+    result = cli("coverage", model_file, "--precompiled", directory, "--axis", "batch=1,2,8", "--json", code=1)
+    rows = json.loads(result.stdout)["points"]
+    assert [r["artifact"] != "" for r in rows] == [False, True, True], rows
