@@ -1,8 +1,8 @@
 """``hpurecipe precompile``: a model file captured once per bucket range by ``aot_compile``, saved signed.
 
 Every shape point of the model file runs through the first artifact whose Dynamo guards accept it (which
-takes up that bucket's recipe); a point no artifact accepts is captured anew (``torch.compile(model.forward,
-fullgraph=True, backend="hpu_backend").aot_compile``). So a dynamic model gets one artifact per range
+takes up that bucket's recipe, and is compared with eager); a point no artifact accepts is captured anew
+(``torch.compile(call_model, fullgraph=True, backend="hpu_backend").aot_compile``, the model an argument). So a dynamic model gets one artifact per range
 Dynamo can serve with one graph (size 1 is its own), a static one an artifact per point. Each artifact
 carries its program and the recipes of its points; a manifest lists them with their ranges, the
 fingerprint and the model's parameters, signed with ``HPURECIPE_BUNDLE_KEY``.
@@ -27,7 +27,7 @@ from ..formats.precompiled import (MAGIC, MANIFEST, MANIFEST_VERSION, Precompile
                                    manifest_bytes)
 from ..serve.precompiled import PrecompiledGraph, plain_settings, world_size
 from ..settings import Settings
-from .modelfile import ModelSpec
+from .modelfile import ModelSpec, point_label
 from .precompiled import call_model, model_parameters
 from .warm import _options
 
@@ -71,7 +71,8 @@ def precompile(spec: ModelSpec, out: str | os.PathLike, cache_config: CacheConfi
                 entry = Captured(_capture(spec, model, inputs, options))
                 captured.append(entry)
             entry.points.append(point)
-            entry.fn(model, *inputs)  # takes up this point's bucket: its recipe goes into the artifact
+            got = entry.fn(model, *inputs)  # takes up this point's bucket: its recipe goes into the artifact
+            _check(spec, point, got, model(*inputs))
     return _write(spec, out, model, captured, Settings.from_options(options))
 
 
@@ -100,6 +101,15 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, inputs: tuple, options: di
         raise
     except Exception as e:  # Dynamo and the backend raise many types; one line names it
         raise PrecompileError(f"{spec.path}: cannot precompile it ({one_line(e)})") from None
+
+
+def _check(spec: ModelSpec, point: dict[str, int], got: Any, want: Any) -> None:
+    """PrecompileError if the captured function's result at ``point`` differs from eager's."""
+    try:
+        torch.testing.assert_close(got, want)
+    except (AssertionError, TypeError, ValueError) as e:
+        raise PrecompileError(f"{spec.path}: at {point_label(point)} the precompiled result differs from eager "
+                              f"({_first_line(e)})") from None
 
 
 def _aot_compile(compiled, args: tuple, attempts: int = 4):
