@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import re
 import time
 from typing import Any
 
@@ -32,6 +33,21 @@ log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
 _SUFFIX = {"forward": "fw", "backward": "bw", "inference": "inf"}
 MODES = (None, "default", "reduce-overhead")  # torch.compile modes this backend implements
+
+
+class _ProfilerRangesDropped(logging.Filter):
+    """Drops Dynamo's "Profiler record function ... will be ignored": every optimizer step and DDP forward opens
+    a profiler range, Dynamo leaves it out of the graph it compiles, and the warning names nothing the user's
+    code can change. Other records of those loggers pass."""
+
+    MESSAGES = ("Profiler record function %s will be ignored", "Profiler function %s will be ignored")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.MESSAGES
+
+
+for _logger in ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch"):
+    logging.getLogger(_logger).addFilter(_ProfilerRangesDropped())
 
 
 def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, **kwargs: Any):
@@ -66,10 +82,11 @@ def _trace(gm, example_inputs: list, name_of, session: Session, reason: str, rec
     program)."""
     settings = session.settings
     inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
+    labels = input_labels(gm)  # what the user calls each input, for ``show``
 
     def compiler(kind: str):
         return functools.partial(_compile_graph, kind=kind, name=name_of(kind), session=session,
-                                 reason=reason, recorder=recorder, inner=inner)
+                                 reason=reason, recorder=recorder, inner=inner, labels=labels)
 
     from torch._dynamo.backends.common import aot_autograd  # a miss only: a hit never imports AOTAutograd
 
@@ -174,9 +191,10 @@ def _graph_name(graph_id: int, kind: str) -> str:
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str, name: str, session: Session,
-                   reason: str, recorder: Recorder | None, inner: list):
+                   reason: str, recorder: Recorder | None, inner: list, labels: tuple[str, ...] = ()):
     start = time.perf_counter()
-    ctx = LoweringContext(settings=session.settings, name=name, kind=kind, guards=_shape_guards(), gm=gm)
+    ctx = LoweringContext(settings=session.settings, name=name, kind=kind, guards=_shape_guards(), gm=gm,
+                          input_labels=labels)
     try:
         graph = CompiledGraph.build(gm, ctx, session, reason)
     except LoweringError as e:
@@ -189,6 +207,32 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str,
         recorder.add(kind, graph)
     inner[0] += time.perf_counter() - start
     return graph if graph is not None else boxed(gm)
+
+
+_MODULE_PART = re.compile(r"\._(modules|parameters|buffers)\['([^']+)'\]")
+_LOCAL = re.compile(r"L\['([^']+)'\]")
+
+
+def input_labels(gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """The user's names of the Dynamo graph's inputs, one per placeholder: the placeholder's own where Dynamo
+    gives no source."""
+    labels = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            source = getattr(node.meta.get("grapharg"), "source", None)
+            name = getattr(source, "name", None)
+            labels.append(readable_source(name) if isinstance(name, str) else node.name)
+    return tuple(labels)
+
+
+def readable_source(name: str) -> str:
+    """``L['self']._modules['fc1']._parameters['weight']`` → ``fc1.weight`` (the module's attribute path, whatever
+    the frame calls the module); ``L['x'].size()[0]`` → ``x.size(0)``."""
+    if _MODULE_PART.search(name):
+        name = _LOCAL.sub("", name, count=1)  # the module itself: its frame-local name says nothing
+        name = _MODULE_PART.sub(r".\2", name).lstrip(".")
+    name = _LOCAL.sub(r"\1", name)
+    return re.sub(r"\.size\(\)\[(\d+)\]", r".size(\1)", name) or name
 
 
 def _compile_reason(settings: Settings) -> str:

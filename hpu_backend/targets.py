@@ -211,3 +211,17 @@ def fabric(target: str) -> Fabric:
         return FABRICS[target]
     except KeyError:
         raise KeyError(f"unknown target {target!r}; known: {', '.join(FABRICS)}") from None
+
+
+def layout_problem(target: str, cards: int, tp: int = 1, global_batch: int | None = None) -> str | None:
+    """Why ``cards`` of one ``target`` server cannot hold a tensor-parallel degree ``tp`` and split
+    ``global_batch`` over its data-parallel cards, or None. Plain arithmetic, no model: the command line checks
+    it before any model loads, and the planners check it again for callers from Python."""
+    server = fabric(target).cards_per_server
+    if not 1 <= cards <= server:
+        return f"--cards {cards}: a {target} server joins 1 to {server} cards (no scale-out yet)"
+    if cards % tp:
+        return f"--tp {tp} does not divide --cards {cards}"
+    if global_batch is not None and global_batch % (cards // tp):
+        return f"global batch {global_batch} does not split over {cards // tp} data-parallel cards"
+    return None

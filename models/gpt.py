@@ -78,6 +78,7 @@ def loss(logits: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor) -> t
 
 
 MODEL_INPUTS = 1
+CONTEXT = MAX_SEQ  # learned positions: no sequence is longer
 AXES = {"batch": [1, 2], "seq": [16, 32, 64, 128]}
 COMPILE = {"dynamic": True, "options": {"buckets": "exp:16"}}
 

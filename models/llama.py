@@ -224,7 +224,7 @@ def make_decode_inputs(batch: int, kv_len: int, seed: int = 0, config: Config = 
 
 def model_file(config: Config, label: str) -> dict:
     """The model-file names (prefill step, and its DECODE step) for one config, and its per-card shard."""
-    return {**_steps(config, label), "LAYERS": config.layers,
+    return {**_steps(config, label), "LAYERS": config.layers, "CONTEXT": config.max_seq,
             "PER_CARD": partial(_per_card_file, config, label)}
 
 
@@ -250,7 +250,7 @@ LLAMA31_70B = model_file(CONFIG_31_70B, "llama-3.1-70b")
 LLAMA31_405B = model_file(CONFIG_31_405B, "llama-3.1-405b")
 _TINY = model_file(CONFIG_TINY, "llama")
 AXES, COMPILE, DECODE = _TINY["AXES"], _TINY["COMPILE"], _TINY["DECODE"]
-PER_CARD, LAYERS = _TINY["PER_CARD"], _TINY["LAYERS"]
+PER_CARD, LAYERS, CONTEXT = _TINY["PER_CARD"], _TINY["LAYERS"], _TINY["CONTEXT"]
 
 
 if __name__ == "__main__":

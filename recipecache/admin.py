@@ -10,7 +10,7 @@ from typing import Callable
 from .accounting import Accounting
 from .disk import FileItem, discard, read_file
 from .entry import Entry, EntryInfo, decode_as, decode_entry, validate_key
-from .errors import CacheError, CorruptEntry
+from .errors import CacheError, CacheTimeout, CorruptEntry
 from .eviction import TRIM_RATIO, select
 from .ledger import Ledger
 from .remote import RemoteTier, clean
@@ -72,7 +72,17 @@ class Admin:
                 total = space.remove_locked(victims, sum(i.size for i in infos), "evict")
                 space.ledger.write(Ledger(total, len(infos) - len(victims), space.clock(),
                                           self.disk.overhead_bytes()))
+        if victims and not dry_run:
+            self._persist_counters()
         return victims
+
+    def _persist_counters(self) -> None:
+        """Write the counters now: a command that evicts and exits drops its cache object before exit, and the
+        batched counts with it (``stats`` would show no evictions)."""
+        try:
+            self.space.stats.flush()
+        except (OSError, CacheTimeout) as exc:
+            logger.warning("recipe cache at %s: eviction counters not saved: %s", self.disk.root, exc)
 
     def remove(self, key: str) -> bool:
         """Remove one entry from memory and disk; True if it was anywhere."""

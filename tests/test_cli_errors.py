@@ -8,6 +8,7 @@ import tarfile
 import time
 
 import pytest
+import torch
 import typer
 
 from hpurecipe.errors import mapped
@@ -218,3 +219,61 @@ def test_numeric_options_out_of_range_are_one_usage_line_naming_the_range(tmp_pa
         [tmp_path / "c"] if args[0] == "evict" else []), code=2).output.split())
     assert line.startswith("error:") and line.count("error:") == 1 and says in line, line
     assert "unexpected" not in line and time.perf_counter() - start < 30
+
+
+SHAPE_BUG = '''
+import torch
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2))
+
+def make_inputs(batch):
+    return (torch.randn(batch, 2),)
+
+AXES = {"batch": [1, 4]}
+'''
+
+
+@pytest.mark.parametrize("command", ["warm", "analyze", "package"])
+def test_a_shape_error_in_the_model_is_one_line_with_the_real_cause_and_no_tracer_log(tmp_path, capfd, command):
+    """The trace fails on fake tensors; the model run eagerly on the same inputs names the real cause with real
+    sizes, and torch's fake-tensor log (a traceback per failed op) stays quiet."""
+    path = tiny_model(tmp_path, "shape_bug", SHAPE_BUG)
+    args = {"warm": ["-d", tmp_path / "c"], "analyze": [], "package": ["-o", tmp_path / "x.hpkg"]}[command]
+    line = one_line(cli(command, path, *args, code=1))
+    assert "(1x2 and 3x2)" in line or "(4x2 and 3x2)" in line, line
+    assert "run eagerly too" in line and "fix the model or make_inputs" in line
+    assert "fake tensor" not in line and "AXES" not in line  # neither the tracer's wrapper nor a wrong fix
+    assert "fake_tensor" not in capfd.readouterr().err and not (tmp_path / "x.hpkg").exists()
+
+
+def test_a_tracer_only_failure_names_the_ops_own_error_not_dynamos_wrapper():
+    from hpu_backend.errors import one_line as text_of
+
+    wrapped = RuntimeError("RuntimeError when making fake tensor call\n  Explanation: Dynamo failed to run FX node "
+                           "with fake tensors: call_function mm(...): got RuntimeError('a and b must have same "
+                           "reduction dim, but got [1, s5] X [3, 2].')\n  Hint: ...")
+    assert text_of(wrapped) == "RuntimeError: a and b must have same reduction dim, but got [1, s5] X [3, 2]."
+
+
+def test_compile_and_seed_are_optional_and_what_is_missing_is_still_one_line(tmp_path):
+    from hpu_backend.aot.modelfile import ModelFileError, spec_from
+
+    seen = []
+
+    def make_inputs(batch):
+        seen.append(batch)
+        return (torch.randn(batch, 4),)
+
+    spec = spec_from({"make_model": lambda: torch.nn.Linear(4, 4), "make_inputs": make_inputs,
+                      "AXES": {"batch": [2]}}, "dict")
+    assert (spec.dynamic, spec.options, spec.seeded) == (None, {}, False)
+    assert spec.inputs({"batch": 2}, seed=5)[0].shape == (2, 4) and seen == [2]
+    doc = cli_json("warm", tiny_model(tmp_path, "short", "import torch\n" + LINEAR +
+                                      "def make_inputs(batch):\n    return (torch.randn(batch, 4),)\n"
+                                      'AXES = {"batch": [2, 4]}\n'), "-d", tmp_path / "c", "--check")
+    assert doc["buckets"] == 2 and doc["mismatches"] == 0  # compared with eager at each point
+    with pytest.raises(ModelFileError, match=r"make_inputs must accept the axes \(batch\) as keyword arguments"):
+        spec_from({"make_model": lambda: torch.nn.Linear(4, 4), "make_inputs": lambda size: (),
+                   "AXES": {"batch": [2]}}, "dict")

@@ -200,3 +200,18 @@ def test_recompute_mode_none_takes_gaudis_default_which_is_recompute():
         assert gaudi.recompute_sdp_enabled() is False
         (off,) = _train_recipes(None, s=64, d=32)["forward"][0].facts["fusions"]
     assert off["recompute"] is False and gaudi.recompute_sdp_enabled() is True
+
+
+def test_what_gaudis_kernel_refuses_is_refused_with_its_reason_and_the_rest_still_runs():
+    """fp16 and, in recompute mode, K/V of another batch size than Q's: torch accepts both, Gaudi does not."""
+    q, k, v = _qkv(dtype=torch.float16)
+    with pytest.raises(ValueError, match="float16 inputs are not supported by Gaudi's FusedSDPA") as e:
+        FusedSDPA.apply(q, k, v)
+    assert "\n" not in str(e.value) and "bfloat16" in str(e.value)
+    q, _, _ = _qkv(b=2)
+    k, v, _ = _qkv(b=1)  # broadcast over Q's batch: torch computes it
+    for recompute in (True, None):  # None: Gaudi's default, recompute
+        with pytest.raises(ValueError, match="K/V batch size 1/1 differs from Q's 2.*recompute_mode=False"):
+            FusedSDPA.apply(q, k, v, recompute_mode=recompute)
+    torch.testing.assert_close(FusedSDPA.apply(q, k, v, recompute_mode=False),
+                               F.scaled_dot_product_attention(q, k, v))

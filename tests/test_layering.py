@@ -1,7 +1,7 @@
 """The floors hold: every import goes down (or stays on its floor), read from every import of every module.
 
 Floors, bottom to top (a module's floor is its longest matching prefix):
-recipecache → errors, metrics, units, version → formats → settings, targets → runtime → lowering → capture →
+recipecache → errors, metrics, units, version → formats → settings, targets, timeline → runtime → lowering → capture →
 serve → backend → gaudi, device → aot → run → the hpu_backend package itself → cli (hpurecipe).
 
 The floors meet at the compile session (``hpu_backend.serve.session``): every front end hands its graphs to
@@ -29,7 +29,7 @@ FLOORS = (
     ("recipecache",),
     ("hpu_backend.errors", "hpu_backend.metrics", "hpu_backend.units", "hpu_backend.version"),
     ("hpu_backend.formats",),
-    ("hpu_backend.settings", "hpu_backend.buckets", "hpu_backend.targets"),
+    ("hpu_backend.settings", "hpu_backend.buckets", "hpu_backend.targets", "hpu_backend.timeline"),
     ("hpu_backend.runtime",),
     ("hpu_backend.lowering",),
     ("hpu_backend.capture",),
@@ -43,7 +43,7 @@ FLOORS = (
 )
 LAYERS = tuple(prefix for floor in FLOORS for prefix in floor)
 FLOOR_OF = {prefix: i for i, floor in enumerate(FLOORS) for prefix in floor}
-TORCH_FREE = ("recipecache", "hpu_backend.formats", "hpu_backend.errors", "hpu_backend.version")
+TORCH_FREE = ("recipecache", "hpu_backend.formats", "hpu_backend.errors", "hpu_backend.version", "hpu_backend.timeline")
 # Torch-free modules that may import torch inside one function, each with its reason.
 TORCH_EXCEPTIONS = {
     "hpu_backend.formats.symexpr": "encode() walks sympy trees holding torch's sympy functions; decoding needs no torch",

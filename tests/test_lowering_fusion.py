@@ -115,3 +115,28 @@ def test_attention_with_a_fallback_inside_is_not_fused():
     q, k, v = (torch.randn(2, 16, 8) for _ in range(3))
     r = lower(lambda q, k, v: _attention(q, k, v, 0.0), q, k, v, place_on_cpu=["div"])
     assert _members(r, "fused_sdpa") == [] and "handwritten_attention" not in r.facts
+
+
+def test_sdpa_decomposed_for_dropout_in_training_is_fused_not_hand_written():
+    """With dropout in training torch takes SDPA's math path on the host (bmm, softmax, dropout, bmm): the
+    user called the fused kernel, so it is a FusedSDPA group, and neither pass reports hand-written attention."""
+    from hpu_backend.serve.compiled import collect_recipes
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+    with collect_recipes() as found:
+        torch.manual_seed(0)
+        out = torch.compile(f, backend="hpu_backend", options={"cache": False})(q, k, v)
+        out.sum().backward()
+    torch.manual_seed(0)
+    torch.testing.assert_close(out, f(q, k, v))
+    recipes = [r for _, r, _ in found]
+    assert {r.kind for r in recipes} >= {"forward", "backward"}
+    assert all("handwritten_attention" not in r.facts and r.facts["sdpa_calls"] for r in recipes)
+    (forward,) = [r for r in recipes if r.kind == "forward"]
+    (members,) = _members(forward, "fused_sdpa")
+    ops = {n.op.split("::")[1].split(".")[0] for n in forward.nodes if n.name in members}
+    assert {"bmm", "_softmax", "native_dropout"} <= ops  # decomposed, as on the host

@@ -260,6 +260,7 @@ COMPILE = {"dynamic": True, "options": {}}
 
 def test_a_failed_package_leaves_no_file_behind(tmp_path):
     out = tmp_path / "out"
+    out.mkdir()  # package writes into a directory that exists, never one it makes
     result = cli("package", tiny_model(tmp_path, "noisy", NOISY), "-o", out / "noisy.hpkg", code=1)
     assert "does not match eager" in result.output
     assert list(out.iterdir()) == []

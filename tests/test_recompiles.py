@@ -111,3 +111,16 @@ def test_classify_reads_no_code_from_the_guard():
     assert rec.cause == "other" and rec.change == ""
     rec = classify("0/1: i == 1  # return x * STEPS[i]", code, {"i": 2})
     assert (rec.cause, rec.variable, rec.change) == ("constant", "i", "1 -> 2")
+
+
+def test_a_size_range_guard_is_an_input_shape_with_its_range_and_value():
+    """``2 <= x.size()[0] <= 15``: Dynamo's 0/1 specialization and torch's convolution kernel choice by batch;
+    a batch of 16 breaks it. Read from the frame's locals, never evaluated."""
+    code = sampler.__code__
+    rec = classify("0/0: 2 <= x.size()[0] <= 15  # return F.conv2d(  # nn/modules/conv.py:560", code,
+                   {"x": torch.randn(16, 3)})
+    assert (rec.cause, rec.variable, rec.change) == ("input shape", "x", "dim 0: 2..15 -> 16")
+    assert rec.source == f"test_recompiles.py:{code.co_firstlineno + 1}"  # the line that reads x
+    rec = classify("0/0: 2 <= L['args'][1].size()[1]", code, {"args": (0, torch.randn(2, 1))})
+    assert (rec.cause, rec.variable, rec.change) == ("input shape", "L['args'][1]", "dim 1: 2.. -> 1")
+    assert classify("0/0: 2 <= y.size()[0] <= 15", code, {}).change == "dim 0: 2..15 -> ?"

@@ -8,6 +8,16 @@ from typing import Any
 from . import render
 
 
+def _step(state: dict | None) -> str:
+    """The whole training step's state the batch search counted, as one sentence (nothing for inference)."""
+    if not state:
+        return ""
+    return (f" The whole step: parameters {render.size(state['parameters'])}, gradients "
+            f"{render.size(state['gradients'])}, optimizer state {render.size(state['optimizer_state'])} "
+            f"({state['optimizer']}{', assumed: the model file names no optimizer' if state.get('assumed') else ''}), "
+            f"master weights {render.size(state['master_weights'])}.")
+
+
 def print_analysis(doc: dict[str, Any]) -> None:
     render.table(["point", "planned at", "recipes", "fallbacks", "graph breaks", "recompilations", "est. time",
                   "peak HBM"],
@@ -27,14 +37,16 @@ def print_analysis(doc: dict[str, Any]) -> None:
         render.note("graph break: {}", reason)
     for r in doc.get("recompiles", []):
         render.note("recompile: {}", f"{r['function']}: {r['cause']} ({r['variable']} {r['change']}".rstrip()
-                    + f") at {r['source']}; guard {r['guard']}")
+                    + f") at {r['source']}" + (f" (in library code: {r['library']})" if r.get("library") else "")
+                    + f"; guard {r['guard']}")
     mb = doc["max_batch"]
     if mb:
         at = " ".join(f"{k}={v}" for k, v in mb["at"].items())
         where = f"{doc['target']} HBM" + (f" at {at}" if at else "")
         if mb.get("batch"):
-            render.note("Largest batch that fits {}: {} (planned peak {}; an estimate).{}", where, f"{mb['batch']:,}",
-                        render.size(mb["peak_bytes"]), f" {mb['note']}." if mb.get("note") else "")
+            render.note("Largest batch that fits {}: {} (planned peak {}; an estimate).{}{}", where, f"{mb['batch']:,}",
+                        render.size(mb["peak_bytes"]), f" {mb['note']}." if mb.get("note") else "",
+                        _step(mb.get("step")))
         else:
             render.note("Largest batch that fits {}: cannot tell: {}.", where, mb["reason"])
 
@@ -82,8 +94,11 @@ def print_capacity(doc: dict[str, Any]) -> None:
         render.note("At batch {}: {} tokens/s (prefill {} + {} decode steps {}{}){}.", f"{b:,}",
                     f"{doc['tokens_per_s']:,.0f}", _time(doc["prefill_s"]), f"{doc['output_len']:,}",
                     _time(doc["decode_s"]), sampled, "" if doc["fits_hbm"] else "; it does not fit in HBM")
-        render.note("First token after {}; collectives {} of the time ({} not hidden behind compute).",
-                    _time(doc["first_token_s"]), f"{doc['comm_share']:.1%}", _time(doc["exposed_comm_s"]))
+        if doc["cards"] == 1:  # one card has no collectives: a "0.0%" line would say nothing
+            render.note("First token after {}.", _time(doc["first_token_s"]))
+        else:
+            render.note("First token after {}; collectives {} of the time ({} not hidden behind compute).",
+                        _time(doc["first_token_s"]), f"{doc['comm_share']:.1%}", _time(doc["exposed_comm_s"]))
         if doc["cards"] > 1:
             parts = (f"{k.removesuffix('_bytes').replace('_', ' ')} {render.size(v)}"
                      for k, v in doc["hbm_per_card"].items())

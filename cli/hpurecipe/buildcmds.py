@@ -6,15 +6,17 @@ They import torch when they run, not when the CLI starts (the cache-only command
 from __future__ import annotations
 
 import contextlib
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Iterator, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from hpu_backend.aot.cachepolicy import config_to_fill
 from hpu_backend.aot.modelfile import time_limit
 from hpu_backend.settings import TARGETS
+from hpu_backend.targets import layout_problem
 from recipecache.config import ENV_VAR
 
 from . import render
@@ -22,6 +24,7 @@ from .caches import config_for, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train, bounded
 from .specs import load_spec
+from .tracing import TraceFile, check_trace, traced
 
 if TYPE_CHECKING:
     from hpu_backend.aot.reports import PointResult, WarmReport
@@ -45,19 +48,98 @@ def progress(total: int, quiet: bool) -> Iterator:
         yield on_point
 
 
+@contextlib.contextmanager
+def stages(what: str, quiet: bool) -> Iterator[Callable[[str], None] | None]:
+    """A spinner line on stderr for a long plan (capacity, training, advise): ``what``, the stage it is at and
+    the time so far; the callback sets the stage. On a terminal only, not with ``quiet`` (--json); gone when
+    done."""
+    if quiet or not render.err_console.is_terminal:
+        yield None
+        return
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                   TextColumn("{task.fields[stage]}"), console=render.err_console, transient=True)
+
+    def on_step(stage: str) -> None:
+        bar.update(task, stage=stage)
+        bar.refresh()  # each stage is shown even when it is over before the next automatic refresh
+
+    with bar:
+        task = bar.add_task(what, total=None, stage="loading the model file")
+        yield on_step
+
+
 def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
          check: Annotated[bool, typer.Option("--check", help="Compare every output with eager PyTorch, and fail "
                                              "if the cache did not keep everything the buckets use.")] = False,
-         timeout: Timeout = None, json: Json = False) -> None:
+         timeout: Timeout = None, json: Json = False, trace: TraceFile = None,
+         serving_plan: Annotated[Optional[Path], typer.Option(
+             "--serving-plan", help="Warm exactly the buckets of a plan (hpurecipe serving-plan --json > PLAN).",
+             show_default=False)] = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
+    check_trace(trace)
+    if serving_plan is not None:
+        from .servingcmd import warm_plan
+
+        return warm_plan(model_file, serving_plan, cache_dir, timeout, json)
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         config = config_to_fill(cache_dir, "warm")
-        with progress(len(spec.points()), json) as on_point:
-            report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
+        before = _recipe_keys(config)
+        try:
+            with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "warm") as on_point, \
+                    interrupt_quiet():
+                report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
+        except KeyboardInterrupt:
+            raise _interrupted(config, before) from None
     _finish(report, config, json, check)
+
+
+def _recipe_keys(config) -> set[str]:
+    """The keys of the recipes (not programs) in the cache ``config`` names."""
+    cache = open_cache(config.resolved_path(), quiet=True, inspect=True)
+    return set() if cache is None else {i.key for i in cache.entries() if i.meta.get("kind") != "program"}
+
+
+def _interrupted(config, before: set[str]) -> typer.Exit:
+    """Ctrl-C during warm: one line saying what the run left (the recipes it wrote, and whether the cache
+    verifies, checked now, not assumed), exit 130 as a shell expects."""
+    from hpu_backend.aot.cachepolicy import recipe_problem
+
+    written = len(_recipe_keys(config) - before)
+    cache = open_cache(config.resolved_path(), quiet=True, inspect=True)
+    bad = [] if cache is None else cache.verify(check=recipe_problem)
+    state = "the cache verifies clean" if not bad else \
+        f"the cache has {render.plural(len(bad), 'bad entry')}; run: hpurecipe verify --fix"
+    render.err_console.print(f"interrupted: {render.plural(written, 'recipe')} written, {state}", markup=False,
+                             highlight=False, soft_wrap=True)
+    return typer.Exit(130)
+
+
+@contextlib.contextmanager
+def interrupt_quiet() -> Iterator[None]:
+    """Hold back autograd's anomaly trace ("Error detected in ...", some thirty lines), which AOTAutograd prints
+    when an exception passes through a backward it traces under anomaly mode: after Ctrl-C it is noise (the
+    interrupt is not an error in the model). Held traces are printed when the run ends any other way."""
+    held, show = [], warnings.showwarning
+
+    def hold(message, category, filename, lineno, file=None, line=None):
+        if str(message).startswith("Error detected in"):
+            held.append((message, category, filename, lineno, file, line))
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = hold
+    try:
+        yield
+    except KeyboardInterrupt:
+        held.clear()
+        raise
+    finally:
+        warnings.showwarning = show
+        for args in held:
+            show(*args)
 
 
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
@@ -230,7 +312,7 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
                 help="Training plan: activation checkpointing, none or full.")] = "none",
             search: Annotated[bool, typer.Option(
                 "--search", help="Training plan: the fastest layout (TP, ZeRO, checkpointing) that fits.")] = False,
-            timeout: Timeout = None, json: Json = False) -> None:
+            timeout: Timeout = None, json: Json = False, trace: TraceFile = None) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
     prefill and decode steps without weights, the largest batch and tokens/s. With --train --seq
@@ -238,6 +320,12 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     per-card memory by category, the largest micro-batch and tokens/s. Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
+    problem = layout_problem(target, cards or 1, tp, global_batch)  # before any model loads
+    if problem:
+        raise UsageError(problem)
+    if trace is not None and (seq is not None or global_batch is not None):
+        raise UsageError("--trace writes the trace of the buckets or of a served request; a training plan has none "
+                         "yet")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
@@ -256,14 +344,16 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
         from .analysis import print_analysis
 
+        check_trace(trace)
         with time_limit(timeout, model_file):
             spec = load_spec(model_file, axis)
-            with progress(len(spec.points()), json) as on_point:
+            with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "analyze", target) as on_point:
                 doc = analyze_spec(spec, target, train, on_point, lazy=lazy)
         render.emit_json(doc) if json else print_analysis(doc)
         return
+    check_trace(trace)
     with time_limit(timeout, model_file):
-        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json)
+        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json, trace)
 
 
 def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
@@ -279,12 +369,13 @@ def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
 
     from .analysis import print_advice
 
-    doc = run_advise(load_spec(model_file, axis), train, target)
+    with stages("advise", json) as on_step:
+        doc = run_advise(load_spec(model_file, axis), train, target, on_step=on_step)
     render.emit_json(doc) if json else print_advice(doc)
 
 
 def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | None, output_len: int | None,
-              dtype: str, batch: int | None, cards: int | None, json: bool) -> None:
+              dtype: str, batch: int | None, cards: int | None, json: bool, trace=None) -> None:
     if input_len is None or output_len is None:
         raise UsageError("capacity planning needs both --input-len and --output-len, e.g. --input-len 128 "
                          "--output-len 128")
@@ -300,7 +391,9 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
     from .analysis import print_capacity
 
-    doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards)
+    with stages("capacity plan", json) as on_step:
+        doc = capacity(load_spec(model_file, None), target, dtype, input_len, output_len, batch, cards,
+                       str(trace) if trace else None, on_step=on_step)
     render.emit_json(doc) if json else print_capacity(doc)
 
 
@@ -316,6 +409,7 @@ def _training(model_file: str, axis, train: bool, target: str, seq: int | None, 
 
     from .analysis import print_training
 
-    doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp, bucket_mb,
-                        checkpointing, batch, search)
+    with stages("training plan", json) as on_step:
+        doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp,
+                            bucket_mb, checkpointing, batch, search, on_step=on_step)
     render.emit_json(doc) if json else print_training(doc)

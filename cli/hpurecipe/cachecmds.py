@@ -17,7 +17,7 @@ from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, precompilecmds, render
 from .precompilecmds import is_precompiled
-from .caches import open_cache, resolve_key
+from .caches import config_for, open_cache, resolve_key
 from .errors import CliError
 from .options import CacheDir, DryRun, Json, Key, Model, Remote, Yes
 from .packagecmds import PackageFile
@@ -102,9 +102,10 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
     (--remote URL or HPU_RECIPE_CACHE_REMOTE), also its entries and bytes."""
     from hpu_backend.aot.fleet import FleetUnreachable, remote_stats
 
-    cache = open_cache(cache_dir, quiet=json, remote=remote, inspect=True)
+    config = config_for(cache_dir, remote)
+    cache = open_cache(cache_dir, quiet=json or bool(config.remote), remote=remote, inspect=True)
     if cache is None:
-        return render.emit_json({"entries": 0, "total_bytes": 0}) if json else None
+        return _fleet_only(config, json)
     doc, unreachable = cache.stats(), None
     if cache.remote is not None:
         try:
@@ -116,6 +117,21 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
     render.emit_json(doc) if json else _print_stats(doc, zero)
     if unreachable is not None:
         raise CliError(str(unreachable))
+
+
+def _fleet_only(config, json: bool) -> None:
+    """No local cache: the fleet tier's counts when one is configured (FleetUnreachable, exit 1, if it is down)."""
+    from hpu_backend.aot.fleet import fleet_stats
+
+    doc = {"path": str(config.resolved_path()), "entries": 0, "total_bytes": 0}
+    if config.remote:
+        doc["remote"] = fleet_stats(config)
+    if json:
+        return render.emit_json(doc)
+    if config.remote:
+        fleet = doc["remote"]
+        render.pairs({"path": f"{doc['path']} (no local cache yet)",
+                      "fleet tier": f"{fleet['entries']} entries, {render.size(fleet['bytes'])} at {fleet['url']}"})
 
 
 def _print_stats(doc: dict, zero: bool) -> None:
@@ -213,8 +229,6 @@ def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = Fal
 def _existing(cache_dir, inspect: bool = False) -> RecipeCache:
     cache = open_cache(cache_dir, quiet=True, inspect=inspect)
     if cache is None:
-        from .caches import config_for
-
         raise CliError(f"no recipe cache at {config_for(cache_dir).resolved_path()}; "
                        "fill it with: hpurecipe warm MODEL.py")
     return cache

@@ -9,6 +9,7 @@ import traceback
 from typing import Callable
 
 import typer
+import typer.core
 from rich.markup import escape
 
 from hpu_backend.aot.bundles import BundleError
@@ -89,3 +90,23 @@ def _traceback(e: BaseException) -> None:
     """With HPURECIPE_TRACEBACK=1, the traceback of a named error (and of what caused it) before its one line."""
     if os.environ.get(TRACEBACK_ENV):
         traceback.print_exception(e, file=sys.stderr)
+
+
+class OneLineUsage(typer.core.TyperGroup):
+    """The command group: a usage error (missing argument, unknown option or command, a value typer cannot
+    parse) is one ``error:`` line naming the command's --help, exit 2, where click would draw a box."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.Abort:
+            code = fail("aborted", 1).exit_code
+        except typer.TyperException as e:  # typer's click: usage errors and bad values, whose help is a box
+            code = getattr(e, "exit_code", 2)
+            if type(e).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
+                ctx = getattr(e, "ctx", None)
+                see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+                fail(f"{e.format_message()}{see}", code)
+        sys.exit(code if isinstance(code, int) else 0)  # a command returns None; typer.Exit returns its code

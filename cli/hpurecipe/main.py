@@ -11,11 +11,11 @@ from hpu_backend.version import __version__
 from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
-from . import buildcmds, cachecmds, packagecmds, precompilecmds, runcmd, shipcmds
-from .errors import mapped
+from . import buildcmds, cachecmds, packagecmds, perftool, precompilecmds, runcmd, servingcmd, shipcmds
+from .errors import OneLineUsage, mapped
 
 app = typer.Typer(
-    name="hpurecipe", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="hpurecipe", cls=OneLineUsage, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Prebuild, warm, inspect, evict, verify and ship the hpu_backend recipe cache.\n\n"
          f"Every command works on the backend's cache ({ENV_VAR}, else "
          "~/.cache/hpu_backend/recipes) unless given --cache-dir.")
@@ -25,7 +25,8 @@ COMMANDS = [
     ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package), ("precompile", precompilecmds.precompile), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
-    ("push", shipcmds.push), ("pull", shipcmds.pull),
+    ("push", shipcmds.push), ("pull", shipcmds.pull), ("perf-tool", perftool.perf_tool),
+    ("serving-plan", servingcmd.serving_plan),
 ]
 for _name, _fn in COMMANDS:
     app.command(_name)(mapped(_fn))
@@ -47,7 +48,7 @@ def _options(version: Annotated[bool, typer.Option(
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    app()
+    app(prog_name="hpurecipe")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmat
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan and change nothing.")]
 Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Only entries with this model label.")]
 ModelFile = Annotated[str, typer.Argument(
-    help="Model file (path.py, or path.py:attr): make_model, make_inputs, AXES, COMPILE.", show_default=False)]
+    help="Model file (path.py, or path.py:attr): make_model, make_inputs, AXES, COMPILE; or a Hugging Face "
+    "config.json (or its directory).", show_default=False)]
 Axis = Annotated[Optional[list[str]], typer.Option(
     "--axis", "-a", help="Override an axis: NAME=V1,V2,... (repeatable).", show_default=False)]
 Train = Annotated[bool, typer.Option("--train", help="Warm training graphs (forward, loss, backward).")]

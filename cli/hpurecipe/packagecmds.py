@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hpu_backend.formats.package import Package, check_toolchain, describe, read_package
+from hpu_backend.formats.package import Package, check_destination, check_toolchain, describe, read_package
 
 from . import render
 from .specs import load_spec
@@ -37,6 +37,8 @@ def package(model_file: ModelFile,
     from hpu_backend.aot import build_package
     from hpu_backend.aot.modelfile import time_limit
 
+    if output is not None:
+        check_destination(output)  # before the model loads: a path that cannot be written is refused at once
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         path = output or Path(f"{spec.name}{PACKAGE_SUFFIX}")
@@ -73,7 +75,7 @@ def show(path: Path, json: bool) -> None:
                   "inputs": ", ".join(f"{n} {k}" for k, n in doc["inputs"].items() if n),
                   "weights": "stored" if doc["with_weights"] else "from the model passed to load_package",
                   "axes": ", ".join(f"{a}={v}" for a, v in doc["axes"].items()) or "none",
-                  "ranges": render.bucket(doc["ranges"])})
+                  "serves": _spans(doc["serves"])})
     ls_rows(doc)
 
 
@@ -113,6 +115,11 @@ def verify(path: Path, json: bool) -> None:
         render.note("{}: all {} recipes load.", path, len(package.recipes))
     if problems:
         raise typer.Exit(1)
+
+
+def _spans(serves: dict[str, list[list[int]]]) -> str:
+    """``s0=1-2, 5-8``: the sizes each symbol may take (a size between two spans has no recipe)."""
+    return " ".join(f"{sym}=" + ", ".join(f"{a}-{b}" for a, b in spans) for sym, spans in serves.items()) or "-"
 
 
 def _seconds(s: float | None) -> str:

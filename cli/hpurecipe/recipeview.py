@@ -14,9 +14,19 @@ from recipecache import Entry
 from . import render
 
 
-def _spec(name: str, spec: ValueSpec) -> dict[str, Any]:
+def _spec(name: str, spec: ValueSpec, labels: dict[str, str]) -> dict[str, Any]:
+    """A value's row: named as the user's code names it where the recipe knows (``fc1.weight`` for AOTAutograd's
+    ``primals_3``; ``graph_name`` keeps the graph's), on the device the recipe runs on (``traced_on``: where its
+    example tensors were when it was traced, the host for the simulated device)."""
     shape = [symexpr.to_str(d) for d in spec.shape] if spec.kind == "tensor" else None
-    return {"name": name, "kind": spec.kind, "dtype": spec.dtype, "shape": shape, "device": spec.device}
+    return {"name": labels.get(name, name), "graph_name": name, "kind": spec.kind, "dtype": spec.dtype,
+            "shape": shape, "device": "hpu" if spec.kind == "tensor" else "", "traced_on": spec.device}
+
+
+def _labels(recipe: Recipe) -> dict[str, str]:
+    labels = recipe.facts.get("input_labels") if isinstance(recipe.facts, dict) else None
+    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(labels, dict) else {}
 
 
 def _outputs(recipe: Recipe) -> list[dict[str, Any]]:
@@ -25,7 +35,7 @@ def _outputs(recipe: Recipe) -> list[dict[str, Any]]:
     rows = []
     for i, out in enumerate(recipe.outputs):
         if isinstance(out, dict) and "r" in out and specs.get(out["r"]):
-            rows.append(_spec(out["r"], specs[out["r"]][0]))
+            rows.append(_spec(out["r"], specs[out["r"]][0], _labels(recipe)))
         else:
             rows.append({"name": f"output {i}", "kind": "constant", "dtype": "", "shape": None, "device": "",
                          "value": out})
@@ -33,12 +43,17 @@ def _outputs(recipe: Recipe) -> list[dict[str, Any]]:
 
 
 def _placement(recipe: Recipe) -> dict[str, Any]:
+    # The op each fallback ran, as placement recorded it (a with_effects wrapper's is the op it wraps).
+    placement = recipe.facts.get("placement") if isinstance(recipe.facts, dict) else None
+    recorded = placement.get("fallbacks") if isinstance(placement, dict) else None
+    ran = {f["node"]: f["op"] for f in (recorded if isinstance(recorded, list) else [])
+           if isinstance(f, dict) and isinstance(f.get("node"), str) and isinstance(f.get("op"), str)}
     return {"nodes": len(recipe.nodes),
             "by_placement": dict(Counter(n.placement for n in recipe.nodes)),
             "by_engine": dict(Counter(n.engine or "-" for n in recipe.nodes)),
             "clusters": dict(sorted(Counter(n.cluster for n in recipe.nodes if n.cluster >= 0).items())),
             "fused_nodes": sum(1 for n in recipe.nodes if n.fusion >= 0),
-            "fallbacks": [{"node": n.name, "op": n.op, "source": n.source}
+            "fallbacks": [{"node": n.name, "op": ran.get(n.name, n.op), "source": n.source}
                           for n in recipe.nodes if n.placement == "cpu"]}
 
 
@@ -52,7 +67,7 @@ def describe(entry: Entry, recipe: Recipe | Program, size: int) -> dict[str, Any
         "target": recipe.target, "bucket": recipe.bucket, "size": size, "created": entry.created,
         "compile_time_s": meta.get("compile_time_s"), "toolchain": meta.get("key_detail", {}).get("toolchain"),
         "settings": meta.get("key_detail", {}).get("settings"),
-        "inputs": [_spec(n, s) for n, s in zip(recipe.input_names, recipe.inputs)],
+        "inputs": [_spec(n, s, _labels(recipe)) for n, s in zip(recipe.input_names, recipe.inputs)],
         "outputs": _outputs(recipe), "symbols": recipe.symbols,
         "guards": [symexpr.to_str(g) for g in recipe.guards],
         "placement": _placement(recipe), "facts": recipe.facts,
@@ -86,7 +101,8 @@ def print_description(doc: dict[str, Any]) -> None:
     _print_placement(doc["placement"])
     render.note("\n[bold]guards[/bold]: {}", "; ".join(doc["guards"]) or "none")
     for name, value in doc["facts"].items():
-        _print_fact(name, value)
+        if name != "input_labels":  # shown as the inputs' names
+            _print_fact(name, value)
 
 
 def _print_program(doc: dict[str, Any]) -> None:

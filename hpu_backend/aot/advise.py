@@ -10,6 +10,12 @@ optimizer, gradient clipping and autocast it uses. Each ``Finding`` says what, w
 a graph), why per the docs, and the time the change would save per step where the cost model can tell
 (an estimate, like every device time here). Most valuable first: findings with an estimated gain, largest
 first, then the others (no estimate, or none at the planned shapes) in checklist order.
+
+Advice is about the user's own code. A line in library code (transformers, torch, site-packages) is named as
+such (``Finding.library``), and the finding points at the user's frame: the model file's ``make_model`` that
+builds the library model, or for a shape the ``AXES`` entry that asks for it. A recompile is explained by its
+real cause: with ``dynamic: True`` already set, a size of 0 or 1 still gets a graph of its own (Dynamo's 0/1
+specialization), and a size-range guard holds a graph to the sizes it was compiled for.
 """
 
 from __future__ import annotations
@@ -17,21 +23,24 @@ from __future__ import annotations
 import ast
 import contextlib
 import logging
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import metrics
 from ..serve import hbm
 from ..serve.recompiles import LOOP_CONSTANT_FIX
+from ..serve.sources import library_location
 from .analyze import _max_batch, hbm_bytes
-from .modelfile import ModelSpec
+from . import timeline_advice
+from .modelfile import ModelSpec, model_call, point_label
 from .warm import PointResult, plan
 
 # The checks in checklist order (port, optimize, profile): the order of findings without a gain estimate.
 CHECKS = ("hbm", "cpu fallback", "host sync", "graph break", "recompile", "buckets", "hand-written attention",
-          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs")
+          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs", "per-step sync", "pinned memory")
 
 DOCS = {
     "hbm": "a graph whose plan exceeds HBM fails on the device; the docs split it with mark_step, recompute "
@@ -56,6 +65,11 @@ DOCS = {
     "batch size": "a larger batch is, in general, better for throughput until HBM is full (docs: Batch Size)",
     "hpu graphs": "a host-bound inference model spends more time launching than computing; HPU Graphs record "
                   "the launches once and replay them (docs: HPU Graphs for inference)",
+    "per-step sync": "a host read in the training loop (.item() for a print or a log) waits every step until "
+                     "the device drains, so host and device stop overlapping; the docs reduce the frequency of "
+                     "printing",
+    "pinned memory": "a copy from pageable memory is staged by the host and blocks it; the docs pin the data "
+                     "loader's memory and copy with non_blocking=True",
 }
 
 
@@ -67,23 +81,32 @@ class Finding:
     why: str
     gain_s: float | None = None  # estimated device time saved per step (an estimate), None when not estimated
     fix: str = ""
+    library: str = ""  # the line of library code the finding is about, when ``where`` is the user's frame
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2") -> dict[str, Any]:
-    """The checklist's findings for ``spec`` on ``target``, most valuable first (a JSON-ready dict)."""
+def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2",
+           on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The checklist's findings for ``spec`` on ``target``, most valuable first (a JSON-ready dict).
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
+    step = on_step or (lambda what: None)
     with _quiet("torch._dynamo", "hpu_backend.serve.recompiles"):  # the findings carry what these log
+        step("graph breaks (Dynamo's explain at the first point)")
         breaks = graph_breaks(spec, train)
         seen = len(metrics.recompiles())
+        step(f"compiling and planning {len(spec.points())} points, twice each")
         points = plan(spec, train=train, target=target, repeat=2)  # a steady loop's second step compiles nothing
         recompiled = metrics.recompiles()[seen:]
+        step("the largest batch that fits")
+        batch = _batch(spec, points, train, target)  # its probes recompile too: counted in its finding only
+    step("the checklist over the recipes and the source")
     largest = points[-1] if points else None
     recipes = [u.recipe for u in largest.used] if largest else []
-    findings = [*_hbm(recipes), *_fallbacks(recipes), *_breaks(breaks), *_recompiles(recompiled),
-                *_buckets(spec), *_attention(recipes), *_autocast(recipes, target), *_source(spec),
-                *_batch(spec, points, train, target), *_hpu_graphs(spec, recipes, train)]
+    findings = [*_hbm(recipes), *_fallbacks(recipes, spec), *_breaks(breaks, spec), *_recompiles(recompiled, spec),
+                *_buckets(spec), *_attention(recipes, spec), *_autocast(recipes, target), *_source(spec),
+                *batch, *_timeline(spec, recipes, largest, target)]
     findings.sort(key=lambda f: (not f.gain_s, -(f.gain_s or 0.0), CHECKS.index(f.check)))
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "planned_at": largest.point if largest else {}, "estimate": True,
@@ -111,12 +134,13 @@ def graph_breaks(spec: ModelSpec, train: bool) -> list[tuple[str, str]]:
     model = spec.build_model().train(train)
     inputs = spec.split(spec.inputs(spec.points()[0]))
     with torch.no_grad():
-        out = torch._dynamo.explain(model)(*inputs)
+        out = model_call(spec.path, f"the model at {point_label(spec.points()[0])}", torch._dynamo.explain(model),
+                         *inputs, eager=model)
     torch._dynamo.reset()
     found = []
     for b in out.break_reasons:
         stack = getattr(b, "user_stack", None) or []
-        where = f"{Path(stack[-1].filename).name}:{stack[-1].lineno}" if stack else ""
+        where = f"{stack[-1].filename}:{stack[-1].lineno}" if stack else ""
         found.append((str(getattr(b, "reason", b)).splitlines()[0], where))
     return sorted(set(found))
 
@@ -125,12 +149,38 @@ def _short(source: str) -> str:
     return Path(source.rsplit(":", 1)[0]).name + ":" + source.rsplit(":", 1)[1] if ":" in source else source
 
 
+def _place(source: str, spec: ModelSpec) -> tuple[str, str]:
+    """(where, library) for a source line: the line itself when it is the user's; for a line of library code,
+    the model file's make_model (the user's frame that builds the library model) and the library line."""
+    library = library_location(source)
+    return (_model_line(spec, "make_model"), library) if library else (_short(source), "")
+
+
+def _in_library(what: str, library: str) -> str:
+    return f"{what} (in library code: {library})" if library else what
+
+
+def _model_line(spec: ModelSpec, name: str) -> str:
+    """"model.py:N" where the model file defines or assigns ``name``; the file alone when it cannot tell."""
+    path = Path(spec.path.split(":", 1)[0])
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return path.name
+    for node in ast.walk(tree):
+        named = getattr(node, "name", None) == name or any(
+            getattr(t, "id", None) == name for t in getattr(node, "targets", [getattr(node, "target", None)]))
+        if named:
+            return f"{path.name}:{node.lineno}"
+    return path.name
+
+
 def _hbm(recipes) -> list[Finding]:
     return [Finding("hbm", hbm.overflow(r).split("; ", 1)[0], r.name, DOCS["hbm"], fix=hbm.REMEDIES)
             for r in recipes if not r.facts.get("memory", {}).get("fits_hbm", True)]
 
 
-def _fallbacks(recipes) -> list[Finding]:
+def _fallbacks(recipes, spec: ModelSpec) -> list[Finding]:
     where: dict[str, str] = {}
     cost: dict[str, float] = defaultdict(float)
     for r in recipes:
@@ -138,46 +188,87 @@ def _fallbacks(recipes) -> list[Finding]:
         names = {n.op for n in ops}
         c = r.facts.get("cost", {})
         for n in ops:
-            where.setdefault(n.op, _short(n.source) if n.source else r.name)
+            where.setdefault(n.op, n.source or r.name)
         for op in names:  # the graph's CPU and transfer time, shared among its fallback ops
             cost[op] += (c.get("cpu_s", 0.0) + c.get("transfer_s", 0.0)) / len(names)
-    return [Finding("cpu fallback", f"{op} runs on the CPU", where[op], DOCS["cpu fallback"], cost[op],
-                    "use an op the HPU supports (see `hpurecipe show` for the op and dtype), or another dtype")
-            for op in sorted(where)]
+    out = []
+    for op in sorted(where):
+        at, library = _place(where[op], spec)
+        out.append(Finding("cpu fallback", _in_library(f"{op} runs on the CPU", library), at, DOCS["cpu fallback"],
+                           cost[op], "use an op the HPU supports (see `hpurecipe show` for the op and dtype), or "
+                                     "another dtype", library))
+    return out
 
 
 SYNC_WORDS = ("item()", ".item", "tolist", "data-dependent", "data dependent", "generic_jump", "print")
 
 
-def _breaks(breaks) -> list[Finding]:
+def _breaks(breaks, spec: ModelSpec) -> list[Finding]:
     out = []
-    for reason, where in breaks:
+    for reason, source in breaks:
         sync = any(w in reason.lower() for w in SYNC_WORDS)
-        out.append(Finding("host sync" if sync else "graph break", reason, where or "-",
+        where, library = _place(source, spec) if source else ("-", "")
+        out.append(Finding("host sync" if sync else "graph break", _in_library(reason, library), where,
                            DOCS["host sync" if sync else "graph break"],
                            fix="keep the value on the device (torch.where, masks) or read it once after the step"
-                           if sync else "see the reason; torch._dynamo.explain lists every break"))
+                           if sync else "see the reason; torch._dynamo.explain lists every break", library=library))
     return out
 
 
-def _recompiles(recompiled: list[dict]) -> list[Finding]:
+def _recompiles(recompiled: list[dict], spec: ModelSpec) -> list[Finding]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in recompiled:
-        groups[r["function"], r["cause"], r["variable"], r["source"]].append(r)
+        explained = _recompile_cause(r["cause"], r["change"], r["source"], spec)
+        groups[r["function"], r["cause"], r["variable"], r["source"], r.get("library", ""), explained].append(r)
     out = []
-    for (function, cause, variable, source), rs in groups.items():
+    for (function, cause, variable, source, library, (where, why, fix)), rs in groups.items():
         values = sorted({v for r in rs for v in r["change"].split(" -> ") if r["change"]})
-        loop = cause in ("constant", "module attribute") and len(values) >= 3
-        what = (f"{function} compiles a new graph for every value of {variable} ({', '.join(values)}): the loop "
-                f"constant pattern" if loop else
-                f"{function} recompiled {len(rs)}× on {cause}" + (f" ({variable} {rs[-1]['change']})"
-                                                                   if variable else ""))
-        fix = LOOP_CONSTANT_FIX if loop else {
-            "input shape": "mark the dimension dynamic (torch._dynamo.mark_dynamic) and give it buckets",
-            "dtype": "feed one dtype", "requires_grad": "keep requires_grad the same across calls",
-            "grad mode": "compile inference and training separately"}.get(cause, "")
-        out.append(Finding("recompile", what, source, DOCS["recompile"], fix=fix))
+        if cause in ("constant", "module attribute") and len(values) >= 3:
+            what = (f"{function} compiles a new graph for every value of {variable} ({', '.join(values)}): the "
+                    f"loop constant pattern")
+            fix = LOOP_CONSTANT_FIX
+        else:
+            what = f"{function} recompiled {len(rs)}× on {cause}" + (f" ({variable} {rs[-1]['change']})"
+                                                                     if variable else "") + why
+        if library:
+            where = where if where != source else _model_line(spec, "make_model")
+            what = _in_library(what, f"{library}:{source.rsplit(':', 1)[-1]}")
+        out.append(Finding("recompile", what, where, DOCS["recompile"], fix=fix, library=library))
     return out
+
+
+_SIZE_CHANGE = re.compile(r"dim (?P<dim>\d+): (?P<old>[\d.]+) -> (?P<new>\d+|\?)$")
+
+
+def _recompile_cause(cause: str, change: str, source: str, spec: ModelSpec) -> tuple[str, str, str]:
+    """(where, why, fix) for one recompile: the user's line, the real cause in words, the fix."""
+    fixed = {"dtype": "feed one dtype", "requires_grad": "keep requires_grad the same across calls",
+             "grad mode": "compile inference and training separately"}
+    m = _SIZE_CHANGE.search(change) if cause == "input shape" else None
+    if m is None:
+        return source, "", fixed.get(cause, "")
+    old, new = m["old"], m["new"]
+    axes = [a for a, v in spec.axes.items() if new.isdigit() and int(new) in v]
+    axis = axes[0] if len(axes) == 1 else ""
+    specialized = (spec.dynamic and {old, new} & {"0", "1"}) or (old.startswith("2..") and new in ("0", "1"))
+    if specialized:
+        size = old if old in ("0", "1") else new
+        where = _model_line(spec, "AXES") if axis else source
+        return where, (f": Dynamo specializes sizes 0 and 1 even with dynamic shapes, so {axis or 'the size'}="
+                       f"{size} has a graph of its own"), (
+            f"expected once: leave {size} out of AXES['{axis}'] (pad it to 2), or mark the dimension "
+            f"unbacked (torch._dynamo.decorators.mark_unbacked) to share one graph" if axis else
+            "pad the size to 2, or mark the dimension unbacked (torch._dynamo.decorators.mark_unbacked)")
+    if ".." in old:
+        return source, f": the graph holds for sizes {old} only (a size-range guard)", (
+            "expected once per range (torch chooses some kernels, convolutions among them, by size): warm a point "
+            "in each range" + (f" (AXES['{axis}'])" if axis else "") + " so that serving compiles nothing")
+    if spec.dynamic:
+        return source, ": the code specialized the size although dynamic shapes are on", (
+            "find what reads the size as a number (a branch on x.shape, a size passed to Python); "
+            "TORCH_LOGS=dynamic names the line")
+    return source, "", "mark the dimension dynamic (COMPILE = {\"dynamic\": True}, or torch._dynamo.mark_dynamic) " \
+                       "and give it buckets"
 
 
 def _buckets(spec: ModelSpec) -> list[Finding]:
@@ -189,15 +280,19 @@ def _buckets(spec: ModelSpec) -> list[Finding]:
                     spec.path, DOCS["buckets"], fix="use buckets='exp' (powers of two) or a list of sizes")]
 
 
-def _attention(recipes) -> list[Finding]:
+def _attention(recipes, spec: ModelSpec) -> list[Finding]:
     saving: dict[str, float] = defaultdict(float)
     for r in recipes:
         for a in r.facts.get("cost", {}).get("handwritten_attention", []):
-            saving[_short(a["source"]) if a["source"] else r.name] += a["fused_saving_s"]
-    return [Finding("hand-written attention", "attention written out as softmax(QKᵀ)V", where,
-                    DOCS["hand-written attention"], s,
-                    "call torch.nn.functional.scaled_dot_product_attention or hpu_backend.gaudi.FusedSDPA.apply")
-            for where, s in sorted(saving.items())]
+            saving[a["source"] or r.name] += a["fused_saving_s"]
+    out = []
+    for source, s in sorted(saving.items()):
+        where, library = _place(source, spec)
+        fix = ("call torch.nn.functional.scaled_dot_product_attention or hpu_backend.gaudi.FusedSDPA.apply" +
+               ("; for a transformers model, load it with attn_implementation=\"sdpa\"" if library else ""))
+        out.append(Finding("hand-written attention", _in_library("attention written out as softmax(QKᵀ)V", library),
+                           where, DOCS["hand-written attention"], s, fix, library))
+    return out
 
 
 def _autocast(recipes, target: str) -> list[Finding]:
@@ -258,19 +353,18 @@ def _batch(spec: ModelSpec, points: list[PointResult], train: bool, target: str)
     largest, fits = max(spec.axes["batch"]), found.get("batch")
     if not fits or fits < 4 * largest:
         return []
-    return [Finding("batch size", f"the largest batch point is {largest}; {fits:,} fit {target}'s HBM (planned)",
-                    spec.path, DOCS["batch size"], fix=f"try batches up to {fits:,} (`hpurecipe analyze`)")]
+    step = found.get("step")
+    planned = (f"the whole step planned: gradients, {step['optimizer']} state"
+               f"{' (assumed: the file names no optimizer)' if step['assumed'] else ''} and master weights included"
+               if step else "planned")
+    return [Finding("batch size", f"the largest batch point is {largest}; {fits:,} fit {target}'s HBM ({planned})",
+                    _model_line(spec, "AXES"), DOCS["batch size"], fix=f"try batches up to {fits:,} (`hpurecipe "
+                                                                         f"analyze{' --train' if train else ''}`)")]
 
 
-HOST_BOUND_S = 1e-3  # below this estimated device time per call, launches dominate
+def _timeline(spec: ModelSpec, recipes, largest, target: str) -> list[Finding]:
+    """Per-step host reads, pageable copies and a host-bound step, each with its gain on the step timeline."""
+    def make(check: str, what: str, where: str, gain_s: float, fix: str) -> Finding:
+        return Finding(check, what, where, DOCS[check], gain_s, fix)
 
-
-def _hpu_graphs(spec: ModelSpec, recipes, train: bool) -> list[Finding]:
-    if train or not recipes:
-        return []
-    device_s = sum(r.facts.get("cost", {}).get("device_s", 0.0) for r in recipes)
-    if device_s >= HOST_BOUND_S:
-        return []
-    return [Finding("hpu graphs", f"{device_s * 1e6:.0f} µs of estimated device time per call", spec.path,
-                    DOCS["hpu graphs"], fix="wrap the model with hpu_backend.gaudi.wrap_in_hpu_graph, or "
-                                            "torch.compile(mode='reduce-overhead')")]
+    return timeline_advice.findings(spec, recipes, largest.point if largest else {}, target, make)

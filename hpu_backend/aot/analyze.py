@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from .. import metrics
 from .report import GraphReport
-from .modelfile import ModelSpec, point_label, user_call
+from .modelfile import ModelSpec, model_call, point_label
+from .step_memory import StepState, step_state
 from .warm import PointResult, plan, plan_lazy
 
 
@@ -84,7 +85,8 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
     point = spec.points()[0]
     inputs = spec.split(spec.inputs(point))
     with torch.no_grad():
-        out = user_call(spec.path, f"the model at {point_label(point)}", torch._dynamo.explain(model), *inputs)
+        out = model_call(spec.path, f"the model at {point_label(point)}", torch._dynamo.explain(model), *inputs,
+                         eager=model)
     torch._dynamo.reset()
     return sorted({str(getattr(b, "reason", b)).splitlines()[0] for b in out.break_reasons})
 
@@ -103,7 +105,9 @@ def _max_batch(spec: ModelSpec, points: list[PointResult], hbm: int, train: bool
     """The largest batch whose planned peak HBM fits ``hbm`` (other axes at their largest), found by
     evaluating the graphs' memory plans at candidate batch sizes; ``batch`` None with the reason when
     that cannot be done. Each graph's symbols are matched to the batch from two batch sizes of at least
-    2 (Dynamo specializes a size of 1): two of AXES, else two probes compiled here (compile-only)."""
+    2 (Dynamo specializes a size of 1): two of AXES, else two probes compiled here (compile-only). In
+    training the whole step is planned: its graphs plus gradients, optimizer state and master weights
+    (``step_memory``), for every model file."""
     if "batch" not in spec.axes:
         return None
     others = {a: max(v) for a, v in spec.axes.items() if a != "batch"}
@@ -122,13 +126,17 @@ def _max_batch(spec: ModelSpec, points: list[PointResult], hbm: int, train: bool
         return {"batch": None, "at": others, "reason": "no graph has a shape that follows the batch (static "
                 "graphs: compile with dynamic shapes, COMPILE = {\"dynamic\": True, ...})"}
 
+    state = step_state(spec) if train else None
+    step = {"step": state.to_dict()} if state else {}
+
     def fits(batch: int) -> bool:
-        return _peak_at(scaled, batch) <= hbm
+        return _peak_at(scaled, batch, state) <= hbm
 
     batch, note = largest_fitting(fits, max(b1, 2))
     if not batch:
-        return {"batch": 0, "at": others, "reason": "even batch 1 does not fit"}
-    return {"batch": batch, "at": others, "peak_bytes": _peak_at(scaled, batch), **({"note": note} if note else {})}
+        return {"batch": 0, "at": others, "reason": "even batch 1 does not fit", **step}
+    return {"batch": batch, "at": others, "peak_bytes": _peak_at(scaled, batch, state),
+            **({"note": note} if note else {}), **step}
 
 
 def largest_fitting(fits, start: int = 2) -> tuple[int, str]:
@@ -178,10 +186,14 @@ def _scaled_graphs(p0: PointResult, p1: PointResult, b0: int, b1: int) -> list |
     return out if follows else None
 
 
-def _peak_at(scaled: list, batch: int) -> int:
-    """The largest planned peak HBM of the graphs with their symbols at this batch (memory pass re-run)."""
-    return max((replanned_peak(recipe, {s: a * batch + c for s, (a, c) in lines.items()})
-                for recipe, lines in scaled), default=0)
+def _peak_at(scaled: list, batch: int, state: StepState | None = None) -> int:
+    """The largest planned peak HBM of the graphs with their symbols at this batch (memory pass re-run); with
+    a training ``state``, the whole step's peak."""
+    peaks = [(recipe.kind, replanned_peak(recipe, {s: a * batch + c for s, (a, c) in lines.items()}))
+             for recipe, lines in scaled]
+    if state is not None:
+        return state.peak(peaks)
+    return max((p for _, p in peaks), default=0)
 
 
 def replanned_peak(recipe, env: dict[str, int]) -> int:

@@ -19,7 +19,7 @@ and with two layers, and every figure (time, HBM, communication) is extrapolated
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -29,13 +29,14 @@ from ..lowering import LoweringContext, lower
 from ..lowering.values import nbytes
 from ..serve.session import Session
 from ..settings import Settings
-from ..targets import fabric
+from ..targets import layout_problem
 from .analyze import hbm_bytes, largest_fitting, replanned_peak
 from .modelfile import ModelFileError, ModelSpec, spec_from, user_call
 
 DTYPES = {"bf16": "native", "fp8": "fp8"}  # --dtype -> Settings.dtype_policy (weights and activations are bf16)
 PREFILL_AXES, DECODE_AXES = ("batch", "input_len"), ("batch", "kv_len")
-SAMPLE = {"batch": 3, "input_len": 7, "kv_len": 7}  # ≥ 2 (0 and 1 specialize) and distinct from each other
+# ≥ 2 (0 and 1 specialize) and distinct from each other; "seq" is a training plan's tokens per sequence
+SAMPLE = {"batch": 3, "input_len": 7, "kv_len": 7, "seq": 7}
 DECODE_SAMPLES = 17  # decode steps evaluated exactly; the sum over the others is interpolated (see decode_s)
 TP_GROUP = "tp"  # the process-group name a PER_CARD shard's collectives use while planning
 
@@ -134,9 +135,9 @@ def _require_axes(spec: ModelSpec, axes: tuple[str, ...], what: str) -> None:
 
 def card_steps(spec: ModelSpec, target: str, dtype: str, cards: int) -> tuple[Any, Any]:
     """The prefill and decode steps of one card's shard over ``cards`` (LayeredSteps when LAYERS > 2)."""
-    server = fabric(target).cards_per_server
-    if not 1 <= cards <= server:
-        raise CapacityError(f"--cards {cards}: a {target} server joins 1 to {server} cards (no scale-out yet)")
+    problem = layout_problem(target, cards)
+    if problem:
+        raise CapacityError(problem)
     if spec.per_card is None:
         raise CapacityError(f"{spec.path}: planning across cards needs PER_CARD(cards, group, layers) in the "
                             f"model file (one card's tensor-parallel shard, see models/llama.py)")
@@ -159,6 +160,10 @@ def trace_step(spec: ModelSpec, name: str, target: str, dtype: str,
     """Build the step's model on the meta device, trace it on fake inputs and run the graph passes."""
     with torch.device("meta"):
         model = spec.build_model().eval().to(torch.bfloat16)
+    unknown = [a for a in spec.axes if a not in SAMPLE]
+    if unknown:
+        raise CapacityError(f"{spec.path}: no plan for the axis {', '.join(unknown)}; plans know the axes "
+                            f"{', '.join(SAMPLE)}")
     point = {a: SAMPLE[a] for a in spec.axes}
     inputs = [_bf16(t) for t in spec.split(spec.inputs(point))]
     dims = _dim_lines(spec, point, inputs)
@@ -217,24 +222,50 @@ def decode_points(input_len: int, output_len: int) -> list[tuple[int, float]]:
 
 
 def capacity(spec: ModelSpec, target: str, dtype: str, input_len: int, output_len: int,
-             batch: int | None = None, cards: int | None = None) -> dict[str, Any]:
+             batch: int | None = None, cards: int | None = None, trace: str | None = None,
+             on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Per-step estimated time and HBM, the largest batch that fits and tokens/s; a JSON-ready dict.
-    ``cards``: plan one card's tensor-parallel shard over that many cards of a server (per-card figures)."""
+    ``cards``: plan one card's tensor-parallel shard over that many cards of a server (per-card figures).
+    ``trace``: write one request at the chosen batch as a step-timeline trace (``plan_trace.py``).
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
     if input_len < 1 or output_len < 1 or (batch is not None and batch < 1) or (cards is not None and cards < 1):
         raise CapacityError("input length, output length, batch and cards must be positive integers")
+    check_context(spec, input_len + output_len, f"--input-len {input_len} + --output-len {output_len}")
+    step = on_step or _silent
+    step("tracing and lowering the prefill and decode steps" + (f" of one card of {cards}" if cards else ""))
     if cards is None:
         prefill, decode = step_graphs(spec, target, dtype)
     else:
         prefill, decode = card_steps(spec, target, dtype, cards)
-    return plan_capacity(prefill, decode, spec.name, target, dtype, input_len, output_len, batch, cards or 1)
+    doc = plan_capacity(prefill, decode, spec.name, target, dtype, input_len, output_len, batch, cards or 1,
+                        on_step=step)
+    if trace and doc["batch"]:
+        from .plan_trace import write_request
+
+        write_request(trace, prefill, decode, doc)
+    return doc
+
+
+def _silent(what: str) -> None:
+    """No one listening for progress."""
+
+
+def check_context(spec: ModelSpec, tokens: int, what: str) -> None:
+    """CapacityError, before any tracing, when a sequence of ``tokens`` is longer than the model's CONTEXT."""
+    if spec.context is not None and tokens > spec.context:
+        raise CapacityError(f"{what} = {tokens:,} tokens: {spec.name} holds at most {spec.context:,} tokens "
+                            "per sequence (CONTEXT in its model file)")
 
 
 def plan_capacity(prefill, decode, model: str, target: str, dtype: str, input_len: int,
-                  output_len: int, batch: int | None, cards: int = 1) -> dict[str, Any]:
+                  output_len: int, batch: int | None, cards: int = 1,
+                  on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     hbm = hbm_bytes(target)
     last_kv = input_len + output_len - 1
+    step = on_step or _silent
 
     def fits(b: int) -> bool:
+        step(f"the largest batch that fits: trying {b}")
         return (prefill.peak_bytes({"batch": b, "input_len": input_len}) <= hbm
                 and decode.peak_bytes({"batch": b, "kv_len": last_kv}) <= hbm)
 
@@ -246,6 +277,7 @@ def plan_capacity(prefill, decode, model: str, target: str, dtype: str, input_le
                          **({} if largest else {"reason": "even batch 1 does not fit"})},
            "batch": chosen, "steps": [], "tokens_per_s": None}
     if chosen:
+        step(f"tokens/s at batch {chosen}")
         doc.update(throughput(prefill, decode, chosen, input_len, output_len))
     return doc
 

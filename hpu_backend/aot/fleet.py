@@ -8,11 +8,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipecache import CacheError, RecipeCache
+from recipecache import CacheConfig, CacheError, RecipeCache
 from recipecache.entry import KEY_RE
 from recipecache.remote import RemoteTier
 
-from ..formats.keyparts import toolchain
+from ..formats.keyparts import toolchain, toolchain_id
 from .cachepolicy import recipe_problem
 from .manifests import manifest_name, put_manifest, read_manifests
 from .modelfile import ModelSpec, point_label
@@ -70,7 +70,16 @@ def pull(cache: RecipeCache, spec: ModelSpec, *, train: bool = False) -> Pulled:
 
 def remote_stats(cache: RecipeCache) -> dict[str, Any]:
     """Entries and bytes in the cache's fleet tier; FleetUnreachable if the server is down."""
-    remote = _tier(cache)
+    return _stats_of(_tier(cache))
+
+
+def fleet_stats(config: CacheConfig) -> dict[str, Any]:
+    """Entries and bytes in the fleet tier ``config`` names, for a host with no local cache yet (the tier a new
+    serving host would pull from); FleetUnreachable if the server is down."""
+    return _stats_of(RemoteTier(config.remote, config.remote_ttl_s, toolchain_id()))
+
+
+def _stats_of(remote: RemoteTier) -> dict[str, Any]:
     try:
         return {"url": remote.url, **remote.stats()}
     except ConnectionError:

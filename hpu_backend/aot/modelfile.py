@@ -1,16 +1,16 @@
 """Model files: load a plain Python file (``model.py`` or ``model.py:attr``) and check it holds a warm-up spec.
 
-A model file defines ``make_model()`` (returns the module), ``make_inputs(**axes, seed=0)`` (a tuple
-of example inputs for one shape), ``AXES = {axis: [values]}`` (the shapes to cover; one recipe set per
-point of their cartesian product) and ``COMPILE = {"dynamic": ..., "options": {...}}`` (the
-``torch.compile`` arguments). Optional: ``MODEL_INPUTS`` (how many leading inputs feed the model; the
-default is all of them), ``loss(output, *inputs)`` (needed to warm training graphs), ``AXES_MIN =
-{axis: size}`` (the smallest size a package serves on an axis, for models that cannot take smaller ones,
-such as strided convolutions), ``DECODE`` (a generative model's decode step: a holder of the same names,
-missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers) and
+A model file defines ``make_model()`` (returns the module), ``make_inputs(**axes)`` (a tuple of example
+inputs for one shape; given ``seed=`` too when it takes one) and ``AXES = {axis: [values]}`` (the shapes to
+cover; one recipe set per point of their cartesian product). Optional: ``COMPILE = {"dynamic": ...,
+"options": {...}}`` (the ``torch.compile`` arguments; default ``{}``), ``MODEL_INPUTS`` (how many leading
+inputs feed the model; the default is all of them), ``loss(output, *inputs)`` (needed to warm training
+graphs), ``AXES_MIN = {axis: size}`` (the smallest size a package serves on an axis, for models that cannot
+take smaller ones, such as strided convolutions), ``DECODE`` (a generative model's decode step: a holder of
+the same names, missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers),
+``CONTEXT`` (the most tokens a sequence may hold: plans for longer ones are refused before any tracing) and
 ``PER_CARD(cards, group, layers)`` (a holder of one card's tensor-parallel shard, its collectives over the
-process group ``group``, with ``layers`` layers). With
-``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
+process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import inspect
 import itertools
+import logging
 import re
 import signal
 import sys
@@ -34,10 +35,10 @@ from ..settings import Settings, SettingsError
 
 REQUIRED = {
     "make_model": "a function returning the nn.Module",
-    "make_inputs": "a function (**axes, seed=0) returning a tuple of example inputs for one shape",
+    "make_inputs": "a function (**axes) returning a tuple of example inputs for one shape",
     "AXES": 'the shape axes and the values to cover, e.g. AXES = {"batch": [1, 8]}',
-    "COMPILE": 'the torch.compile arguments, e.g. COMPILE = {"dynamic": True, "options": {}}',
 }
+OPTIONAL = {"COMPILE": {}}  # the names a model file may leave out, with the value it then has
 COMPILE_KEYS = ("dynamic", "options")
 
 
@@ -68,6 +69,8 @@ class ModelSpec:
     per_card: Callable[..., Any] | None = None  # PER_CARD(cards=, group=, layers=): one card's shard
     layers: int | None = None  # LAYERS: identical decoder layers (capacity across cards extrapolates over them)
     axes_min: dict[str, int] = field(default_factory=dict)  # AXES_MIN: an axis's smallest packaged size
+    seeded: bool = True  # make_inputs takes seed=
+    context: int | None = None  # CONTEXT: the most tokens a sequence may hold (prompt and generated)
 
     def points(self) -> list[dict[str, int]]:
         """Every shape to cover: the cartesian product of the axes, in file order."""
@@ -96,8 +99,9 @@ class ModelSpec:
         return model
 
     def inputs(self, point: Mapping[str, int], seed: int = 0) -> tuple:
-        """``make_inputs(**point, seed=seed)``: the example inputs for one shape."""
-        inputs = user_call(self.path, f"make_inputs({point_label(point)})", self.make_inputs, **point, seed=seed)
+        """``make_inputs(**point, seed=seed)``: the example inputs for one shape (no seed when it takes none)."""
+        seeded = {"seed": seed} if self.seeded else {}
+        inputs = user_call(self.path, f"make_inputs({point_label(point)})", self.make_inputs, **point, **seeded)
         if not isinstance(inputs, (tuple, list)):
             raise ModelFileError(f"{self.path}: make_inputs must return a tuple of inputs, got "
                                  f"{type(inputs).__name__}; for a single input return (x,)")
@@ -127,6 +131,47 @@ def user_call(where: str, what: str, fn: Callable, *args, **kwargs) -> Any:
     except BaseException as e:  # the user's code: anything may come out of it
         # chained: HPURECIPE_TRACEBACK=1 shows where in the model file it failed
         raise ModelFileError(f"{where}: {what} {_raised(e)}") from e
+
+
+def model_call(where: str, what: str, model: Callable, *args, eager: Callable | None = None) -> Any:
+    """``model(*args)`` for a compiled or traced model, as ``user_call``, with torch's fake-tensor log kept
+    quiet. When it fails and the model fails run eagerly on the same inputs too, the eager error is raised
+    instead: the model's own cause with real sizes ("(1x3 and 2x2)"), not the tracer's wrapper or symbols.
+    ``eager`` is the model itself when ``model`` is not a torch.compile'd module."""
+    try:
+        with quiet_trace_logs():
+            return user_call(where, what, model, *args)
+    except ModelFileError:
+        check_eager(where, what, eager or getattr(model, "_orig_mod", model), *args)
+        raise
+
+
+def check_eager(where: str, what: str, model: Callable, *args) -> None:
+    """ModelFileError "WHERE: WHAT raised TYPE: MESSAGE (run eagerly too, ...)" when ``model``
+    fails on ``args`` without any compiler or tracer; nothing when it runs."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(*args)
+    except (KeyboardInterrupt, _Expired):
+        raise
+    except BaseException as e:  # the user's code: anything may come out of it
+        raise ModelFileError(f"{where}: {what} {_raised(e)} (run eagerly too, without compiling: fix the model "
+                             f"or make_inputs)") from e
+
+
+@contextlib.contextmanager
+def quiet_trace_logs():
+    """Torch logs a traceback at ERROR for every op that fails on fake tensors while tracing; the failure
+    reaches the caller as an exception too, which is reported in one line, so the log is noise."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _raised(e: BaseException) -> str:
@@ -162,7 +207,12 @@ def time_limit(seconds: float | None, where: str):
 
 
 def load_model_file(selector: str | Path) -> ModelSpec:
-    """Import ``path.py`` (or ``path.py:attr``) and return its checked ModelSpec."""
+    """Import ``path.py`` (or ``path.py:attr``) and return its checked ModelSpec; a Hugging Face ``config.json``
+    (or a directory holding one) is read as data instead (``hfmodels``: nothing is imported from it)."""
+    from .hfmodels import is_config, load_config
+
+    if is_config(selector):
+        return load_config(selector)
     path, _, attr = str(selector).partition(":") if not Path(str(selector)).exists() else (str(selector), "", "")
     module = _import(Path(path))
     holder = module
@@ -180,11 +230,12 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
     if missing:
         raise ModelFileError(f"{where}: missing " + "; ".join(f"{n} ({REQUIRED[n]})" for n in missing))
     axes = _check_axes(get("AXES"), where)
-    dynamic, options = _check_compile(get("COMPILE"), where)
+    compile_args = get("COMPILE")
+    dynamic, options = _check_compile(OPTIONAL["COMPILE"] if compile_args is None else compile_args, where)
     for name in ("make_model", "make_inputs"):
         if not callable(get(name)):
             raise ModelFileError(f"{where}: {name} must be a function ({REQUIRED[name]})")
-    _check_signature(get("make_inputs"), axes, where)
+    seeded = _check_signature(get("make_inputs"), axes, where)
     model_inputs = get("MODEL_INPUTS")
     if model_inputs is not None and (not isinstance(model_inputs, int) or model_inputs < 1):
         raise ModelFileError(f"{where}: MODEL_INPUTS must be a positive integer, got {model_inputs!r}")
@@ -195,9 +246,12 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
         raise ModelFileError(f"{where}: PER_CARD must be a function (cards, group, layers) returning a model file")
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
         raise ModelFileError(f"{where}: LAYERS must be a positive integer, got {layers!r}")
+    context = get("CONTEXT")
+    if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 1):
+        raise ModelFileError(f"{where}: CONTEXT must be a positive integer (tokens), got {context!r}")
     return ModelSpec(name, where, get("make_model"), get("make_inputs"), axes, dynamic, options, model_inputs,
                      get("loss"), source_hash, decode, per_card, layers,
-                     _check_axes_min(get("AXES_MIN"), axes, where))
+                     _check_axes_min(get("AXES_MIN"), axes, where), seeded, context)
 
 
 def _getter(holder: Any) -> Callable[..., Any]:
@@ -208,7 +262,7 @@ def _getter(holder: Any) -> Callable[..., Any]:
 def _decode_spec(get: Callable, where: str, name: str, source_hash: str) -> ModelSpec:
     """``DECODE``: the decode step's names over the file's (its own make_inputs and AXES, the rest inherited)."""
     own = _getter(get("DECODE"))
-    names = [*REQUIRED, "MODEL_INPUTS"]
+    names = [*REQUIRED, *OPTIONAL, "MODEL_INPUTS"]
     merged = {n: get(n) if (value := own(n)) is None else value for n in names}
     if own("make_inputs") is None or own("AXES") is None:
         raise ModelFileError(f"{where}: DECODE must define its own make_inputs and AXES (the decode step's inputs)")
@@ -279,16 +333,22 @@ def _check_buckets(setting: Any) -> None:
             raise BucketError(f"buckets: {symbol!r} is not a shape symbol; name s0, s1, ... or '*' for the rest")
 
 
-def _check_signature(make_inputs: Callable, axes: dict, where: str) -> None:
+def _check_signature(make_inputs: Callable, axes: dict, where: str) -> bool:
+    """Whether ``make_inputs`` takes ``seed=`` (ModelFileError unless it takes every axis by keyword)."""
     try:
         sig = inspect.signature(make_inputs)
     except (TypeError, ValueError):
-        return  # a builtin or C function: trust it
+        return True  # a builtin or C function: trust it
+    try:
+        sig.bind(**{a: 1 for a in axes})
+    except TypeError as e:
+        raise ModelFileError(f"{where}: make_inputs must accept the axes ({', '.join(axes)}) as keyword "
+                             f"arguments: {e}") from None
     try:
         sig.bind(**{a: 1 for a in axes}, seed=0)
-    except TypeError as e:
-        raise ModelFileError(f"{where}: make_inputs must accept the axes ({', '.join(axes)}) and seed= "
-                             f"as keyword arguments: {e}") from None
+    except TypeError:
+        return False  # the file's inputs do not depend on a seed
+    return True
 
 
 def _stem_label(path: str) -> str:

@@ -27,7 +27,7 @@ from torch.export import Dim, ExportedProgram
 
 from ..capture.exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringContext, LoweringError, constant_of
-from .modelfile import ModelSpec, point_label
+from .modelfile import ModelSpec, check_eager, point_label, quiet_trace_logs
 from recipecache.signing import signing_key
 
 from ..formats.package import GraphInput, Package, PackageError, check_destination, toolchain
@@ -112,11 +112,13 @@ def export_model(model: torch.nn.Module, examples: list[tuple], spec: ModelSpec,
         try:
             dims = {name: Dim(name, min=lo, max=hi) for name, (lo, hi) in bounds.items()}
             shapes = tuple({d: dims[name] for d, name in per_dim.items()} or None for per_dim in layout)
-            return torch.export.export(model, examples[-1], dynamic_shapes=shapes, strict=False)
+            with quiet_trace_logs():
+                return torch.export.export(model, examples[-1], dynamic_shapes=shapes, strict=False)
         except Exception as e:  # export reports unsupported Python, data-dependent shapes, violated constraints
             error = e
             if not _bounds_violated(e):
                 break  # narrower bounds cannot help
+    check_eager(spec.path, f"the model at {point_label(spec.points()[-1])}", model, *examples[-1])  # its own error
     tried = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in bounds.items()) or "static shapes"
     reason = str(error).strip() or type(error).__name__
     raise PackageError(
@@ -221,7 +223,6 @@ def _staged(path: Path, data: bytes) -> Iterator[Path]:
     check_destination(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(data)
         yield tmp

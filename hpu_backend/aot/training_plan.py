@@ -2,7 +2,8 @@
 per-card memory by category, data parallelism with ZeRO stages 0-3, tensor parallelism, DDP gradient buckets
 and activation checkpointing; tokens/s, samples/s and the largest micro-batch that fits.
 
-The forward is one card's tensor-parallel shard (``PER_CARD(tp)``), lowered once on the meta device and
+The forward is one card's tensor-parallel shard (``PER_CARD(tp)``; without one, at ``tp`` 1, the model file's
+own model), lowered once on the meta device and
 re-planned at every micro-batch (``capacity.trace_step``; LLaMA-style stacks from their one- and two-layer
 lowerings, ``capacity.LayeredStep``). Everything else follows from it, per DeepSpeed's ZeRO paper (Rajbhandari
 et al., 2020) for a mixed-precision AdamW step with Ψ parameters on a card after tensor parallelism:
@@ -33,12 +34,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
 
 import torch
 
-from ..targets import device, fabric
+from ..targets import device, fabric, layout_problem
+from ..timeline.training import TrainingStep, schedule as schedule_training
 from .analyze import hbm_bytes, largest_fitting
-from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, trace_step
+from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, check_context, trace_step
 from ..lowering.values import numel
 from .modelfile import ModelSpec, spec_from, user_call
 
@@ -81,7 +84,7 @@ class ForwardShard:
 
     def at(self, batch: int, seq: int) -> dict[str, Any]:
         """Forward time, its TP communication, and the activations it saves/needs at (batch, seq)."""
-        point = {"batch": batch, "input_len": seq}
+        point = {"batch": batch, "input_len": seq, "seq": seq}
         graphs = [self.step] if isinstance(self.step, StepGraph) else [self.step.one, self.step.two]
         recipes = [g.at(point) for g in graphs]
         est = self.step.estimate(point)
@@ -108,8 +111,12 @@ def forward_shard(spec: ModelSpec, target: str, dtype: str, tp: int) -> ForwardS
     if dtype not in DTYPES:
         raise CapacityError(f"dtype {dtype!r}: expected {' or '.join(DTYPES)}")
     if spec.per_card is None:
-        raise CapacityError(f"{spec.path}: training plans need PER_CARD(cards, group, layers) in the model file "
-                            f"(one card's tensor-parallel shard, see models/llama.py)")
+        if tp > 1:
+            raise CapacityError(f"{spec.path}: tensor parallel over {tp} cards needs PER_CARD(cards, group, layers) "
+                                f"in the model file (one card's tensor-parallel shard, see models/llama.py)")
+        # without PER_CARD the model file is the one card's model, planned as one block
+        return ForwardShard(trace_step(spec, "train_forward", target, dtype, {TP_GROUP: 1}), spec.layers or 1,
+                            *_widths(spec))
 
     def shard(layers: int | None) -> tuple[StepGraph, ModelSpec]:
         holder = user_call(spec.path, f"PER_CARD(cards={tp})", spec.per_card, cards=tp, group=TP_GROUP,
@@ -165,7 +172,7 @@ def _layers(fwd: dict[str, Any]) -> int:
 
 # -- time -----------------------------------------------------------------------------------------------------
 
-def collectives(layout: Layout, psi: float, net) -> list[dict[str, Any]]:
+def collectives(layout: Layout, psi: float, net, layers: int = 1) -> list[dict[str, Any]]:
     """The data-parallel collectives of one optimizer step: kind, bytes of each, count, when, seconds each."""
     dp, z = layout.dp, layout.zero
     if dp == 1:
@@ -186,12 +193,14 @@ def collectives(layout: Layout, psi: float, net) -> list[dict[str, Any]]:
     if z in (1, 2):  # each card updated its partition: gather the parameters
         add("all_gather", 2 * psi, 1, "after the optimizer step")
     if z == 3:  # parameters gathered layer by layer, for the forward and again for the backward
-        add("all_gather", 2 * psi, 2 * layout.accumulation, "forward and backward of every micro-step")
+        add("all_gather", 2 * psi / layers, 2 * layout.accumulation * layers,
+            "forward and backward of every micro-step, layer by layer")
     return rows
 
 
 def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> dict[str, Any]:
-    """Seconds of one optimizer step and where they go (all estimates)."""
+    """Seconds of one optimizer step and where they go (all estimates): the step on the timeline
+    (``timeline/training.py``), its compute and collectives overlapping only where the schedule allows."""
     dev, net = device(target), fabric(target)
     psi = fwd["parameters"]
     mme = dev.mme_peak("float8_e4m3fn" if dtype == "fp8" else "bfloat16") * dev.efficiency.mme
@@ -200,25 +209,21 @@ def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> d
     compute = passes * fwd_compute / TRAIN_EFFICIENCY
     tp_exposed = (passes - 1) * fwd["exposed_comm_s"]  # backward's all-reduces mirror the forward's
     micro = compute + tp_exposed
-    backward = 2 * fwd_compute / TRAIN_EFFICIENCY
-    rows = collectives(layout, psi, net)
-    exposed = 0.0
-    for r in rows:
-        total = r["seconds_each"] * r["count"]
-        if r["when"].startswith("backward"):  # overlapped with the backward; the last bucket waits after it
-            per_step = layout.accumulation if "every" in r["when"] else 1
-            hidden = per_step * backward
-            r["exposed_s"] = min(total, max(total - hidden, 0.0) + per_step * r["seconds_each"])
-        elif r["when"].startswith("forward"):  # prefetched under the forward and backward compute
-            r["exposed_s"] = max(total - layout.accumulation * compute, 0.0)
-        else:
-            r["exposed_s"] = total
-        exposed += r["exposed_s"]
+    rows = collectives(layout, psi, net, _layers(fwd))
     owned = psi / (layout.dp if layout.zero >= 1 else 1)
     optimizer = owned * ADAMW_BYTES_PER_PARAM / (dev.hbm_bytes_per_s * dev.efficiency.hbm)
-    total = layout.accumulation * micro + exposed + optimizer
+    timeline = schedule_training(TrainingStep(
+        layers=_layers(fwd), forward_s=micro / passes, backward_s=micro * (passes - 1) / passes,
+        accumulation=layout.accumulation, optimizer_s=optimizer,
+        gather_s=next((r["seconds_each"] for r in rows if r["when"].startswith("forward")), 0.0),
+        grads=tuple((r["kind"], r["seconds_each"], r["count"] // (layout.accumulation if "every" in r["when"] else 1),
+                     "every" in r["when"]) for r in rows if r["when"].startswith("backward")),
+        after=tuple((r["kind"], r["seconds_each"]) for r in rows if r["when"].startswith("after"))))
+    for r in rows:
+        r["exposed_s"] = timeline["exposed_s"].get(r["kind"], 0.0)
+    exposed = timeline["step_s"] - layout.accumulation * micro - optimizer
     comm = sum(r["seconds_each"] * r["count"] for r in rows) + layout.accumulation * (passes - 1) * fwd["comm_s"]
-    return {"step_s": total, "micro_step_s": micro, "compute_s": layout.accumulation * compute,
+    return {"step_s": timeline["step_s"], "micro_step_s": micro, "compute_s": layout.accumulation * compute,
             "optimizer_s": optimizer, "comm_s": comm,
             "exposed_comm_s": exposed + layout.accumulation * tp_exposed, "collectives": rows,
             "tp_collectives_per_micro_step": round((passes - 1) * fwd["collectives"])}
@@ -228,21 +233,28 @@ def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> d
 
 def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_batch: int, cards: int = 1,
                   zero: int = 0, tp: int = 1, bucket_mb: float = DEFAULT_BUCKET_MB, checkpointing: str = "none",
-                  micro_batch: int | None = None, search: bool = False) -> dict[str, Any]:
-    """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict."""
+                  micro_batch: int | None = None, search: bool = False,
+                  on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict.
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
     _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch)
+    check_context(spec, seq, f"--seq {seq}")
+    step = on_step or (lambda what: None)
     if not search:
         layout = Layout(cards, tp, zero, checkpointing, bucket_mb)
+        step(f"tracing and lowering the forward of one card (tp {tp})")
         return plan_layout(forward_shard(spec, target, dtype, tp), spec.name, layout, target, dtype, seq,
                            global_batch, micro_batch)
     tried, shards = [], {}
     for t in (d for d in range(1, cards + 1) if cards % d == 0):
+        step(f"tracing and lowering the forward of one card (tp {t})")
         try:
             shards[t] = forward_shard(spec, target, dtype, t)
         except CapacityError:
             continue  # the model does not split over t cards
         for z in ZERO_STAGES:
             for ck in CHECKPOINTING:
+                step(f"layout tp {t}, ZeRO {z}, checkpointing {ck}")
                 tried.append(plan_layout(shards[t], spec.name, Layout(cards, t, z, ck, bucket_mb), target, dtype,
                                          seq, global_batch, micro_batch))
     fitting = [d for d in tried if d["fits_hbm"] and d["tokens_per_s"]]
@@ -253,21 +265,17 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
 
 
 def _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch) -> None:
-    server = fabric(target).cards_per_server
     if min(seq, global_batch, cards, tp) < 1 or (micro_batch is not None and micro_batch < 1):
         raise CapacityError("sequence, global batch, cards, --tp and the micro-batch must be positive integers")
-    if cards > server:
-        raise CapacityError(f"--cards {cards}: a {target} server joins 1 to {server} cards (no scale-out yet)")
-    if cards % tp:
-        raise CapacityError(f"--tp {tp} does not divide --cards {cards}")
     if zero not in ZERO_STAGES:
         raise CapacityError(f"--zero {zero}: expected 0, 1, 2 or 3")
     if checkpointing not in CHECKPOINTING:
         raise CapacityError(f"--checkpointing {checkpointing!r}: expected {' or '.join(CHECKPOINTING)}")
     if not bucket_mb > 0:
         raise CapacityError(f"--bucket-mb {bucket_mb}: expected a positive size in MB")
-    if global_batch % (cards // tp):
-        raise CapacityError(f"global batch {global_batch} does not split over {cards // tp} data-parallel cards")
+    problem = layout_problem(target, cards, tp, global_batch)
+    if problem:
+        raise CapacityError(problem)
 
 
 def plan_layout(shard: ForwardShard, model: str, layout: Layout, target: str, dtype: str, seq: int,

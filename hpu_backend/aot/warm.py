@@ -26,7 +26,7 @@ from ..serve.session import Event, Session, listen
 from ..settings import Settings
 from .cachefit import cache_fit
 from .manifests import manifest, send_manifest, write_manifest
-from .modelfile import ModelFileError, ModelSpec, load_model_file, point_label, spec_from, user_call
+from .modelfile import ModelFileError, ModelSpec, load_model_file, model_call, point_label, spec_from, user_call
 from .reports import PointResult, UsedRecipe, WarmReport
 
 
@@ -101,10 +101,10 @@ def _run_model(model: Callable, spec: ModelSpec, inputs: tuple, train: bool, poi
     where = f"the model at {point_label(point)}"
     if not train:
         with torch.no_grad():
-            out = user_call(spec.path, where, model, *spec.split(inputs))
+            out = model_call(spec.path, where, model, *spec.split(inputs))
         _end_lazy_step()
         return out
-    output = user_call(spec.path, where, model, *spec.split(inputs))
+    output = model_call(spec.path, where, model, *spec.split(inputs))
     loss = spec.loss_of(output, inputs)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ModelFileError(f"{spec.path}: loss() must return a one-element tensor, got "
@@ -192,15 +192,20 @@ def open_session(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: 
 
 
 def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,
-         on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
-    """Compile and run every point of ``spec`` in this process, filling the cache; then flush it to disk, check
-    that the cache kept what the points use, write the manifest and send it to the fleet tier if there is one."""
+         on_point: Callable[[PointResult], None] | None = None, points: list[dict] | None = None) -> WarmReport:
+    """Compile and run every point of ``spec`` (or the ``points`` given: a serving plan's buckets) in this process,
+    filling the cache; then flush it to disk, check that the cache kept what the points use, write the manifest
+    and send it to the fleet tier if there is one."""
     start = time.perf_counter()
     session = open_session(spec, cache_config, execute=execute)
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
     eager = model if check else None
     with session.use():
-        points = run_points(compiled, spec, spec.points(), train=train, eager=eager, on_point=on_point)
+        try:
+            points = run_points(compiled, spec, points or spec.points(), train=train, eager=eager, on_point=on_point)
+        except KeyboardInterrupt:
+            session.flush()  # the recipes compiled so far land whole, so the cache an interrupt leaves verifies
+            raise
     return _recorded(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), spec, session)
 
 

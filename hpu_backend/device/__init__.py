@@ -4,7 +4,7 @@
 """
 
 from .dispatch import DeviceFallbackError
-from .setup import DeviceSetupError, current, enable, report
+from .setup import DeviceSetupError, current, enable, report, write_trace
 from .tensor import HpuTensor
 
-__all__ = ["DeviceFallbackError", "DeviceSetupError", "HpuTensor", "current", "enable", "report"]
+__all__ = ["DeviceFallbackError", "DeviceSetupError", "HpuTensor", "current", "enable", "report", "write_trace"]

@@ -20,6 +20,7 @@ storage is counted by the allocator (``serve/device_memory.py``).
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 
 import torch
@@ -31,6 +32,7 @@ from ..lowering import optable
 from ..lowering.passes.place import SCALAR_TYPE
 from ..serve import fallback
 from ..settings import Settings
+from ..timeline.record import Recorder
 from .tensor import HPU, HpuTensor
 
 aten = torch.ops.aten
@@ -62,8 +64,20 @@ class Device:
         self.estimates: dict = {}  # eager op and layout -> the estimated device seconds of its recipe
         self.on_estimate = lambda seconds: None  # the report's per-step device time (set by enable())
         self.measure = lambda: 0.0  # device seconds estimated so far (the report's)
+        self.timeline = Recorder(mode)  # the run's events for its step timeline (hpu_backend/timeline/)
 
     def __call__(self, func, args, kwargs):
+        self.timeline.enter()  # the user's Python stops here; the simulator's own time is not the host's
+        try:
+            return self._call(func, args, kwargs)
+        finally:
+            self.timeline.leave()
+
+    def launch_kind(self) -> str:
+        """How a recipe run now was launched: by this device's op or step end (its mode), else a compiled graph."""
+        return ("lazy" if self.lazy else "eager") if self.timeline.depth else "compiled"
+
+    def _call(self, func, args, kwargs):
         flat, spec = pytree.tree_flatten((args, kwargs))
         wrappers, device, real = {}, None, True
         hosts = []
@@ -84,13 +98,16 @@ class Device:
             return func(*args, **kwargs)  # a host value or tensor: not wrapped
         self.ops += 1
         if _upload(func, flat):
+            self._copy_in(flat)
             self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
             return _wrap(func(*args, **kwargs), wrappers, device)
         if self.lazy:
+            self.timeline.op()
             if _is_view(func):
                 for host in wrappers:
                     self.recorder.track(wrappers[host].host)
             return _wrap(self.recorder.__torch_dispatch__(func, (), args, kwargs), wrappers, device)
+        self.timeline.op()
         if self.place(func, hosts):
             return _wrap(func(*args, **kwargs), wrappers, device)  # on the CPU: no device recipe
         return _wrap(self._eager(func, args, kwargs, hosts), wrappers, device)
@@ -98,16 +115,19 @@ class Device:
     def _eager(self, func, args, kwargs, hosts: list):
         """Run one op in eager mode: the first time for its layout as a one-op recipe, then directly."""
         key = _eager_key(func, hosts, kwargs)
-        seconds = self.estimates.get(key) if key is not None else None
-        if seconds is not None:
-            self.on_estimate(seconds)
+        known = self.estimates.get(key) if key is not None else None
+        if known is not None:
+            self.on_estimate(known[0])
+            if known[1] is not None:
+                self.timeline.again(known[1])
             return func(*args, **kwargs)
         before = self.measure()
+        self.timeline.last = None
         out = self.recorder.__torch_dispatch__(func, (), args, kwargs)
         if self.recorder.pending():
             self.recorder.flush("eager op", user_line())
         if key is not None and len(self.estimates) < _EAGER_KEYS:
-            self.estimates[key] = self.measure() - before
+            self.estimates[key] = (self.measure() - before, self.timeline.last)
         return out
 
     # -- host reads -----------------------------------------------------------------------------------------
@@ -124,12 +144,25 @@ class Device:
             r.on_sync(what, source, cut)
         if len(self.syncs) < KEPT_SYNCS:
             self.syncs.append((what, source, cut))
+        self.timeline.sync(what, source)
+
+    def _copy_in(self, flat: list) -> None:
+        """A host→device copy on the timeline: its bytes, pinned or pageable source, blocking or not."""
+        src = flat[1]
+        non_blocking = len(flat) > 2 and flat[2] is True
+        self.timeline.copy(src.numel() * src.element_size(), True, is_pinned(src), non_blocking, user_line())
 
     def sync_write(self, host: torch.Tensor) -> None:
         """Before the host writes ``host`` directly: run the pending graph if it reads or writes it."""
         r = self.recorder
         if r.pending() and r._touched(host):
             r.flush("copy from host", user_line())
+
+    def before_compiled(self) -> None:
+        """A compiled graph is about to read device tensors: the simulator's time starts (it ends at the graph's
+        launch), and the pending lazy graph runs first."""
+        self.timeline.pause()
+        self.flush("a compiled graph reads device tensors")
 
     def flush(self, reason: str) -> None:
         """Run the pending lazy graph, whatever it holds (before a compiled graph reads device tensors)."""
@@ -172,6 +205,20 @@ class Device:
         fallback.executed((name,))
         if first and fallback.enabled():
             fallback.emit(line)
+
+
+_PINNED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """Remember ``t`` as page-locked host memory (``pin_memory()`` made it), for as long as it lives."""
+    _PINNED[t.untyped_storage().data_ptr()] = t
+    return t
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    found = _PINNED.get(t.untyped_storage().data_ptr()) if t.numel() else None
+    return found is not None
 
 
 def _host_read(func, flat: list) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from ..gaudi.mixed_precision import op_lists
 from . import tensor
+from .dispatch import is_pinned, pinned
 from .tensor import HPU, HpuTensor
 
 aten = torch.ops.aten
@@ -70,12 +71,13 @@ def _host_factory(op):
 
 def _pin_memory(self, device=None):
     """Page-locked host memory for copies to the device: host memory is all the simulated device reads, so a
-    pinned tensor is a plain copy (what a pinned tensor is: a copy in other host memory)."""
-    return self.clone()
+    pinned tensor is a plain copy (what a pinned tensor is: a copy in other host memory), remembered as pinned so
+    that its copies to the device are costed as DMA from pinned memory."""
+    return pinned(self.clone())
 
 
 def _is_pinned(self, device=None) -> bool:
-    return False
+    return is_pinned(self)
 
 
 def register(lib: torch.library.Library, every_op: torch.library.Library) -> None:

@@ -16,8 +16,12 @@ from .. import metrics
 from ..gaudi import lazy_mode
 from ..serve import device_memory as memory
 from ..serve import fallback
+from ..timeline import whatif
+from ..timeline.host import HOST
+from ..timeline.model import mean_step_s, steady
 
 KEPT_STEPS = 10_000
+TIMELINE_STEPS = 1_000  # steps of the timeline the report lists one by one (its means cover all)
 
 
 class StepTimes:
@@ -67,7 +71,26 @@ def build(device, times: StepTimes) -> dict[str, Any]:
         "memory": {"peak_bytes": memory.max_memory_allocated(), "in_use_bytes": memory.memory_allocated(),
                    "hbm_bytes": memory.capacity()},
         "estimated_device_s_per_step": sorted(steady)[len(steady) // 2] if steady else 0.0,
+        "timeline": timeline(device),
     }
+
+
+def timeline(device) -> dict[str, Any]:
+    """The run's step timeline (estimates): the mean steady step and its parts, what bounds it, each step's."""
+    steps = whatif.steps_of(device.timeline.events, device.settings.target)
+    rows = steady(steps)
+    n = len(rows) or 1
+    mean = {k: sum(getattr(s, k) for s in rows) / n for k in ("host_s", "python_s", "device_s", "serial_s")}
+    bounds = Counter(s.bound for s in rows)
+    return {"estimate": True, "step_s": mean_step_s(steps), "host_s": mean["host_s"], "python_s": mean["python_s"],
+            "device_s": mean["device_s"], "sync_s": mean["serial_s"],
+            "bound": bounds.most_common(1)[0][0] if bounds else "", "steps": [s.summary() for s in steps[:TIMELINE_STEPS]],
+            "truncated": device.timeline.truncated, "host_constants": _constants()}
+
+
+def _constants() -> dict[str, float]:
+    return {k: getattr(HOST, k) for k in ("eager_op_s", "lazy_op_s", "lazy_graph_s", "recipe_launch_s",
+                                           "graph_replay_s", "sync_s", "staging_bytes_per_s")}
 
 
 def _steps(device, times: StepTimes) -> list[dict]:

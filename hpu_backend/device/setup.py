@@ -17,6 +17,7 @@ from ..gaudi import lazy_mode
 from ..serve import device_memory as memory
 from ..serve.session import session_for
 from ..settings import Settings
+from ..timeline import trace, whatif
 from . import kernels, module, report as reporting, tensor
 from .dispatch import Device
 
@@ -51,11 +52,25 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
         # The device is a front end like the others: it compiles in the session in use, else the process's
         # (the one its lazy graphs are handed to), and observes the runs of its graphs there.
         reporting.watch(_state["times"], lambda: _state["device"].ops, session_for(settings))
+        _watch_timeline(session_for(settings))
     times = _state["times"]
     device.on_estimate, device.measure = times.add, lambda: times.total_s
     tensor.DISPATCH[0] = device
-    tensor.BEFORE_COMPILED[0] = lambda: device.flush("a compiled graph reads device tensors")
+    tensor.BEFORE_COMPILED[0] = lambda: device.before_compiled()
     return module
+
+
+def _watch_timeline(session) -> None:
+    """Put every recipe run and every step end on the enabled device's timeline; ``mark_step`` is the
+    simulator's time, not the user's."""
+    def on_run(recipe, args, outputs) -> None:
+        if recipe is not None:
+            device = _state["device"]
+            device.timeline.launch(recipe, device.launch_kind())
+
+    session.observe_runs(on_run)
+    lazy_mode.observe_step_starts(lambda: _state["device"].timeline.enter())
+    lazy_mode.observe_steps(lambda: _state["device"].timeline.step_end())
 
 
 def report() -> dict:
@@ -65,6 +80,18 @@ def report() -> dict:
     if device is None:
         raise DeviceSetupError("the hpu device is not enabled: call hpu_backend.device.enable() first")
     return reporting.build(device, _state["times"])
+
+
+def write_trace(path: str, rank: int | None = None) -> None:
+    """Write the run's step timeline so far as a Chrome/Perfetto trace (``timeline/trace.py``) to ``path``;
+    ``TraceError`` (one line) when it cannot be written."""
+    device = _state.get("device")
+    if device is None:
+        raise DeviceSetupError("the hpu device is not enabled: call hpu_backend.device.enable() first")
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    schedule = whatif.schedule(device.timeline.events, device.settings.target, spans=True)
+    trace.write(path, schedule.spans, rank, {"target": device.settings.target, "mode": device.mode,
+                                             "truncated": device.timeline.truncated})
 
 
 def current() -> Device | None:

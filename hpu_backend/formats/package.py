@@ -251,10 +251,15 @@ def _check_stream(f, key: bytes | None) -> None:
 
 
 def check_destination(path: str | os.PathLike) -> None:
-    """PackageError if ``path`` exists and is not a regular file (a device or a FIFO is never replaced)."""
+    """PackageError if ``path`` exists and is not a regular file (a device or a FIFO is never replaced), or its
+    directory does not exist: a package is written where the caller points, never into directories made for it
+    (as ``export`` refuses the same path)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise PackageError(f"cannot write {path}: there is no directory {parent}") from None
         return
     except OSError as e:
         if e.errno == errno.ENOTDIR:
@@ -264,12 +269,31 @@ def check_destination(path: str | os.PathLike) -> None:
         raise PackageError(f"{path}: exists and is not a regular file; choose another destination")
 
 
+def served(package: Package) -> dict[str, list[list[int]]]:
+    """Per symbol, the sizes a call may have: the buckets' spans within the range export proved, adjacent spans
+    merged. The range alone claims too much: a size between two buckets is refused (no recipe holds it)."""
+    out = {}
+    for sym, (lo, hi) in package.ranges.items():
+        spans: list[list[int]] = []
+        for a, b in sorted({tuple(r.bucket[sym]) for r in package.recipes if sym in r.bucket}):
+            a, b = max(a, lo), min(b, hi)
+            if a > b:
+                continue
+            if spans and a <= spans[-1][1] + 1:
+                spans[-1][1] = max(spans[-1][1], b)
+            else:
+                spans.append([a, b])
+        out[sym] = spans
+    return out
+
+
 def describe(package: Package) -> dict[str, Any]:
     """What ``hpurecipe show`` prints for a package."""
     first = package.recipes[0]
     return {"kind": "package", "model": package.model, "toolchain": package.toolchain, "axes": package.axes,
             "inputs": {k: sum(gi.kind == k for gi in package.inputs) for k in INPUT_KINDS},
             "with_weights": bool(package.weights), "symbols": first.symbols, "ranges": package.ranges,
+            "serves": served(package),
             "buckets": [{"bucket": r.bucket, "nodes": len(r.nodes),
                          "time_s": r.facts.get("cost", {}).get("total_s"),
                          "peak_hbm_bytes": r.facts.get("memory", {}).get("peak_bytes")} for r in package.recipes]}

@@ -323,6 +323,7 @@ _FACTS = _record(
     cost=_record(device_s=_NUM, cpu_s=_NUM, transfer_s=_NUM, total_s=_NUM, clusters=_list_of(dict)),
     compile_time_s=_NUM,
     annotations=_map_of(dict),
+    sdpa_calls=_list_of(str),
 )
 
 

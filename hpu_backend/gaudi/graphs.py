@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
 
+from .. import metrics
 from ..serve import fallback
 from ..serve.compiled import static_buffer
 from ..capture.exported import decompose, graph_inputs, lower_exported
@@ -31,8 +33,9 @@ from ..lowering import LoweringError
 from ..errors import one_line
 from ..formats.package import PackageError
 from ..runtime import RecipeLoadError, build_callable
-from ..serve.session import Session
+from ..serve.session import Session, process_observers
 from ..settings import Settings
+from ..timeline.record import launching
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +92,16 @@ class HPUGraphForward:
     def _capture(self, key: tuple, args: tuple, kwargs: dict) -> CapturedGraph | None:
         """Capture the call; None (the module runs eagerly for this signature) after one warning."""
         self.captures += 1
+        start = time.perf_counter()
         try:
-            graph = capture(self.unwrapped, args, kwargs, f"{self.module_name}_hpu_graph{self.captures}")
+            graph = capture(self.unwrapped, args, kwargs, f"{self.module_name}_hpu_graph{self.captures}",
+                            training=self.module.training)
         except (PackageError, LoweringError, RecipeLoadError) as e:
             log.warning("hpu_backend: HPU graph capture of %s failed, running it eagerly for these inputs: %s",
                         self.module_name, e)
             graph = None
+        else:  # a capture compiles a graph, as on Gaudi, where graph_compilation counts it
+            metrics.record_compilation(time.perf_counter() - start, "hpu graph capture")
         self.graphs[key] = graph
         if self.max_graphs is not None and len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)  # the oldest capture goes, as Gaudi's max_graphs does
@@ -105,8 +112,9 @@ class CapturedGraph:
     """One captured call: static input buffers, the executor with the module's state bound, the output layout."""
 
     def __init__(self, run: Callable[[list], list], static: list[torch.Tensor], out_spec: pytree.TreeSpec,
-                 trainable: bool, fallbacks: tuple[str, ...] = ()):
+                 trainable: bool, fallbacks: tuple[str, ...] = (), recipe=None):
         self.run = run
+        self.recipe = recipe  # what a replay reports to the run observers (the device's timeline and times)
         self.fallbacks = fallbacks  # CPU-fallback ops, counted at every replay as the bridge does
         self.static = static
         self.out_spec = out_spec
@@ -124,6 +132,9 @@ class CapturedGraph:
         if self.fallbacks:
             fallback.executed(self.fallbacks)
         outs = self.run(list(self.static))
+        with launching("replay"):  # the timeline charges one replay, not the bridge's per-op dispatch
+            for observe in process_observers():
+                observe(self.recipe, self.static, outs)
         return outs[0] if self.single else pytree.tree_unflatten(outs, self.out_spec)
 
 
@@ -139,14 +150,16 @@ class _Unwrapped(torch.nn.Module):
         return self.call(*args, **kwargs)
 
 
-def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> CapturedGraph:
-    """Export ``module`` at exactly these inputs and lower it to one recipe with its state bound."""
+def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str, training: bool = False
+            ) -> CapturedGraph:
+    """Export ``module`` at exactly these inputs and lower it to one recipe with its state bound (``training``:
+    the wrapped module's mode, for the error when a train-mode layer updates its buffers)."""
     with torch.no_grad():
         try:
             ep = torch.export.export(module, args, kwargs, strict=False)
         except Exception as e:  # export reports unsupported Python and data-dependent control flow
             raise PackageError(f"torch.export cannot capture the call: {one_line(e)}") from None
-        ep = decompose(ep)
+        ep = decompose(ep, training)
         session = Session(Settings.from_options({}))  # a captured graph is bound to its module: nothing stored
         template, ctx = lower_exported(ep, session.settings, name)
         if template.symbols:
@@ -156,7 +169,7 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str) -> Ca
         fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
         run = build_callable(recipe, fixed)
     trainable = any(p.requires_grad for p in module.parameters())
-    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks)
+    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks, recipe)
 
 
 def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: dict

@@ -275,6 +275,8 @@ class _Lazy:
                 self.recorder.host.__exit__(None, None, None)
 
     def mark_step(self) -> None:
+        for fn in _STEP_STARTS:
+            fn()
         if self.depth or self.device:
             self.recorder.flush("mark_step")
             self.runner.end_step()
@@ -284,12 +286,19 @@ class _Lazy:
 
 _state = _Lazy()
 _STEP_OBSERVERS: list[Callable[[], None]] = []
+_STEP_STARTS: list[Callable[[], None]] = []
 
 
 def observe_steps(fn: Callable[[], None]) -> None:
     """Call ``fn()`` after every ``mark_step()``, in or out of lazy mode (once per fn): the device's step report."""
     if fn not in _STEP_OBSERVERS:
         _STEP_OBSERVERS.append(fn)
+
+
+def observe_step_starts(fn: Callable[[], None]) -> None:
+    """Call ``fn()`` as every ``mark_step()`` begins (once per fn): the device's timeline stops the user's clock."""
+    if fn not in _STEP_STARTS:
+        _STEP_STARTS.append(fn)
 
 
 @contextlib.contextmanager

@@ -64,11 +64,12 @@ class FusedSDPA:
               valid_sequence_lengths: torch.Tensor | None = None, padding_side: str = "left") -> torch.Tensor:
         _check(query, key, value, attn_mask, dropout_p, is_causal, softmax_mode, recompute_mode,
                valid_sequence_lengths, padding_side)
+        recompute = recompute_sdp_enabled() if recompute_mode is None else recompute_mode
+        _check_kernel(query, key, value, recompute)
         keep = None
         if valid_sequence_lengths is not None:
             attn_mask, keep = _padding_mask(query, key, valid_sequence_lengths, is_causal, padding_side)
             is_causal = False
-        recompute = recompute_sdp_enabled() if recompute_mode is None else recompute_mode
         with fx_traceback.annotate({FUSED_SDPA_ANNOTATION: {"recompute": recompute}}):
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                  is_causal=is_causal, scale=scale)
@@ -93,6 +94,18 @@ def _check(query, key, value, attn_mask, dropout_p, is_causal, softmax_mode, rec
                          "(fold the causal mask into attn_mask)")
     if valid_sequence_lengths is not None:
         _check_lengths(query, attn_mask, valid_sequence_lengths)
+
+
+def _check_kernel(query, key, value, recompute: bool) -> None:
+    """What Gaudi's FusedSDPA kernel refuses that torch's scaled_dot_product_attention accepts (Intel Gaudi
+    docs, hpex.kernels.FusedSDPA): fp16 inputs, and in recompute mode K/V of another batch size than Q's."""
+    if any(t.dtype == torch.float16 for t in (query, key, value)):
+        raise ValueError("FusedSDPA.apply: float16 inputs are not supported by Gaudi's FusedSDPA, which takes "
+                         "bfloat16 or float32 (fp8 through fp8_fused_sdpa); cast q, k and v to bfloat16")
+    if recompute and query.dim() >= 3 and {key.shape[0], value.shape[0]} != {query.shape[0]}:
+        raise ValueError(f"FusedSDPA.apply: K/V batch size {key.shape[0]}/{value.shape[0]} differs from Q's "
+                         f"{query.shape[0]}; Gaudi's FusedSDPA in recompute mode needs the same batch size in "
+                         f"Q, K and V (expand K and V to Q's batch, or pass recompute_mode=False)")
 
 
 def _check_lengths(query, attn_mask, lengths) -> None:

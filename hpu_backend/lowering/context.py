@@ -24,6 +24,9 @@ class LoweringContext:
     # Process-group name -> size, for collectives lowered outside a running job (capacity planning); in a
     # job, groups resolve among the process's own.
     groups: Mapping[str, int] = field(default_factory=dict)
+    # What the user calls each input of the Dynamo graph (``conv1.weight``, ``x``), by flat index; AOTAutograd's
+    # inputs point back to them (``node.meta["desc"]``), so ``show`` names primals as the model does.
+    input_labels: tuple[str, ...] = ()
 
     def for_bucket(self, bucket: Mapping[str, list[int]]) -> "LoweringContext":
         """The context of one bucket's lowering: this graph's, with the bucket and without the FX graph."""

@@ -17,8 +17,9 @@ TARGET_ENV = "HPU_BACKEND_TARGET"
 
 
 def launch(script: str, args: list[str], cards: int = 1, report: str | None = None, timeout: float | None = None,
-           target: str | None = None) -> int:
-    """Run ``script`` with ``args`` on ``cards`` simulated cards; the exit code (``RunError`` for our failures)."""
+           target: str | None = None, trace: str | None = None) -> int:
+    """Run ``script`` with ``args`` on ``cards`` simulated cards; the exit code (``RunError`` for our failures).
+    ``trace``: write each rank's step timeline there as a Chrome/Perfetto trace (``-rankN`` added per rank)."""
     from .script import check_script
 
     if cards < 1:
@@ -26,15 +27,26 @@ def launch(script: str, args: list[str], cards: int = 1, report: str | None = No
     if timeout is not None and timeout <= 0:
         raise RunError(f"--timeout must be more than 0 seconds, got {timeout:g}", 2)
     check_script(script)
+    if trace is not None:
+        _check_trace(trace)
     if target is not None:
         _set_target(target)
     if cards == 1 and timeout is None:
         from .script import run_script
 
-        return run_script(script, args, report)
+        return run_script(script, args, report, trace)
     from .ranks import run_ranks
 
-    return run_ranks(script, args, cards, report, timeout)
+    return run_ranks(script, args, cards, report, timeout, trace)
+
+
+def _check_trace(path: str) -> None:
+    from ..timeline.trace import TraceError, check_writable
+
+    try:
+        check_writable(path)
+    except TraceError as e:
+        raise RunError(str(e), 2) from None
 
 
 def _set_target(target: str) -> None:
@@ -52,6 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the report as JSON here instead of stderr")
     p.add_argument("--timeout", type=float, metavar="S", help="stop every rank when one runs longer than S seconds")
     p.add_argument("--target", help="the device to plan and estimate for: gaudi2 | gaudi3")
+    p.add_argument("--trace", metavar="FILE", help="write the step timeline as a Chrome/Perfetto trace (one per rank)")
     p.add_argument("script", help="the script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
@@ -60,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     try:
-        return launch(ns.script, ns.args, ns.cards, ns.report, ns.timeout, ns.target)
+        return launch(ns.script, ns.args, ns.cards, ns.report, ns.timeout, ns.target, ns.trace)
     except RunError as e:
         print(f"hpu_backend.run: error: {e}", file=sys.stderr)
         return e.code

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..timeline.trace import rank_path
 from . import report as reports
 from .errors import RunError
 
@@ -58,11 +59,12 @@ def rank_env(rank: int, world: int, port: int, base: dict[str, str] | None = Non
     return env
 
 
-def run_ranks(script: str, args: list[str], cards: int, report: str | None, timeout: float | None) -> int:
+def run_ranks(script: str, args: list[str], cards: int, report: str | None, timeout: float | None,
+              trace: str | None = None) -> int:
     """Run ``cards`` ranks of ``script`` to the end; 0 when all succeed, else ``RunError`` (one line)."""
     with tempfile.TemporaryDirectory(prefix="hpu_ranks_") as tmp:
         port = free_port()
-        ranks = [_start(r, cards, port, script, args, tmp) for r in range(cards)]
+        ranks = [_start(r, cards, port, script, args, tmp, trace) for r in range(cards)]
         try:
             _watch(ranks, timeout)
         except _Hung as hung:
@@ -88,9 +90,10 @@ def _where(ranks: list[Rank], hung: list[int]) -> str:
     return f" ({', '.join(places)})" if places else ""
 
 
-def _start(rank: int, world: int, port: int, script: str, args: list[str], tmp: str) -> Rank:
+def _start(rank: int, world: int, port: int, script: str, args: list[str], tmp: str, trace: str | None) -> Rank:
     path = os.path.join(tmp, f"rank{rank}.json")
-    cmd = [sys.executable, "-m", "hpu_backend.run", "--report", path, script, *args]
+    traced = ["--trace", rank_path(trace, rank, world)] if trace else []
+    cmd = [sys.executable, "-m", "hpu_backend.run", "--report", path, *traced, script, *args]
     proc = subprocess.Popen(cmd, env=rank_env(rank, world, port), stderr=subprocess.PIPE)
     r = Rank(rank, proc, path)
     r.reader = threading.Thread(target=_relay, args=(r,), daemon=True)

@@ -23,6 +23,21 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
     return out
 
 
+def trace(path: str) -> str:
+    """Write this rank's step timeline to ``path`` (``-rankN`` added when there are several ranks); the file
+    written, or the one-line reason it could not be."""
+    from .. import device
+    from ..timeline.trace import TraceError, rank_path
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    target = path if os.environ.get("HPU_BACKEND_RUN_RANK") else rank_path(path, int(os.environ.get("RANK", "0")), world)
+    try:
+        device.write_trace(target)
+    except TraceError as e:
+        return f"not written: {e}"
+    return target
+
+
 def finish(report: dict[str, Any], path: str | None) -> None:
     """Write ``report`` as JSON to ``path``, or render it on stderr when there is no path."""
     if path:
@@ -69,7 +84,22 @@ def _body(r: dict[str, Any]) -> list[str]:
     lines.append(_memory(r.get("memory") or {}))
     est = r.get("estimated_device_s_per_step")
     lines.append("estimated device time per step: " + ("n/a" if est is None else f"{est * 1e3:.3f} ms (estimate)"))
+    if r.get("timeline"):
+        lines.append(_timeline(r["timeline"]))
+    if r.get("trace"):
+        lines.append(f"trace: {r['trace']}")
     return lines
+
+
+def _ms(seconds) -> str:
+    return f"{1e3 * float(seconds or 0):.3f} ms"
+
+
+def _timeline(t: dict[str, Any]) -> str:
+    ms = _ms
+    return (f"step timeline: {ms(t.get('step_s'))} per step (estimate; host {ms(t.get('host_s'))}, of which Python "
+            f"{ms(t.get('python_s'))} measured; device {ms(t.get('device_s'))}; syncs {ms(t.get('sync_s'))}) — "
+            f"{t.get('bound') or '?'}-bound")
 
 
 def _steps(r: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ def check_script(script: str) -> Path:
     return path
 
 
-def run_script(script: str, args: list[str], report: str | None = None) -> int:
+def run_script(script: str, args: list[str], report: str | None = None, trace: str | None = None) -> int:
     """Run ``script`` with ``args`` as ``__main__`` on the simulated device; the exit code it ends with."""
     from . import names, report as reports
 
@@ -51,6 +51,8 @@ def run_script(script: str, args: list[str], report: str | None = None) -> int:
         facts = reports.collect(str(path), code, time.perf_counter() - start)
         if _stopped_at:
             facts["stopped_at"] = _stopped_at[0]
+        if trace:
+            facts["trace"] = reports.trace(trace)
         reports.finish(facts, report)
     return code
 

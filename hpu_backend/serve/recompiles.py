@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
 from .. import metrics
+from .sources import library_file
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class Recompile:
     variable: str  # "i", "x", "self.k"; "" when the guard names none
     change: str  # "2 -> 3", "dim 0: 4 -> 8", "Float -> Double"; "" when unknown
     source: str  # the user's line that reads the variable: "model.py:12"; else the function's line
+    library: str = ""  # the function's file when it is library code ("transformers/utils/generic.py"), else ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,6 +59,11 @@ _SIZE = re.compile(r"tensor '(?P<var>[^']+)' (?:size|stride) mismatch at index (
                    r"expected (?P<old>\d+), actual (?P<new>\d+)")
 _DTYPE = re.compile(r"tensor '(?P<var>[^']+)' dtype mismatch\. expected (?P<old>\w+), actual (?P<new>\w+)")
 _GRAD = re.compile(r"tensor '(?P<var>[^']+)' requires_grad mismatch")
+# A size-range guard: "2 <= x.size()[0] <= 15", "x.size()[0] <= 15", "2 <= L['x'].size()[1]" (Dynamo's 0/1
+# specialization gives the lower bound 2; a kernel choice inside torch, such as the convolution backend, may add
+# an upper one).
+_RANGE = re.compile(r"^(?:(?P<lo>\d+) <=? )?(?P<var>[A-Za-z_][\w.]*(?:\[[^\]]+\])*)\.size\(\)\[(?P<dim>\d+)\]"
+                    r"(?: <=? (?P<hi>\d+))?$")
 _EQ = re.compile(r"^(?P<var>[A-Za-z_][\w.]*(?:\[[^\]]+\])?) == (?P<old>[^\s#]+)")
 _USER_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
@@ -91,6 +98,10 @@ def classify(text: str, code, f_locals: dict) -> Recompile:
         cause, var, change = "input shape", m["var"], f"dim {m['dim']}: {m['old']} -> {m['new']}"
     elif m := _DTYPE.search(guard):
         cause, var, change = "dtype", m["var"], f"{m['old']} -> {m['new']}"
+    elif (m := _RANGE.match(guard)) and (m["lo"] or m["hi"]):
+        cause, var = "input shape", re.sub(r"^L\['(\w+)'\]$", r"\1", m["var"])
+        size = _size(var, int(m["dim"]), f_locals)
+        change = f"dim {m['dim']}: {m['lo'] or ''}..{m['hi'] or ''} -> {'?' if size is None else size}"
     elif m := _GRAD.search(guard):
         cause, var = "requires_grad", m["var"]
     elif "GLOBAL_STATE changed" in guard:
@@ -100,7 +111,7 @@ def classify(text: str, code, f_locals: dict) -> Recompile:
         value = _value(var, f_locals)
         cause = "module attribute" if "." in var and _is_module(var.split(".")[0], f_locals) else "constant"
         change = f"{m['old']} -> {value}" if value is not _UNKNOWN else ""
-    return Recompile(function, guard, cause, var, change, _source(text, code, var))
+    return Recompile(function, guard, cause, var, change, _source(text, code, var), library_file(code.co_filename))
 
 
 _UNKNOWN = object()
@@ -120,6 +131,24 @@ def _value(path: str, f_locals: dict):
         except (AttributeError, KeyError, TypeError):
             return _UNKNOWN
     return value if isinstance(value, (bool, int, float, str)) else _UNKNOWN
+
+
+def _size(path: str, dim: int, f_locals: dict) -> int | None:
+    """The size now of dimension ``dim`` of the tensor a guard names (``x``, ``args[0]``, ``L['x']``), or None;
+    only names and integer or string subscripts are followed, never code."""
+    import torch
+
+    head, *keys = re.findall(r"[A-Za-z_]\w*|\[(?:\d+|'[^']*')\]", path)
+    value = f_locals.get(head, _UNKNOWN) if head != "L" else f_locals
+    for key in keys:
+        key = key[1:-1]
+        try:
+            value = value[int(key)] if key.isdigit() else value[key.strip("'")]
+        except (KeyError, IndexError, TypeError):
+            return None
+    if isinstance(value, torch.Tensor) and 0 <= dim < value.dim():
+        return int(value.shape[dim])
+    return None
 
 
 def _is_module(name: str, f_locals: dict) -> bool:

@@ -164,6 +164,12 @@ _process: list[Session] = []  # the process's session: opened by the first compi
 _process_lock = threading.Lock()
 
 
+def process_observers() -> list[RunObserver]:
+    """The run observers of the process's session (none before one opened): what a graph run outside every
+    session (an HPU-graph replay of a captured recipe) reports to."""
+    return list(_process[0].runs) if _process else []
+
+
 def session_for(settings: Settings) -> Session:
     """The session a front end given only settings compiles in: the one in use, else the process's, under
     these settings; a new one when neither holds the store these settings ask for."""

@@ -1,7 +1,10 @@
 """Capture: the aten FX graph (with the facts earlier passes left in ``node.meta['hpu']``) → Recipe.
 
 Annotations that change a recipe (FusedSDPA's recompute choice, from ``node.meta["custom"]``) are
-recorded per node in ``facts["annotations"]``, which the recipe key hashes.
+recorded per node in ``facts["annotations"]``, which the recipe key hashes. The nodes an
+``F.scaled_dot_product_attention`` call decomposed into (its math path: torch takes it on the host for
+dropout in training, among others) are listed in ``facts["sdpa_calls"]``: on Gaudi that call is one
+FusedSDPA kernel, so fusion must not mistake its softmax and matmuls for attention written by hand.
 
 Shape symbols are renamed ``s0, s1, ...`` in order of first appearance among the inputs, so the
 same graph captured in another process (or with other Dynamo symbol names) gives the same recipe.
@@ -55,10 +58,24 @@ def capture(gm: torch.fx.GraphModule, ctx: LoweringContext) -> Recipe:
     annotations = {n.name: a for n in gm.graph.nodes if (a := recorded_annotations(n))}
     if annotations:
         recipe.facts["annotations"] = annotations
+    sdpa = [n.name for n in gm.graph.nodes if n.op == "call_function" and from_sdpa_call(n)]
+    if sdpa:
+        recipe.facts["sdpa_calls"] = sdpa
     groups = {n.name: g for n in gm.graph.nodes if (g := collective_group(n, ctx))}
     if groups:
         recipe.facts["collectives"] = groups
+    labels = {n.name: label for n in placeholders if (label := _user_label(n, ctx.input_labels))}
+    if labels:  # for reading only: not in the recipe key (two models' identical graphs share a recipe)
+        recipe.facts["input_labels"] = labels
     return recipe
+
+
+def _user_label(node: torch.fx.Node, labels: tuple[str, ...]) -> str | None:
+    """The user's name of an AOTAutograd input that is one of the Dynamo graph's inputs (a primal), or None."""
+    idx = getattr(node.meta.get("desc"), "idx", None)
+    if type(node.meta.get("desc")).__name__ != "PlainAOTInput" or not isinstance(idx, int):
+        return None
+    return labels[idx] if 0 <= idx < len(labels) else None
 
 
 def collective_group(node: torch.fx.Node, ctx: LoweringContext) -> dict:
@@ -87,6 +104,13 @@ def recorded_annotations(node: torch.fx.Node) -> dict:
     if not isinstance(note, dict):
         return {}
     return {FUSED_SDPA_ANNOTATION: {"recompute": bool(note.get("recompute"))}}
+
+
+def from_sdpa_call(node: torch.fx.Node) -> bool:
+    """Whether Dynamo traced ``node`` from an ``F.scaled_dot_product_attention`` call (a backward node: from
+    the forward's). Dynamo records the torch function a node came from; AOTAutograd carries it over."""
+    stack = node.meta.get("source_fn_stack") or node.meta.get("fwd_source_fn_stack") or []
+    return bool(stack) and getattr(stack[-1][1], "__name__", "") == "scaled_dot_product_attention"
 
 
 def symbol_table(values: list) -> tuple[dict[str, str], list[list[int]]]:

@@ -14,7 +14,10 @@ into FusedSDPA); it is recorded in ``facts["handwritten_attention"]`` (every nod
 score matmul to the output matmul(s), plus the layout ops that only prepare q, k and v), so that the
 estimate can say what the fused call would save and the advisor can suggest it. A hand-written chain
 annotated as a FusedSDPA call (``torch.fx.traceback.annotate({"hpu_fused_sdpa": {...}})``: a model that
-stands for a fused kernel, such as a server's decode attention) is fused like the sdpa ops.
+stands for a fused kernel, such as a server's decode attention) is fused like the sdpa ops, and so is the
+same chain decomposed from an ``F.scaled_dot_product_attention`` call (capture lists its nodes in
+``facts["sdpa_calls"]``; torch takes the math path on the host for dropout in training): the user's code
+calls the fused kernel, and Gaudi runs it as one.
 """
 
 from __future__ import annotations
@@ -49,10 +52,11 @@ def fuse_attention(recipe: Recipe, ctx: LoweringContext) -> Recipe:
     groups: list[tuple[str, list[str]]] = []
     handwritten: list[tuple[str, list[str]]] = []
     taken: set[str] = set()
+    sdpa_calls = set(recipe.facts.get("sdpa_calls", ()))
     for node in recipe.nodes:
         found = _sdpa_group(view, node.name)
         by_hand = found is None and (found := _explicit_group(view, node.name)) is not None \
-            and not _annotated(recipe, found[1])
+            and not _annotated(recipe, found[1]) and not sdpa_calls & set(found[1])
         if found and not (set(found[1]) & taken) and _one_cluster(view, found[1]):
             (handwritten if by_hand else groups).append((*found, node.name))
             taken.update(found[1])

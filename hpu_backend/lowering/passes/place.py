@@ -43,12 +43,13 @@ def place(recipe: Recipe, ctx: LoweringContext, table: optable.OpTable | None = 
             why, decision = None, {"placement": "hpu", "engine": "host"}
         else:
             refs_read = [r for r in refs if r not in scalars]  # a host scalar is a kernel parameter
-            why = _fallback_reason(node, refs_read, specs, placed, table, ctx.settings.place_on_cpu)
-            decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(node, refs, specs, placed, table)
+            runs = _op_it_runs(node)
+            why = _fallback_reason(runs, refs_read, specs, placed, table, ctx.settings.place_on_cpu)
+            decision = {"placement": "cpu", "engine": "cpu"} if why else _decide(runs, refs, specs, placed, table)
+            if why is not None:
+                fallbacks.append(_fallback(runs, specs, why, ctx))  # named by the op that falls back
         node = with_fields(node, **decision)
         placed[node.name] = node.placement
-        if why is not None:
-            fallbacks.append(_fallback(node, specs, why, ctx))
         nodes.append(node)
     engines = Counter(n.engine for n in nodes)
     facts = dict(recipe.facts, placement={"fallbacks": fallbacks, "engines": dict(sorted(engines.items()))})
@@ -92,6 +93,18 @@ def _decide(node: Node, refs: list[str], specs, placed: dict[str, str], table: o
     if optable.is_host_op(node.op):
         return {"placement": "hpu", "engine": "host"}
     return {"placement": "hpu", "engine": table.lookup(node.op).engine}
+
+
+EFFECTS = "higher_order::with_effects"
+
+
+def _op_it_runs(node: Node) -> Node:
+    """The node as the op it runs: ``with_effects`` is the wrapper AOTAutograd puts around an effectful op
+    (``aten::_linalg_check_errors``, a print) to keep it in order; it is placed, and falls back, as that op."""
+    if node.op == EFFECTS and len(node.args) > 1 and isinstance(node.args[1], dict) \
+            and isinstance(node.args[1].get("op"), str):
+        return with_fields(node, op=node.args[1]["op"], args=node.args[2:])  # without the token and the op
+    return node
 
 
 def _is_element_of(node: Node, refs: list[str], specs, placed) -> bool:

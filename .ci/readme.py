@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Every shell session in the README is the output of a real run: the walk-through (.ci/walkthrough.py) and
+each ```console block after an output marker, rerun here and written (--write) or compared (--check, CI).
+
+To add a block, put a marker on the line right before its fence, then run --write --only WORDS:
+
+    <!-- output: hpurecipe analyze models/gpt.py --lazy -->
+    ```console
+    (filled in by --write: "$ " and the command, then what it printed, stdout then stderr)
+    ```
+
+Options go in brackets before the colon, comma-separated: ``<!-- output [stderr, head=12]: COMMAND -->``
+``stdout`` / ``stderr`` keep one stream only; ``head=N`` keeps the first N lines of the output. Each command
+runs from the repository root in a fresh HOME and a fresh, empty recipe cache, with ``hpurecipe`` and
+``python`` meaning this checkout's, and must exit 0. ``--check`` compares with times, ages, key hashes and
+the temporary paths normalised (and graph numbers: see normalised), so it fails only when the commands, tables,
+counts or sizes differ from what a user sees (estimated sizes, batches and tokens/s are compared as printed).
+A ```console block without a marker fails the check: a session nobody reruns drifts.
+
+    python .ci/readme.py --write [--only WORDS]   # rerun the blocks (those whose command holds WORDS)
+    python .ci/readme.py --check                  # exit 1 with a diff per block that is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import walkthrough  # noqa: E402  (a sibling script, not a package)
+
+ROOT = walkthrough.ROOT
+README = walkthrough.README
+MARKER = re.compile(r"^<!-- output(?: \[(?P<options>[^\]]*)\])?: (?P<command>.+?) -->$")
+FENCE = "```console"
+TIMEOUT_S = 1800  # one command; the slowest (a 70B plan across cards) takes a few minutes
+
+
+@dataclass
+class Block:
+    """One marked block: its command, options, and where its body lies in the README (line numbers)."""
+
+    command: str
+    options: dict[str, str]
+    start: int  # the first body line (after the fence)
+    end: int  # the closing fence
+
+
+def blocks(lines: list[str]) -> list[Block]:
+    """Every marked block; ValueError naming the line of a console block with no marker, or a marker with no
+    console block after it (the walk-through's block, between its own markers, is left to walkthrough.py)."""
+    found, in_walkthrough = [], False
+    for i, line in enumerate(lines):
+        if line.startswith("<!-- walkthrough:"):
+            in_walkthrough = "begin" in line
+        marker = MARKER.match(line)
+        if marker and (i + 1 >= len(lines) or lines[i + 1] != FENCE):
+            raise ValueError(f"README.md:{i + 1}: an output marker must be right before a {FENCE} fence")
+        if line == FENCE and not in_walkthrough and not (i and MARKER.match(lines[i - 1])):
+            raise ValueError(f"README.md:{i + 1}: a console block with no output marker before it "
+                             "(see .ci/readme.py)")
+        if marker:
+            end = lines.index("```", i + 2)
+            found.append(Block(marker["command"], _options(marker["options"]), i + 2, end))
+    return found
+
+
+def _options(text: str | None) -> dict[str, str]:
+    pairs = [o.strip().partition("=") for o in (text or "").split(",") if o.strip()]
+    options = {k: v for k, _, v in pairs}
+    unknown = set(options) - {"stdout", "stderr", "head"}
+    if unknown:
+        raise ValueError(f"unknown output marker option(s) {', '.join(sorted(unknown))}")
+    return options
+
+
+def run(block: Block) -> list[str]:
+    """The block's lines from a real run: "$ COMMAND", then its output (as the options select)."""
+    argv = shlex.split(block.command)
+    program = {"hpurecipe": [sys.executable, "-m", "hpurecipe.main"], "python": [sys.executable]}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, HOME=tmp, COLUMNS="160", PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp}/recipes,false,4096",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")]))
+        env.pop("HPU_RECIPE_CACHE_REMOTE", None)
+        start = time.perf_counter()
+        proc = subprocess.run(program.get(argv[0], argv[:1]) + argv[1:], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=TIMEOUT_S)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"{block.command}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        streams = [s for s in ("stdout", "stderr") if s in block.options] or ["stdout", "stderr"]
+        out = "".join(getattr(proc, s) for s in streams).replace(tmp, "/tmp")
+    print(f"{seconds:6.1f} s  {block.command}", file=sys.stderr)
+    lines = [line.rstrip() for line in out.rstrip("\n").splitlines()]
+    if "head" in block.options:
+        lines = lines[:int(block.options["head"])]
+    return [f"$ {block.command}", *lines]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite the blocks from real runs")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a block is out of date")
+    parser.add_argument("--only", help="only the blocks whose command holds this text (and not the walk-through)")
+    args = parser.parse_args()
+    lines = README.read_text().splitlines()
+    try:
+        chosen = [b for b in blocks(lines) if args.only is None or args.only in b.command]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    stale = 0
+    for block in reversed(chosen):  # from the end, so that earlier blocks keep their line numbers
+        got = run(block)
+        if args.write:
+            lines[block.start:block.end] = got
+        elif _differs(lines[block.start:block.end], got, block.command):
+            stale += 1
+    if args.write:
+        README.write_text("\n".join(lines) + "\n")
+    if args.only is None:  # the walk-through: its own script, run the same way
+        stale += subprocess.run([sys.executable, str(Path(__file__).with_name("walkthrough.py")),
+                                 "--write" if args.write else "--check"]).returncode != 0
+    if stale:
+        print(f"{stale} README block(s) out of date: run python .ci/readme.py --write", file=sys.stderr)
+        return 1
+    done = "written from real runs" if args.write else "match a real run"
+    print(f"README: {len(chosen)} output blocks{'' if args.only else ' and the walk-through'} {done}")
+    return 0
+
+
+def normalised(lines: list[str]) -> list[str]:
+    """walkthrough.normalised, and graph numbers: they count the graphs a process compiled before, which a
+    planner running Dynamo more than once (advise) does not always reach in the same order."""
+    text = walkthrough.normalised("\n".join(lines))
+    return re.sub(r"\b(fx_graph|lazy_graph)_\d{4}", r"\1_<n>", text).splitlines()
+
+
+def _differs(want: list[str], got: list[str], command: str) -> bool:
+    want_n, got_n = normalised(want), normalised(got)
+    if want_n == got_n:
+        return False
+    sys.stdout.writelines(difflib.unified_diff([w + "\n" for w in want_n], [g + "\n" for g in got_n],
+                                               f"README.md ({command})", "a real run"))
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

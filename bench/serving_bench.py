@@ -1,0 +1,137 @@
+"""Warm-up time of the serving plan against vLLM-Gaudi's published warm-ups, and the planner's own speed.
+
+Accuracy. One calibration row fits the two warm-up factors (hpu_backend/aot/serving/plan.py): vLLM-Gaudi's
+docs/configuration/warm-up/managing_warm-up.md, LLaMA 3.1 8B, TP 1, bf16, with the bucket settings that page
+gives and --max-model-len 8192: 66 s cold, 23 s from a recipe cache. Everything else is held out and only
+reported: the fp8 row of the same page (504 s cold, 34 s cached) and docs/features/warmup.md's 72 graphs in
+49 s (Gaudi 2; prompt batches 1-4 × lengths 128-1024, decode batches 1-4 × lengths 128-2048, the older
+per-sequence decode lengths here as blocks = batch × length / 128). Planned on gaudi2: neither page names
+the card of its first rows.
+
+Speed. A plan of LLaMA 3.1 70B on 8 cards over a 10,000-request Poisson trace, and of LLaMA 3.1 8B on one
+(wall time and peak RSS of this process).
+
+    python bench/serving_bench.py [--fit] [--quick]
+
+--fit prints the factors the calibration row gives (to copy into plan.py). Writes
+bench/results/serving_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+from common import print_table, write_results
+
+from hpu_backend.aot.modelfile import load_model_file
+from hpu_backend.aot.serving import buckets as bk
+from hpu_backend.aot.serving import model as sm
+from hpu_backend.aot.serving import plan as sp
+from hpu_backend.aot.serving.trace import poisson
+
+CALIBRATION_ENV = {"VLLM_BUCKETING_STRATEGY": "lin", "VLLM_PROMPT_BS_BUCKET_MAX": "256",
+                   "VLLM_DECODE_BS_BUCKET_MIN": "128", "VLLM_DECODE_BS_BUCKET_STEP": "128",
+                   "VLLM_DECODE_BS_BUCKET_MAX": "128", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024",
+                   "VLLM_DECODE_BLOCK_BUCKET_MAX": "1024"}
+LLAMA_8B, LLAMA_70B = "models/llama.py:LLAMA31_8B", "models/llama.py:LLAMA31_70B"
+GOAL = 0.35
+
+
+def totals(model: sm.ServingModel, grid: bk.Grid, engine: bk.Engine) -> tuple[float, float]:
+    """(Σ compile work in slices, Σ run seconds) over the grid's buckets."""
+    work = run = 0.0
+    for phase, shapes in (("prompt", grid.prompt), ("decode", grid.decode)):
+        for b, x in shapes:
+            xx = sp.x_of(phase, (b, x), engine)
+            work += model.value(phase, "slices", b, xx)
+            run += model.value(phase, "time_s", b, xx)
+    return work, run
+
+
+def row(name: str, dtype: str, engine: bk.Engine, grid_of, published: tuple[float, float], role: str) -> dict:
+    model = sm.load(load_model_file(LLAMA_8B), "gaudi2", dtype, 1)
+    grid = grid_of(model, engine)
+    model.fit((max(b for b, _ in grid.prompt), max(s for _, s in grid.prompt)),
+              (max(b for b, _ in grid.decode), max(k for _, k in grid.decode) * engine.block_size), engine.block_size)
+    work, run = totals(model, grid, engine)
+    return {"row": name, "role": role, "dtype": dtype, "graphs": grid.graphs, "work_slices": work, "run_s": run,
+            "published_cold_s": published[0], "published_cached_s": published[1]}
+
+
+def calibration_grid(model, engine):
+    return bk.generate(engine, 100_000, CALIBRATION_ENV)
+
+
+def warmup_doc_grid(model, engine):
+    prompt = tuple((b, s) for b in (1, 2, 4) for s in range(128, 1025, 128))
+    decode = tuple((b, b * s // 128) for b in (1, 2, 4) for s in range(128, 2049, 128))
+    return bk.Grid("linear", prompt, decode)
+
+
+def accuracy() -> list[dict]:
+    eng = bk.Engine(max_model_len=8192)
+    rows = [row("LLaMA 3.1 8B bf16, 47 graphs (managing_warm-up.md)", "bf16", eng, calibration_grid, (66, 23),
+                "calibration"),
+            row("LLaMA 3.1 8B fp8, 47 graphs (managing_warm-up.md)", "fp8", eng, calibration_grid, (504, 34),
+                "validation"),
+            row("72 graphs on Gaudi 2 (warmup.md), bf16", "bf16", bk.Engine(max_model_len=4096, max_num_seqs=4),
+                warmup_doc_grid, (49, None), "validation")]
+    return rows
+
+
+def fitted(calibration: dict) -> tuple[float, float]:
+    """The two factors from the calibration row alone: its cold and cached totals less its run time, per slice."""
+    w, r = calibration["work_slices"], calibration["run_s"]
+    return (calibration["published_cold_s"] - r) / w, (calibration["published_cached_s"] - r) / w
+
+
+def predict(rows: list[dict], cold_k: float, cached_k: float) -> None:
+    for r in rows:
+        r["cold_s"] = cold_k * r["work_slices"] + r["run_s"]
+        r["cached_s"] = cached_k * r["work_slices"] + r["run_s"]
+        r["cold_ratio"] = r["cold_s"] / r["published_cold_s"]
+        r["cached_ratio"] = r["cached_s"] / r["published_cached_s"] if r["published_cached_s"] else None
+
+
+def speed(spec_path: str, cards: int, requests: int) -> dict:
+    start = time.perf_counter()
+    model = sm.load(load_model_file(spec_path), "gaudi3", "bf16", cards)
+    lowered = time.perf_counter() - start
+    trace = poisson(requests, 20.0, (64, 2048), (16, 1024))
+    doc = sp.plan(model, bk.Engine(max_model_len=4096), {}, trace, warmup_budget=600)
+    seconds = time.perf_counter() - start
+    return {"model": spec_path, "cards": cards, "requests": requests, "seconds": seconds, "lowering_s": lowered,
+            "shapes_measured": model.measured, "graphs": doc["grid"]["graphs"],
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="print the factors the calibration row gives")
+    parser.add_argument("--quick", action="store_true", help="accuracy only, no speed runs")
+    args = parser.parse_args()
+    rows = accuracy()
+    cold_k, cached_k = fitted(rows[0])
+    if args.fit:
+        print(f"COMPILE_S_PER_SLICE = {cold_k:.3e}\nCACHED_S_PER_SLICE = {cached_k:.3e}")
+    predict(rows, sp.COMPILE_S_PER_SLICE, sp.CACHED_S_PER_SLICE)
+    print_table("warm-up: estimate / published (plan.py factors)", ["row", "role", "graphs", "cold", "ratio",
+                                                                      "cached", "ratio"],
+                [[r["row"], r["role"], r["graphs"], f"{r['cold_s']:.0f} s / {r['published_cold_s']} s",
+                  f"{r['cold_ratio']:.2f}", f"{r['cached_s']:.0f} s / {r['published_cached_s'] or '-'} s",
+                  f"{r['cached_ratio']:.2f}" if r["cached_ratio"] else "-"] for r in rows])
+    runs = [] if args.quick else [speed(LLAMA_70B, 8, 10_000), speed(LLAMA_8B, 1, 10_000)]
+    for s in runs:
+        print(f"{s['model']} on {s['cards']} cards, {s['requests']:,} requests: {s['seconds']:.1f} s "
+              f"(lowering {s['lowering_s']:.1f} s, {s['shapes_measured']} shapes measured), "
+              f"peak RSS {s['peak_rss_bytes'] / 2**30:.2f} GiB")
+    write_results("serving_bench", {"factors": {"compile_s_per_slice": sp.COMPILE_S_PER_SLICE,
+                                                "cached_s_per_slice": sp.CACHED_S_PER_SLICE,
+                                                "fitted": [cold_k, cached_k]},
+                                    "goal": GOAL, "rows": rows, "speed": runs})
+
+
+if __name__ == "__main__":
+    main()

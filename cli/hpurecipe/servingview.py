@@ -1,0 +1,86 @@
+"""Rendering of ``hpurecipe serving-plan`` (the plan itself is ``hpu_backend.aot.serving``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import render
+
+SHOWN_UNWARMED = 10
+
+
+def print_plan(doc: dict[str, Any], buckets: bool = False) -> None:
+    mem, warm, grid = doc["memory"], doc["warmup"], doc["grid"]
+    cards = f"{doc['cards']} × " if doc["cards"] > 1 else ""
+    render.note("{} on {}{} in {}, max-model-len {}: {} buckets ({}): {} prompt, {} decode (estimates).",
+                doc["model"], cards, doc["target"], doc["dtype"], f"{doc['engine']['max_model_len']:,}", grid["graphs"],
+                grid["strategy"], len(grid["prompt"]), len(grid["decode"]))
+    if grid["ignored_env"]:
+        render.warn(f"the exponential strategy ignores {', '.join(grid['ignored_env'])} (as vLLM-Gaudi does); set "
+                    "VLLM_BUCKETING_STRATEGY=lin to use them")
+    render.table(["per card", "HBM"], [
+        ["weights", render.size(mem["weights_bytes"])],
+        ["profiling run (largest prompt bucket)", render.size(mem["profile_activation_bytes"])],
+        [f"usable (gpu_memory_utilization {doc['engine']['gpu_memory_utilization']:g})",
+         render.size(mem["usable_bytes"])],
+        [f"kept for graphs (VLLM_GRAPH_RESERVED_MEM {doc['engine']['graph_reserved_mem']:g})",
+         render.size(mem["graph_reserved_bytes"])],
+        [f"KV cache: {mem['kv_blocks']:,} blocks of {doc['engine']['block_size']} tokens",
+         render.size(mem["kv_cache_bytes"])],
+        ["warm-up peak (weights + KV cache + largest bucket)", render.size(warm["peak_bytes"])
+         + ("" if warm["fits"] else " (does NOT fit)")]],
+        title=f"Memory on a {doc['target']} card ({render.size(mem['hbm_bytes'])})", right=("HBM",))
+    render.note("At most {} sequences of {} tokens at once (KV cache and --max-num-seqs).",
+                doc["max_concurrent_seqs"], f"{doc['engine']['max_model_len']:,}")
+    phases = warm["phases"]
+    render.table(["phase", "graphs", "warm-up cold", "from a recipe cache"],
+                 [[p, phases[p]["graphs"], render.duration(phases[p]["cold_s"]), render.duration(phases[p]["cached_s"])]
+                  for p in ("prompt", "decode")] + [["total", warm["graphs"], render.duration(warm["cold_s"]),
+                                                     render.duration(warm["cached_s"])]],
+                 title="Warm-up (compile-time model calibrated on one published row; see README)",
+                 right=("graphs", "warm-up cold", "from a recipe cache"))
+    if buckets:
+        print_buckets(doc["buckets"])
+    if "trace" in doc:
+        print_trace(doc["trace"])
+
+
+def print_buckets(rows: list[dict[str, Any]]) -> None:
+    render.table(["phase", "batch", "length / blocks", "est. step", "activations", "warm-up cold", "cached"],
+                 [[r["phase"], r["batch"], r.get("length", r.get("blocks")), _t(r["time_s"]),
+                   render.size(r["activation_bytes"]), _t(r["cold_s"]), _t(r["cached_s"])] for r in rows],
+                 title="Buckets (activations: the memory plan's arena at the bucket's end)",
+                 right=("batch", "length / blocks", "est. step", "activations", "warm-up cold", "cached"))
+
+
+def print_trace(t: dict[str, Any]) -> None:
+    runs = [("default", t["default"])] + ([("recommended", t["recommended"])] if "seconds" in t.get("recommended", {})
+                                          else [])
+    render.table(["grid", "tokens/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "padding", "unwarmed",
+                  "preempted"],
+                 [[name, f"{r['tokens_per_s']:,.0f}", _t(r["ttft_s"]["p50"]), _t(r["ttft_s"]["p99"]),
+                   _t(r["tpot_s"]["p50"]), _t(r["tpot_s"]["p99"]), f"{r['padding_waste']:.1%}", len(r["unwarmed"]),
+                   r["preemptions"]] for name, r in runs],
+                 title=f"Serving {t['requests']:,} requests (continuous batching, estimates)",
+                 right=("tokens/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "padding", "unwarmed",
+                        "preempted"))
+    unwarmed = t["default"]["unwarmed"]
+    for u in unwarmed[:SHOWN_UNWARMED]:
+        render.note("recompile after warm-up: {} {} ({} steps, first at {}): compiles for {}; {}.", u["phase"],
+                    "x".join(map(str, u["shape"])), u["steps"], render.duration(u["first_at_s"]),
+                    render.duration(u["compile_s"]), u.get("why", ""))
+    if len(unwarmed) > SHOWN_UNWARMED:
+        render.note("... and {} more shapes outside the grid (--json lists them all).", len(unwarmed) - SHOWN_UNWARMED)
+    rec = t.get("recommended")
+    if rec and "env" in rec:
+        w = rec["warmup"]
+        render.note("Recommended for this trace ({} buckets, warm-up {} cold within --warmup-budget {}):",
+                    w["graphs"], render.duration(w["cold_s"]), render.duration(rec["budget_s"]))
+        for name, value in rec["env"].items():
+            render.console.print(f"export {name}={value}", highlight=False, soft_wrap=True)
+    elif rec:
+        render.note("No recommendation: {}.", rec["reason"])
+
+
+def _t(seconds: float | None) -> str:
+    return "-" if seconds is None else render.duration(seconds)

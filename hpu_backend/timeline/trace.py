@@ -1,0 +1,188 @@
+"""Chrome/Perfetto trace JSON of a timeline, laid out as Gaudi's profiler lays out an HPU trace, and a reader
+that streams one (a 100 MB trace is never loaded whole).
+
+Layout: a ``/device:HPU:N`` process with a row per engine (``Recipe``, ``MME``, ``TPC``, ``DMA``,
+``Network``; each kernel names its recipe and recipe id), and a host process with the step spans and rows for
+the user's Python with the bridge's dispatch, launches, compiles and syncs. Times are microseconds. Every span
+whose time comes from the cost model or a bridge constant carries ``"estimate": true`` in its args; measured
+time says so (``"measured"``). The writer puts one event per line inside the ``traceEvents`` array; the reader
+accepts any trace-event JSON (an object with ``traceEvents``, or a bare array), whatever its line breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import IO, Iterator
+
+from .model import DEVICE_ROWS, HOST_ROWS, Span
+
+CHUNK = 1 << 20
+MAX_EVENT_BYTES = 1 << 20  # one event larger than this is not a trace we read
+HOST_PID, DEVICE_PID = 1, 2
+
+
+class TraceError(ValueError):
+    """A trace that cannot be written or read: one line naming the file and what is wrong."""
+
+
+def device_process(rank: int) -> str:
+    return f"/device:HPU:{rank}"
+
+
+def write(path: str, spans: list[Span], rank: int = 0, other: dict | None = None) -> None:
+    """Write ``spans`` to ``path`` (TraceError for a missing folder or a read-only place)."""
+    try:
+        with open(path, "w") as f:
+            _write(f, spans, rank, other or {})
+    except OSError as e:
+        raise TraceError(f"--trace {path}: {e.strerror or e}") from None
+
+
+def rank_path(path: str, rank: int, world: int) -> str:
+    """One file per rank: ``trace.json`` as is for one rank, ``trace-rank1.json`` for rank 1 of several."""
+    if world <= 1:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}-rank{rank}{ext}"
+
+
+def check_writable(path: str) -> None:
+    """Fail early, before a run, for a trace path that cannot be written (its folder missing or read-only)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise TraceError(f"--trace {path}: no such directory {folder}")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise TraceError(f"--trace {path}: not writable (read-only file system or no permission)")
+
+
+def _write(f: IO[str], spans: list[Span], rank: int, other: dict) -> None:
+    head = {"displayTimeUnit": "ms", "otherData": {"producer": "hpu_backend", "rank": rank, **other}}
+    f.write(json.dumps(head)[:-1] + ', "traceEvents": [\n')
+    first = True
+    for event in _metadata(rank) + [_event(s) for s in spans]:
+        f.write(("" if first else ",\n") + json.dumps(event, default=str))
+        first = False
+    f.write("\n]}\n")
+
+
+def _metadata(rank: int) -> list[dict]:
+    rows = [(HOST_PID, f"/host:CPU (rank {rank})", HOST_ROWS), (DEVICE_PID, device_process(rank), DEVICE_ROWS)]
+    out = []
+    for pid, name, threads in rows:
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        for tid, row in enumerate(threads, 1):
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": row}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    return out
+
+
+def _event(s: Span) -> dict:
+    pid, rows = (HOST_PID, HOST_ROWS) if s.process == "host" else (DEVICE_PID, DEVICE_ROWS)
+    return {"ph": "X", "pid": pid, "tid": rows.index(s.row) + 1, "name": s.name, "cat": s.row,
+            "ts": round(s.start_s * 1e6, 3), "dur": round(s.dur_s * 1e6, 3), "args": s.args}
+
+
+# -- reading ------------------------------------------------------------------------------------------------
+
+
+def events(path: str, chunk: int = CHUNK) -> Iterator[dict]:
+    """The trace events of ``path``, one at a time, read ``chunk`` bytes at a time (TraceError: one line)."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror or e}") from None
+    with f:
+        yield from _Stream(f, path, chunk).events()
+
+
+class _Stream:
+    """An incremental reader of the one array of trace events in a JSON document."""
+
+    def __init__(self, f: IO[str], path: str, chunk: int):
+        self.f, self.path, self.chunk = f, path, chunk
+        self.buf, self.pos, self.eof = "", 0, False
+        self.decoder = json.JSONDecoder()
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        data = self.f.read(self.chunk)
+        self.eof = not data
+        self.buf = self.buf[self.pos:] + data
+        self.pos = 0
+        return bool(data)
+
+    def _skip_space(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf) or not self._more():
+                return self.buf[self.pos:self.pos + 1]
+
+    def events(self) -> Iterator[dict]:
+        first = self._skip_space()
+        if first not in ("{", "["):
+            raise TraceError(f"{self.path}: not JSON (a trace is a JSON object or array)")
+        if first == "{":
+            self._find_array()
+        self.pos += 1  # past "["
+        while True:
+            c = self._skip_space()
+            if c == "]":
+                return
+            if c == ",":
+                self.pos += 1
+                continue
+            if not c:
+                raise TraceError(f"{self.path}: not JSON (the trace ends inside its event array)")
+            yield self._value()
+
+    def _find_array(self) -> None:
+        """Move to the ``[`` of ``"traceEvents"`` (the keys before it are skipped a chunk at a time)."""
+        key = '"traceEvents"'
+        while True:
+            at = self.buf.find(key, self.pos)
+            if at >= 0:
+                self.pos = at + len(key)
+                break
+            self.pos = max(len(self.buf) - len(key), self.pos)
+            if not self._more():
+                raise TraceError(f"{self.path}: {self._kind()}, but not a trace (no traceEvents array)"
+                                 if self._kind() == "JSON" else f"{self.path}: not JSON")
+        c = self._skip_space()
+        if c == ":":
+            self.pos += 1
+            c = self._skip_space()
+        if c != "[":
+            raise TraceError(f"{self.path}: JSON, but not a trace (traceEvents is not an array)")
+
+    def _kind(self) -> str:
+        """"JSON" when the file parses as JSON (checked whole only when it is small), else "not JSON"."""
+        try:
+            if os.path.getsize(self.path) > MAX_EVENT_BYTES:
+                return "JSON"  # a large file without the key: not a trace either way, never loaded whole
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                json.load(f)
+        except (OSError, ValueError):
+            return "not JSON"
+        return "JSON"
+
+    def _value(self) -> dict:
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError:
+                if len(self.buf) - self.pos > MAX_EVENT_BYTES:
+                    raise TraceError(f"{self.path}: not JSON, or an event over {MAX_EVENT_BYTES} bytes") from None
+                if not self._more():
+                    raise TraceError(f"{self.path}: not JSON (broken inside the event array)") from None
+                continue
+            if end == len(self.buf) and not self.eof:  # a number may go on in the next chunk
+                self._more()
+                continue
+            self.pos = end
+            if not isinstance(value, dict):
+                raise TraceError(f"{self.path}: not a trace (an entry of traceEvents is not an object)")
+            return value

@@ -1,0 +1,162 @@
+"""The serving plan: KV-cache blocks as vLLM-Gaudi allocates them, a trace replay whose batches, recompiles and
+latencies are known by hand, the whole plan of a tiny Hugging Face config through the CLI, and every bad input
+as one line before any lowering."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import pytest
+
+from cli_helpers import cli, cli_json, one_line
+from hpu_backend.aot.serving import buckets as bk
+from hpu_backend.aot.serving.plan import PlanError, memory
+from hpu_backend.aot.serving.simulate import Costs, replay
+from hpu_backend.aot.serving.trace import Request, TraceError, read_jsonl
+
+GIB, MIB = 1 << 30, 1 << 20
+CONFIG = {"model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+          "bos_token_id": 0, "eos_token_id": 1}
+
+
+@dataclass
+class Stub:
+    """What memory() reads of a lowered model: weights, KV bytes per token, activations of the profiling run."""
+
+    weights_bytes: int
+    kv_bytes_per_token: float
+    activation: int
+    name: str = "stub"
+    target: str = "gaudi2"
+    cards: int = 1
+
+    def value(self, phase, quantity, batch, x):
+        return self.activation
+
+
+def test_kv_blocks_as_the_warmup_log():
+    # docs/features/warmup.md: 79.16 GiB free after weights and profiling, gpu_memory_utilization 0.5,
+    # VLLM_GRAPH_RESERVED_MEM 0.4 -> 23.75 GiB for the KV cache, 1519 blocks of 16 MiB (LLaMA 8B: 32 layers x K,V
+    # x 8 heads x 128 x bf16 = 128 KiB a token, 128 tokens a block)
+    free = round(79.16 * GIB)
+    stub = Stub(weights_bytes=96 * GIB - free - 504 * MIB, kv_bytes_per_token=128 * 1024, activation=504 * MIB)
+    engine = bk.Engine(max_model_len=2048, gpu_memory_utilization=0.5, graph_reserved_mem=0.4)
+    mem = memory(stub, engine, bk.Grid("linear", ((4, 1024),), ()))
+    assert mem.block_bytes == 16 * MIB
+    assert 1519 <= mem.blocks <= 1520  # the log prints GiB to two decimals
+    assert abs(mem.kv_bytes / GIB - 23.75) < 0.01
+
+
+def test_a_kv_cache_that_cannot_hold_one_sequence_is_one_line():
+    stub = Stub(weights_bytes=95 * GIB, kv_bytes_per_token=128 * 1024, activation=0)
+    with pytest.raises(PlanError, match=r"^KV cache: \d+ blocks .* fewer than the 256 one sequence of "
+                                        r"--max-model-len 32768 needs"):
+        memory(stub, bk.Engine(max_model_len=32768), bk.Grid("linear", ((1, 128),), ()))
+    with pytest.raises(PlanError, match="weights take 200.0 GiB per card, past the 96.0 GiB"):
+        memory(Stub(200 * GIB, 1.0, 0), bk.Engine(max_model_len=128), bk.Grid("linear", ((1, 128),), ()))
+
+
+def test_replay_lists_the_unwarmed_shapes():
+    grid = bk.Grid("linear", prompt=((1, 128), (2, 128), (1, 256)), decode=((1, 2), (2, 2)))
+    compiled = []
+
+    def compile_s(phase, shape):
+        compiled.append((phase, shape))
+        return 10.0
+
+    costs = Costs(prefill_s=lambda b, s: 1.0, decode_s=lambda b, k: 0.5, compile_s=compile_s)
+    requests = [Request(0.0, 100, 1),   # (1, 128): warmed; TTFT 1 s
+                Request(5.0, 300, 1),   # (1, 300): past the largest length, unpadded -> compile; TTFT 11 s
+                Request(30.0, 200, 1), Request(30.0, 250, 1),  # one batch at (2, 256): not a bucket -> compile
+                Request(50.0, 100, 3)]  # prefill (1, 128), then two decode steps at 1 sequence, 1 block -> (1, 2)
+    out = replay(requests, grid, bk.Engine(max_model_len=512, max_num_seqs=4), cache_blocks=64, costs=costs)
+    summary = out.summary()
+    assert [(u["phase"], u["shape"]) for u in summary["unwarmed"]] == [("prompt", [1, 300]), ("prompt", [2, 256])]
+    assert compiled == [("prompt", (1, 300)), ("prompt", (2, 256))]
+    assert sorted(out.ttft) == [1.0, 1.0, 11.0, 11.0, 11.0]
+    assert out.tpot == [0.5] and out.tokens == 7 and out.seconds == 52.0
+    assert summary["buckets"]["decode 1x2"] == {"steps": 2, "real": 2, "padded": 4, "waste": 0.5}
+    assert summary["buckets"]["prompt 1x128"]["real"] == 200 and summary["buckets"]["prompt 1x128"]["padded"] == 256
+
+
+def test_trace_lines_are_checked(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"arrival": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
+                    '{"arrival": 1, "prompt_tokens": -4, "output_tokens": 5}\n')
+    with pytest.raises(TraceError, match=r"t.jsonl:2: prompt_tokens -4: expected a positive integer"):
+        read_jsonl(path)
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve") / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    return path
+
+
+def test_plan_of_a_config(config, tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"arrival": 0.01 * i, "prompt_tokens": 60 + 4 * i, "output_tokens": 8} for i in range(40)]
+    rows.append({"arrival": 1.0, "prompt_tokens": 300, "output_tokens": 4})  # past the prompt buckets
+    trace.write_text("\n".join(json.dumps(r) for r in rows))
+    env = ["VLLM_BUCKETING_STRATEGY=lin", "VLLM_PROMPT_BS_BUCKET_MAX=4", "VLLM_PROMPT_SEQ_BUCKET_MAX=256",
+           "VLLM_DECODE_BS_BUCKET_MAX=8", "VLLM_DECODE_BLOCK_BUCKET_MIN=1", "VLLM_DECODE_BLOCK_BUCKET_STEP=8",
+           "VLLM_DECODE_BLOCK_BUCKET_MAX=64"]
+    doc = cli_json("serving-plan", config, "--max-model-len", "512", "--max-num-seqs", "8", "--trace", trace,
+                   "--warmup-budget", "60", "--plot", tmp_path / "grid.png", *[a for e in env for a in ("--env", e)])
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+    grid = doc["grid"]
+    assert sorted(map(tuple, grid["prompt"])) == [(b, s) for b in (1, 2, 4) for s in (128, 256)]
+    assert grid["graphs"] == len(grid["prompt"]) + len(grid["decode"]) == len(doc["buckets"])
+    mem = doc["memory"]
+    assert mem["block_bytes"] == 128 * 2 * 2 * 2 * 8 * 2  # 128 tokens x 2 layers x K,V x 2 heads x 8 x bf16
+    assert mem["kv_blocks"] == mem["kv_cache_bytes"] // mem["block_bytes"]
+    assert doc["max_concurrent_seqs"] == 8  # the KV cache holds far more: --max-num-seqs decides
+    warm = doc["warmup"]
+    assert warm["cold_s"] > warm["cached_s"] > 0 and warm["fits"]
+    served = doc["trace"]["default"]
+    assert served["requests"] == 41 and served["output_tokens"] == 40 * 8 + 4
+    assert [u["shape"] for u in served["unwarmed"] if u["phase"] == "prompt"] == [[1, 300]]
+    rec = doc["trace"]["recommended"]
+    assert rec["warmup"]["cold_s"] <= 60 and rec["env"]["VLLM_BUCKETING_STRATEGY"] == "lin"
+    assert not [u for u in rec["unwarmed"] if u["phase"] == "prompt"]  # the recommendation covers the long prompt
+    from hpurecipe.servingview import print_plan
+
+    capsys.readouterr()
+    print_plan(doc, buckets=True)
+    text = capsys.readouterr().out
+    assert "recompile after warm-up: prompt 1x300" in text and "export VLLM_BUCKETING_STRATEGY=lin" in text
+    rows = re.findall(r"^prompt +\d+ +\d+ .*(?:KiB|MiB|GiB| B) ", text, re.M)  # with an activation size
+    assert len(rows) == len(grid["prompt"])  # one row per prompt bucket
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-e", "VLLM_BUCKETING_STRATEGY=lin", "-e", "VLLM_DECODE_BS_BUCKET_MIN=64", "-e", "VLLM_DECODE_BS_BUCKET_MAX=8"],
+     "VLLM_DECODE_BS_BUCKET_MIN=64 is above VLLM_DECODE_BS_BUCKET_MAX=8"),
+    (["-e", "VLLM_BUCKETING_STRATEGY=lin", "-e", "VLLM_PROMPT_SEQ_BUCKET_STEP=0"],
+     "VLLM_PROMPT_SEQ_BUCKET_STEP=0: expected a positive integer"),
+    (["--max-model-len", "4096"], "--max-model-len 4096: past the model's context length 512"),
+    (["--requests", "5", "--prompt-len", "100:500"], "request 1: prompt"),
+    (["--requests", "5", "--prompt-len", "-3:10"], "--prompt-len '-3:10': expected 1 <= LOW <= HIGH"),
+    (["--warmup-budget", "10"], "--warmup-budget recommends settings for a trace"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: expected above 0, at most 1"),
+    (["--max-model-len", "0"], "--max-model-len 0: expected an integer from 1 to"),
+])
+def test_bad_input_is_one_line_before_lowering(config, args, message):
+    argv = ["serving-plan", config, *(["--max-model-len", "256"] if "--max-model-len" not in args else []), *args]
+    line = one_line(cli(*argv, code=2))
+    assert message in line, line
+
+
+def test_a_plan_read_back_gives_the_points_to_warm():
+    from hpu_backend.aot.serving.plan import planned_points
+
+    doc = {"grid": {"prompt": [[1, 128], [4, 256]], "decode": [[2, 3], [8, 8]]}, "engine": {"block_size": 128}}
+    prompt, decode = planned_points(doc)
+    assert prompt == [{"batch": 1, "input_len": 128}, {"batch": 4, "input_len": 256}]
+    assert decode == [{"batch": 2, "kv_len": 192}, {"batch": 8, "kv_len": 128}]  # each sequence's share of the blocks
+    with pytest.raises(PlanError, match=r"grid.decode: expected at most"):
+        planned_points({**doc, "grid": {"prompt": [], "decode": [[1, "x"]]}})
