@@ -10,9 +10,11 @@ To add a block, put a marker on the line right before its fence, then run --writ
     ```
 
 Options go in brackets before the colon, comma-separated: ``<!-- output [stderr, head=12]: COMMAND -->``
-``stdout`` / ``stderr`` keep one stream only; ``head=N`` keeps the first N lines of the output. Each command
-runs from the repository root in a fresh HOME and a fresh, empty recipe cache, with ``hpurecipe`` and
-``python`` meaning this checkout's, and must exit 0. ``--check`` compares with times, ages, key hashes and
+``stdout`` / ``stderr`` keep one stream only; ``head=N`` keeps the first N lines of the output; ``sizes``
+compares byte sizes loosely (for files whose size follows the checkout's path, such as precompiled artifacts).
+Each command runs from the repository root in a fresh HOME and a fresh, empty recipe cache, with ``hpurecipe``
+and ``python`` meaning this checkout's, and must exit 0. Leading ``NAME=value`` words set the command's
+environment, and a path under ``/tmp/`` lies in that run's own temporary directory. ``--check`` compares with times, ages, key hashes and
 the temporary paths normalised (and graph numbers: see normalised), so it fails only when the commands, tables,
 counts or sizes differ from what a user sees (estimated sizes, batches and tokens/s are compared as printed).
 A ```console block without a marker fails the check: a session nobody reruns drifts.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import itertools
 import os
 import re
 import shlex
@@ -77,7 +80,7 @@ def blocks(lines: list[str]) -> list[Block]:
 def _options(text: str | None) -> dict[str, str]:
     pairs = [o.strip().partition("=") for o in (text or "").split(",") if o.strip()]
     options = {k: v for k, _, v in pairs}
-    unknown = set(options) - {"stdout", "stderr", "head"}
+    unknown = set(options) - {"stdout", "stderr", "head", "sizes"}
     if unknown:
         raise ValueError(f"unknown output marker option(s) {', '.join(sorted(unknown))}")
     return options
@@ -85,11 +88,14 @@ def _options(text: str | None) -> dict[str, str]:
 
 def run(block: Block) -> list[str]:
     """The block's lines from a real run: "$ COMMAND", then its output (as the options select)."""
-    argv = shlex.split(block.command)
+    words = shlex.split(block.command)
+    assignments = [w for w in itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w), words)]
     program = {"hpurecipe": [sys.executable, "-m", "hpurecipe.main"], "python": [sys.executable]}
     with tempfile.TemporaryDirectory() as tmp:
+        argv = [w.replace("/tmp/", f"{tmp}/") for w in words[len(assignments):]]
         env = dict(os.environ, HOME=tmp, COLUMNS="160", PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp}/recipes,false,4096",
                    PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")]))
+        env.update(a.split("=", 1) for a in assignments)
         env.pop("HPU_RECIPE_CACHE_REMOTE", None)
         start = time.perf_counter()
         proc = subprocess.run(program.get(argv[0], argv[:1]) + argv[1:], capture_output=True, text=True, env=env,
@@ -124,7 +130,7 @@ def main() -> int:
         got = run(block)
         if args.write:
             lines[block.start:block.end] = got
-        elif _differs(lines[block.start:block.end], got, block.command):
+        elif _differs(lines[block.start:block.end], got, block):
             stale += 1
     if args.write:
         README.write_text("\n".join(lines) + "\n")
@@ -139,15 +145,19 @@ def main() -> int:
     return 0
 
 
-def normalised(lines: list[str]) -> list[str]:
+def normalised(lines: list[str], sizes: bool = False) -> list[str]:
     """walkthrough.normalised, and graph numbers: they count the graphs a process compiled before, which a
-    planner running Dynamo more than once (advise) does not always reach in the same order."""
+    planner running Dynamo more than once (advise) does not always reach in the same order. ``sizes``: byte
+    sizes too."""
     text = walkthrough.normalised("\n".join(lines))
+    if sizes:
+        text = re.sub(r"\b\d+(\.\d+)? (B|KiB|MiB|GiB)\b", "<size>", text)
     return re.sub(r"\b(fx_graph|lazy_graph)_\d{4}", r"\1_<n>", text).splitlines()
 
 
-def _differs(want: list[str], got: list[str], command: str) -> bool:
-    want_n, got_n = normalised(want), normalised(got)
+def _differs(want: list[str], got: list[str], block: Block) -> bool:
+    command = block.command
+    want_n, got_n = normalised(want, "sizes" in block.options), normalised(got, "sizes" in block.options)
     if want_n == got_n:
         return False
     sys.stdout.writelines(difflib.unified_diff([w + "\n" for w in want_n], [g + "\n" for g in got_n],

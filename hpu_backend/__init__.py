@@ -17,7 +17,7 @@ from .version import __version__
 
 _EXPORTS = {
     "analyze": "aot.report", "hpu_backend": "backend", "Settings": "settings", "SettingsError": "settings",
-    "load_model_file": "aot.modelfile", "warmup": "aot.warm", "load_package": "runtime.packaged", "PackageError": "formats.package",
+    "load_model_file": "aot.modelfile", "warmup": "aot.warm", "load_package": "runtime.packaged", "load_precompiled": "aot.precompiled", "PackageError": "formats.package",
     "autocast": "gaudi.mixed_precision", "simulate": "run.names",
 }
 

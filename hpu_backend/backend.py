@@ -24,6 +24,7 @@ from .serve.compiled import CompiledGraph, Replay, boxed
 from .serve import recompiles
 from .serve.keys import ProgramKey, Unkeyable, program_key
 from .serve.programs import DRIFT, Recorder, drifted, restart_program, serve
+from .serve.precompiled import PrecompiledGraph
 from .serve.session import Event, Session, emit, session_for
 from .settings import Settings
 
@@ -66,9 +67,20 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     if pkey is not None:
         served = _serve(pkey, session, gm, example_inputs, name_of, reason)
         if served is not None:
-            return Replay(served.replayable, example_inputs, served.call) if replay and served.replayable \
+            call = Replay(served.replayable, example_inputs, served.call) if replay and served.replayable \
                 else served.call
+            return PrecompiledGraph(call, settings, pkey.key, served)
     recorder = None if pkey is None else Recorder(pkey, session, name_of("program"))
+    compiled = _trace(gm, example_inputs, name_of, session, reason, recorder, replay)
+    return PrecompiledGraph(compiled, settings, None if pkey is None else pkey.key, recorder,
+                            "" if pkey is not None else "its Dynamo graph cannot be keyed")
+
+
+def _trace(gm, example_inputs: list, name_of, session: Session, reason: str, recorder: Recorder | None,
+           replay: bool):
+    """A miss: AOTAutograd traces the Dynamo graph and our compilers lower its graphs (the recorder stores the
+    program)."""
+    settings = session.settings
     inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
     labels = input_labels(gm)  # what the user calls each input, for ``show``
 
@@ -83,25 +95,34 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     start = time.perf_counter()
     specialized = set(TensorifyState.force_specializations)
     try:
-        compiled = aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-            decompositions=hpu_decompositions(),
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
+        with _no_autograd_cache():
+            compiled = aot_autograd(
+                fw_compiler=compiler("forward"),
+                bw_compiler=compiler("backward"),
+                inference_compiler=compiler("inference"),
+                decompositions=hpu_decompositions(),
+                keep_inference_input_mutations=True,
+            )(gm, example_inputs)
         replayable = replay and recorder is not None and recorder.replayable()
         return Replay(recorder.graphs["inference"], example_inputs, compiled) if replayable else compiled
     except TensorifyScalarRestartAnalysis:
         # AOTAutograd's float pass asks Dynamo to trace again with some floats specialized: store
         # that answer, so that a later process replays it without tracing to find it out.
-        if pkey is not None:
+        if recorder is not None:
+            pkey = recorder.pkey
             program = restart_program(list(TensorifyState.force_specializations - specialized))
             session.store.put_program(pkey, program, settings, name_of("program"))
             emit(Event("program", program=pkey.key))
         raise
     finally:
         metrics.record_phase("aot_trace", time.perf_counter() - start - inner[0])
+
+
+def _no_autograd_cache():
+    """AOTAutograd's own cache off: it stores Inductor's output code, and ``aot_compile`` forces it on (strictly),
+    so that it would fail on our graphs; our programs are what a later process reuses."""
+    return torch._functorch.config.patch(enable_autograd_cache=False, force_autograd_cache=False,
+                                         strict_autograd_cache=False, bundled_autograd_cache=False)
 
 
 _warned_modes: set = set()

@@ -221,10 +221,16 @@ def _print_report(report: WarmReport, check: bool) -> None:
 
 
 def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
+             precompiled: Annotated[Optional[Path], typer.Option(
+                 "--precompiled", help="Check a precompiled directory's artifact ranges instead of the cache.",
+                 show_default=False)] = None,
              timeout: Timeout = None, json: Json = False) -> None:
-    """Which buckets have all their recipes in the cache; exit 1 if any is missing (a deployment gate)."""
+    """Which buckets have all their recipes in the cache (or an artifact in a precompiled directory); exit 1 if
+    any is missing (a deployment gate)."""
     from hpu_backend.aot.coverage import coverage as coverage_of
 
+    if precompiled is not None:
+        return _precompiled_coverage(model_file, precompiled, axis, timeout, json)
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)
         cache = open_cache(cache_dir, quiet=True, inspect=True)
@@ -242,6 +248,23 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
         raise fail(f"{len(report.uncovered)} buckets are not fully cached because {_too_small(report.fit, cache.config)}")
     if report.uncovered:
         raise fail(f"{len(report.uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
+
+
+def _precompiled_coverage(model_file: str, directory: Path, axis, timeout, json: bool) -> None:
+    from .precompilecmds import covered
+
+    with time_limit(timeout, model_file):
+        rows = covered(directory, load_spec(model_file, axis).points())
+    missing = [r for r in rows if not r["artifact"]]
+    if json:
+        render.emit_json({"precompiled": str(directory), "points": rows, "uncovered": len(missing)})
+    else:
+        render.table(["bucket", "artifact", "status"], ([r["bucket"], r["artifact"] or "-",
+                                                        "missing" if not r["artifact"] else "ok"] for r in rows))
+        render.note("{} of {} buckets covered by {}.", len(rows) - len(missing), len(rows), directory)
+    if missing:
+        raise fail(f"{len(missing)} buckets are outside every precompiled range; run: hpurecipe precompile "
+                   f"{model_file} -o {directory}")
 
 
 DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without importing torch at start-up

@@ -15,7 +15,8 @@ from hpu_backend.formats.keyparts import explain as explain_keys
 from hpu_backend.aot.cachepolicy import recipe_problem
 from recipecache import EntryInfo, RecipeCache
 
-from . import packagecmds, render
+from . import packagecmds, precompilecmds, render
+from .precompilecmds import is_precompiled
 from .caches import config_for, open_cache, resolve_key
 from .errors import CliError
 from .options import CacheDir, DryRun, Json, Key, Model, Remote, Yes
@@ -51,7 +52,7 @@ def ls(package: PackageFile = None, cache_dir: CacheDir = None,
        model: Model = None, json: Json = False) -> None:
     """List cache entries: key, graph, model, bucket, size, created, last used, hits (or a package's buckets)."""
     if package is not None:
-        return packagecmds.ls(package, json)
+        return precompilecmds.ls(package, json) if is_precompiled(package) else packagecmds.ls(package, json)
     cache = open_cache(cache_dir, quiet=json, inspect=True)
     infos = [] if cache is None else [i for i in cache.entries() if model is None or i.meta.get("model") == model]
     infos.sort(key=_SORT_KEYS[sort.value], reverse=True)
@@ -75,6 +76,8 @@ def show(key: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
     Given a package file, show the package: toolchain, inputs, ranges and buckets."""
     from .recipeview import describe, print_description
 
+    if is_precompiled(key):
+        return precompilecmds.show(Path(key), json)
     if packagecmds.is_package(key):
         return packagecmds.show(Path(key), json)
 
@@ -186,7 +189,7 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
     """Check every entry's format and checksum, and that its payload is a recipe. Exit 1 if any is bad.
     Given a package file, check it and load every recipe in it."""
     if package is not None:
-        return packagecmds.verify(package, json)
+        return precompilecmds.verify(package, json) if is_precompiled(package) else packagecmds.verify(package, json)
     cache = open_cache(cache_dir, quiet=json, inspect=not fix)
     if cache is None:
         return render.emit_json({"entries": 0, "bad": 0, "problems": []}) if json else None

@@ -17,6 +17,7 @@ from hpu_backend.buckets import BucketError
 from hpu_backend.aot.modelfile import ModelFileError
 from hpu_backend.errors import one_line
 from hpu_backend.formats.package import PackageError
+from hpu_backend.formats.precompiled import PrecompileError
 from hpu_backend.run.errors import RunError
 from hpu_backend.settings import SettingsError
 from recipecache import CacheError, ConfigError
@@ -39,7 +40,7 @@ class UsageError(CliError):
 
 # Most specific first: ConfigError is a CacheError, SettingsError and BucketError are ValueErrors.
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
-    (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (PackageError, 1), (CacheError, 1),
+    (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (PackageError, 1), (PrecompileError, 1), (CacheError, 1),
     (BundleError, 1),
 ]
 

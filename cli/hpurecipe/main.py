@@ -12,7 +12,7 @@ from hpu_backend.version import __version__
 from recipecache import FORMAT_VERSION
 from recipecache.config import ENV_VAR
 
-from . import buildcmds, cachecmds, packagecmds, perftool, runcmd, servingcmd, shipcmds
+from . import buildcmds, cachecmds, packagecmds, perftool, precompilecmds, runcmd, servingcmd, shipcmds
 from .errors import OneLineUsage, mapped
 
 app = typer.Typer(
@@ -23,7 +23,7 @@ app = typer.Typer(
 
 COMMANDS = [
     ("warm", buildcmds.warm), ("prebuild", buildcmds.prebuild), ("coverage", buildcmds.coverage),
-    ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
+    ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package), ("precompile", precompilecmds.precompile), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
     ("push", shipcmds.push), ("pull", shipcmds.pull), ("perf-tool", perftool.perf_tool),

@@ -17,7 +17,8 @@ from .options import Axis, Json, ModelFile, Timeout
 
 PACKAGE_SUFFIX = ".hpkg"
 PackageFile = Annotated[Optional[Path], typer.Argument(
-    help=f"A package file ({PACKAGE_SUFFIX}, from hpurecipe package) instead of the cache.", show_default=False)]
+    help=f"A package file ({PACKAGE_SUFFIX}, from hpurecipe package), or a precompiled directory or artifact "
+    "(hpurecipe precompile), instead of the cache.", show_default=False)]
 
 
 def package(model_file: ModelFile,

@@ -4,7 +4,7 @@ fleet tier (Redis)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,6 +12,7 @@ from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, wr
 from hpu_backend.aot.manifests import manifest_name, read_manifests, write_manifest
 
 from . import render
+from .precompilecmds import precompiled_files, write_precompiled
 from .caches import open_cache
 from .errors import CliError
 from .options import Axis, CacheDir, Json, Model, ModelFile, Remote, Train
@@ -19,33 +20,46 @@ from .options import Axis, CacheDir, Json, Model, ModelFile, Remote, Train
 BundlePath = Annotated[Path, typer.Argument(help="The bundle file (a tar).", show_default=False)]
 
 
-def export(bundle: BundlePath, cache_dir: CacheDir = None, model: Model = None, json: Json = False) -> None:
-    """Write the cache's entries (or one model's) with their manifests and the toolchain into one file."""
+Precompiled = Annotated[Optional[Path], typer.Option(
+    "--precompiled", help="export: also ship this precompiled directory (hpurecipe precompile); import: write the "
+    "bundle's precompiled directory here.", show_default=False)]
+
+
+def export(bundle: BundlePath, cache_dir: CacheDir = None, model: Model = None, precompiled: Precompiled = None,
+           json: Json = False) -> None:
+    """Write the cache's entries (or one model's) with their manifests and the toolchain into one file, and a
+    precompiled directory if given."""
     cache = open_cache(cache_dir, quiet=True, inspect=True)
-    if cache is None:
+    if cache is None and precompiled is None:
         raise CliError("no recipe cache to export; fill it with: hpurecipe warm MODEL.py")
-    keys = [i.key for i in cache.entries() if model is None or i.meta.get("model") == model]
-    if not keys:
+    keys = [] if cache is None else [i.key for i in cache.entries() if model is None or i.meta.get("model") == model]
+    if not keys and precompiled is None:
         raise CliError(f"no entries{f' for model {model}' if model else ''} to export")
-    manifests = {manifest_name(d["model"], d["mode"]): d for d in read_manifests(cache.path)
-                 if model is None or d["model"] == model}
+    manifests = {} if cache is None else {manifest_name(d["model"], d["mode"]): d for d in read_manifests(cache.path)
+                                         if model is None or d["model"] == model}
+    files = precompiled_files(precompiled) if precompiled is not None else {}
     key = bundle_key()
-    info = write_bundle(bundle, cache, keys, manifests, key)
+    info = write_bundle(bundle, cache, keys, manifests, key, files)
     size = bundle.stat().st_size
     if json:
         return render.emit_json({"bundle": str(bundle), "entries": len(info["entries"]),
-                                 "manifests": info["manifests"], "bytes": size, "signed": key is not None})
-    render.note("Exported {} and {} ({}) to {}{}.", render.plural(len(info["entries"]), "entry"),
-                render.plural(len(manifests), "manifest"), render.size(size), bundle,
-                ", signed" if key is not None else "")
+                                 "manifests": info["manifests"], "precompiled": info["precompiled"], "bytes": size,
+                                 "signed": key is not None})
+    render.note("Exported {} and {}{} ({}) to {}{}.", render.plural(len(info["entries"]), "entry"),
+                render.plural(len(manifests), "manifest"),
+                f", and {precompiled} ({render.plural(len(files) - 1, 'artifact')})" if files else "",
+                render.size(size), bundle, ", signed" if key is not None else "")
 
 
 def import_(bundle: BundlePath, cache_dir: CacheDir = None,
             force: Annotated[bool, typer.Option("--force", help="Import a bundle from another toolchain.")] = False,
-            json: Json = False) -> None:
-    """Check every entry of a bundle, then add them to the cache (entries already there are kept)."""
+            precompiled: Precompiled = None, json: Json = False) -> None:
+    """Check every entry of a bundle, then add them to the cache (entries already there are kept); with
+    --precompiled DIR, write the bundle's precompiled directory there and check it."""
     found = read_bundle(bundle, bundle_key())
     differ = check_toolchain(found, force)
+    if precompiled is not None:
+        write_precompiled(precompiled, found.precompiled, bundle)
     cache = open_cache(cache_dir, create=True)
     added = 0
     for entry in found.entries:
@@ -58,6 +72,7 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
             write_manifest(cache.path, doc)
     if json:
         return render.emit_json({"entries": len(found.entries), "imported": added,
+                                 "precompiled": sorted(found.precompiled) if precompiled is not None else [],
                                  "present": len(found.entries) - added, "manifests": len(found.manifests),
                                  "toolchain_differs": differ, "signature_checked": found.signed})
     render.note("Imported {} ({} already there) and {} into {}.", render.plural(added, "entry"),

@@ -2,7 +2,8 @@
 return dataclasses (the CLI only parses arguments and renders what they return).
 
 ``warm.py`` (warm, prebuild, plan, and ``warmup`` for serving processes), ``package.py`` (torch.export →
-package), ``analyze.py`` (per-bucket analysis, largest batch), ``capacity.py`` (prefill/decode planning
+package), ``precompile.py`` / ``precompiled.py`` (torch's aot_compile → signed artifacts, and
+``load_precompiled``), ``analyze.py`` (per-bucket analysis, largest batch), ``capacity.py`` (prefill/decode planning
 without weights), ``coverage.py`` (which points a cache covers), ``cachefit.py`` (whether a cache kept
 what a warm-up built), ``fleet.py`` (push, pull and manifests through the fleet tier), ``manifests.py``
 (which entries serve which shape point; torch-free), ``cachepolicy.py`` (the cache configuration the

@@ -1,8 +1,9 @@
 """Bundles: one tar file of cache entries (their own checksummed format), manifests and the toolchain.
 
 Layout: ``bundle.json`` (format, toolchain, entry list), ``entries/<key>.rcp`` (each entry exactly
-as the cache encodes it: header, payload, checksum), ``manifests/<name>.json`` and, when signed,
-``bundle.sig``. Reading opens only a regular file (never a FIFO or a device, never blocking), streams
+as the cache encodes it: header, payload, checksum), ``manifests/<name>.json``, optionally
+``precompiled/<file>`` (a precompiled directory: its manifest and artifacts, each signed on its own and
+checked when loaded, never unpickled here) and, when signed, ``bundle.sig``. Reading opens only a regular file (never a FIFO or a device, never blocking), streams
 the tar one member at a time, never extracts to disk, accepts only those names and regular files
 within size limits checked from their headers, reads an entry's fixed prefix before the rest (a
 member whose size its prefix does not account for is refused unread), and checks every entry's
@@ -46,6 +47,8 @@ BUNDLE_FORMAT = "hpurecipe-bundle"
 BUNDLE_VERSION = 1
 _ENTRY = re.compile(r"entries/([0-9A-Za-z_-]{1,128})\.rcp")
 _MANIFEST = re.compile(r"manifests/([0-9A-Za-z_.-]{1,200}\.json)")
+_PRECOMPILED = re.compile(r"precompiled/(manifest\.json|[0-9A-Za-z_-]{1,200}\.hpuaot)")  # hpurecipe precompile's
+MAX_ARTIFACT = 1024**3  # one precompiled artifact (its recipes and torch's part)
 MAX_MEMBER = 64 * 1024**2  # one entry (a recipe is KBs to a few MB)
 MAX_JSON = 16 * 1024**2  # bundle.json, a manifest, the signature
 MAX_BUNDLE = 4 * 1024**3  # all members together
@@ -68,16 +71,18 @@ class Bundle:
     entries: list[Entry] = field(default_factory=list)
     manifests: dict[str, dict] = field(default_factory=dict)
     signed: bool = False  # its signature was checked against a key
+    precompiled: dict[str, bytes] = field(default_factory=dict)  # a precompiled directory's files, by name
 
 
 def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dict[str, dict],
-                 key: bytes | None = None) -> dict[str, Any]:
-    """Write the entries under ``keys`` (read without counting hits) and ``manifests`` to a tar file,
-    signed with ``key`` if given."""
+                 key: bytes | None = None, precompiled: dict[str, bytes] | None = None) -> dict[str, Any]:
+    """Write the entries under ``keys`` (read without counting hits), ``manifests`` and a precompiled directory's
+    files (name -> bytes) to a tar file, signed with ``key`` if given."""
     entries = [e for e in (cache.peek(k) for k in keys) if e is not None]
+    precompiled = precompiled or {}
     info = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "toolchain": toolchain(), "created": time.time(),
             "entries": [{"key": e.key, "model": e.meta.get("model", ""), "graph": e.meta.get("graph", "")}
-                        for e in entries], "manifests": sorted(manifests)}
+                        for e in entries], "manifests": sorted(manifests), "precompiled": sorted(precompiled)}
     if not path.parent.is_dir():
         raise BundleError(f"cannot write {path}: there is no directory {path.parent}")
     _check_destination(path)
@@ -87,6 +92,7 @@ def write_bundle(path: Path, cache: RecipeCache, keys: list[str], manifests: dic
         members.update({f"entries/{e.key}.rcp": encode_entry(e.key, e.payload, e.meta, e.created) for e in entries})
         members.update({f"manifests/{name}": json.dumps(doc, indent=1, sort_keys=True).encode()
                         for name, doc in sorted(manifests.items())})
+        members.update({f"precompiled/{name}": data for name, data in sorted(precompiled.items())})
         if key is not None:
             members[SIGNATURE] = _signature(key, {n: hashlib.sha256(d).digest() for n, d in members.items()})
         tmp.unlink(missing_ok=True)  # a fresh file: never written through a link left at its name
@@ -138,6 +144,8 @@ def read_bundle(path: Path, key: bytes | None = None) -> Bundle:
                 bundle.entries.append(_entry(path, m.group(1), content))
             elif (m := _MANIFEST.fullmatch(member.name)) is not None:
                 bundle.manifests[m.group(1)] = _json(path, member.name, content)
+            elif (m := _PRECOMPILED.fullmatch(member.name)) is not None:
+                bundle.precompiled[m.group(1)] = content  # checked (signature first) when loaded
             else:
                 raw[member.name] = content  # bundle.json or the signature
     if "bundle.json" not in raw:
@@ -188,9 +196,10 @@ def _members(path: Path, tar: tarfile.TarFile):
             name = member.name
             if not member.isfile():
                 raise BundleError(f"{path}: member {name!r:.80} is not a regular file")
-            if not (_ENTRY.fullmatch(name) or _MANIFEST.fullmatch(name) or name in ("bundle.json", SIGNATURE)):
+            if not (_ENTRY.fullmatch(name) or _MANIFEST.fullmatch(name) or _PRECOMPILED.fullmatch(name)
+                    or name in ("bundle.json", SIGNATURE)):
                 raise BundleError(f"{path}: unexpected member {name!r:.80}")
-            limit = MAX_MEMBER if _ENTRY.fullmatch(name) else MAX_JSON
+            limit = MAX_MEMBER if _ENTRY.fullmatch(name) else MAX_ARTIFACT if name.endswith(".hpuaot") else MAX_JSON
             if member.size > limit:
                 raise BundleError(f"{path}: member {name!r} is {member.size:,} bytes, over the {limit:,}-byte "
                                   "limit for one; hpurecipe export never writes one")

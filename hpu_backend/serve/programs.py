@@ -70,6 +70,7 @@ class Recorder:
         self.disable_amp = False
         self.abandoned = False
         self.contract: Contract | None = None  # set once the program is complete and expressible
+        self.program: Program | None = None  # set once stored
 
     def add(self, kind: str, graph: CompiledGraph | None) -> None:
         """Called by each compiler; ``graph`` None means it runs eagerly (no program then)."""
@@ -112,6 +113,7 @@ class Recorder:
             drifted(f"AOTAutograd's metadata: {type(e).__name__}: {e}")
             return
         self.contract = contract
+        self.program = program
         self.session.store.put_program(self.pkey, program, self.session.settings, self.name)
         for g in graphs:
             g.stored_in(self.pkey.key)
@@ -195,6 +197,8 @@ class Served:
 
     call: Callable[..., list]
     replayable: CompiledGraph | None = None  # the inference graph mode="reduce-overhead" replays, if any
+    program: Program | None = None
+    graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
 
 
 def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: list, session: Session,
@@ -218,6 +222,16 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
         log.info("hpu_backend: %s: stored program's guards do not hold for these sizes", name_of("program"))
         return None
     _install_guards(program, gm)
+    graphs = program_graphs(program, key, session, name_of, reason)
+    emit(Event("program", program=key, hit=True))
+    call = _eager_after_failure(program_call(program, graphs), gm, session.settings, name_of("program"))
+    replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) else None
+    return Served(call, replayable_graph, program, graphs)
+
+
+def program_graphs(program: Program, key: str, session: Session, name_of: Callable[[str], str],
+                   reason: str) -> list[CompiledGraph]:
+    """A CompiledGraph per graph of the program, from its template (bucket recipes come from the store)."""
     graphs = []
     for g in program.graphs:
         kind = g.template.kind
@@ -225,12 +239,14 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
         template = dataclasses.replace(g.template, name=ctx.name)
         graphs.append(CompiledGraph.from_template(ctx, template, GraphKey(g.key_parts, g.key_detail),
                                                   session, reason, program=key))
-    emit(Event("program", program=key, hit=True))
-    call = inference_call(graphs[0], program.contract) if program.mode == "inference" else training_call(
-        *graphs, program.contract)
-    call = _eager_after_failure(call, gm, session.settings, name_of("program"))
-    replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) else None
-    return Served(call, replayable_graph)
+    return graphs
+
+
+def program_call(program: Program, graphs: list[CompiledGraph]) -> Callable[..., list]:
+    """The program's graphs wrapped in its runtime contract (what AOTAutograd's wrappers would do)."""
+    if program.mode == "inference":
+        return inference_call(graphs[0], program.contract)
+    return training_call(*graphs, program.contract)
 
 
 # Torch-level calls in a Dynamo graph that may write their arguments without an in-place name: batch norm and

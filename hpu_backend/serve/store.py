@@ -45,7 +45,7 @@ class RecipeStore:
     def load(self, key: str, prepare: Callable[[Any], T], parse: Callable[[bytes], Any] = Recipe.from_bytes
              ) -> tuple[Any, T] | None:
         """``(parsed, prepare(parsed))`` for the entry under key, or None (missing or unusable)."""
-        data = self.disk.get(key)
+        data = self.read(key)
         if data is None:
             return None
         try:
@@ -55,6 +55,10 @@ class RecipeStore:
             log.warning("hpu_backend: cache entry %s cannot be used (%s); quarantined, compiling instead", key, e)
             self.disk.quarantine(key, data)
             return None
+
+    def read(self, key: str) -> bytes | None:
+        """The stored bytes under key, or None."""
+        return self.disk.get(key)
 
     def discard(self, key: str) -> None:
         """Quarantine the entry under key: it parsed, but failed when built or served (a miss from now on,

@@ -1,0 +1,205 @@
+"""``hpurecipe precompile``: a model file captured once per bucket range by ``aot_compile``, saved signed.
+
+Every shape point of the model file runs through the first artifact whose Dynamo guards accept it (which
+takes up that bucket's recipe, and is compared with eager); a point no artifact accepts is captured anew
+(``torch.compile(call_model, fullgraph=True, backend="hpu_backend").aot_compile``, the model an argument). So a dynamic model gets one artifact per range
+Dynamo can serve with one graph (size 1 is its own), a static one an artifact per point. Each artifact
+carries its program and the recipes of its points; a manifest lists them with their ranges, the
+fingerprint and the model's parameters, signed with ``HPURECIPE_BUNDLE_KEY``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recipecache import CacheConfig
+from recipecache.signing import signing_key
+
+from ..errors import one_line
+from ..formats.precompiled import (MAGIC, MANIFEST, MANIFEST_VERSION, PrecompileError, artifact_bytes, fingerprint,
+                                   manifest_bytes)
+from ..serve.precompiled import PrecompiledGraph, plain_settings, world_size
+from ..settings import Settings
+from .modelfile import ModelSpec, point_label
+from .precompiled import call_model, model_parameters
+from .warm import _options
+
+
+@dataclass
+class Captured:
+    """One artifact: an aot-compiled function and the points it serves."""
+
+    fn: Any  # torch's AOTCompiledFunction
+    points: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def graph(self) -> PrecompiledGraph:
+        return self.fn._artifacts.compiled_fn
+
+    def ranges(self) -> dict[str, list[int]]:
+        return {axis: [min(p[axis] for p in self.points), max(p[axis] for p in self.points)]
+                for axis in self.points[0]}
+
+
+@dataclass
+class PrecompileReport:
+    model: str
+    directory: str
+    signed: bool
+    artifacts: list[dict[str, Any]]  # file, ranges, points, recipes, bytes, recipe_bytes
+
+
+def precompile(spec: ModelSpec, out: str | os.PathLike, cache_config: CacheConfig | None = None) -> PrecompileReport:
+    """Capture ``spec`` per bucket range and write the artifacts and the manifest into ``out``."""
+    out = Path(out)
+    _check_out(out)
+    model = spec.build_model().eval()
+    options = _options(spec, cache_config)
+    captured: list[Captured] = []
+    with torch.no_grad():
+        for point in spec.points():
+            inputs = spec.split(spec.inputs(point))
+            entry = next((c for c in captured if c.fn.guard_check(model, *inputs)), None)
+            if entry is None:
+                entry = Captured(_capture(spec, model, inputs, options))
+                captured.append(entry)
+            entry.points.append(point)
+            got = entry.fn(model, *inputs)  # takes up this point's bucket: its recipe goes into the artifact
+            _check(spec, point, got, model(*inputs))
+    return _write(spec, out, model, captured, Settings.from_options(options))
+
+
+def serializable_guards(entries) -> list[bool]:
+    """The guards an artifact can keep: aot_compile's own choice (no globals, no guard on an object's identity),
+    also leaving out guards derived from one on an identity (a module's hook dict, a config object's type), which
+    aot_compile's filter lets through and its serializer then refuses. The model's tensors and the shapes stay
+    guarded; that the model is the one captured is checked by its parameters and the sources Dynamo inlined."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (e.is_global or e.guard_type in unsupported or unsupported.intersection(e.derived_guard_types or ()))
+            for e in entries]
+
+
+def _capture(spec: ModelSpec, model: torch.nn.Module, inputs: tuple, options: dict):
+    kwargs = {} if spec.dynamic is None else {"dynamic": spec.dynamic}
+    compiled = torch.compile(call_model, fullgraph=True, backend="hpu_backend",
+                             options={**options, "guard_filter_fn": serializable_guards}, **kwargs)
+    try:
+        return _aot_compile(compiled, (model, *inputs))
+    except torch._dynamo.exc.Unsupported as e:
+        raise PrecompileError(f"{spec.path}: Dynamo cannot capture the model in one graph (graph break: "
+                              f"{_first_line(e)}); use `hpurecipe warm` instead, which serves graph breaks") from None
+    except PrecompileError:
+        raise
+    except Exception as e:  # Dynamo and the backend raise many types; one line names it
+        raise PrecompileError(f"{spec.path}: cannot precompile it ({one_line(e)})") from None
+
+
+def _check(spec: ModelSpec, point: dict[str, int], got: Any, want: Any) -> None:
+    """PrecompileError if the captured function's result at ``point`` differs from eager's."""
+    try:
+        torch.testing.assert_close(got, want)
+    except (AssertionError, TypeError, ValueError) as e:
+        raise PrecompileError(f"{spec.path}: at {point_label(point)} the precompiled result differs from eager "
+                              f"({_first_line(e)})") from None
+
+
+def _aot_compile(compiled, args: tuple, attempts: int = 4):
+    """``aot_compile`` with float values specialized: a float Dynamo would make an input (a module's ``math.pi``)
+    gets a shape guard that reads the global through a scope torch does not save, so the loaded guards would
+    always fail. Captured again while AOTAutograd's float pass asks for floats to be specialized (Dynamo's own
+    frame conversion restarts the same way; aot_compile leaves it to its caller)."""
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    from torch._dynamo.symbolic_convert import TensorifyState
+
+    try:
+        with torch._dynamo.config.patch(specialize_float=True):
+            for _ in range(attempts - 1):
+                try:
+                    return compiled.aot_compile((args, {}))
+                except TensorifyScalarRestartAnalysis:
+                    continue
+            return compiled.aot_compile((args, {}))
+    finally:
+        TensorifyState.clear()
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise PrecompileError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(p.name != MANIFEST and not p.name.endswith(".hpuaot") for p in out.iterdir()):
+        raise PrecompileError(f"{out}: holds other files; precompile into an empty or earlier precompiled directory")
+
+
+def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Captured],
+           settings: Settings) -> PrecompileReport:
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    key = signing_key()
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, c in enumerate(captured):
+        graph = c.graph
+        recipes = graph.recipes()
+        info = {"fingerprint": fingerprint(settings.key_fields(), world_size()), "program": graph.key or "",
+                "recipes": sorted(recipes), "mode": graph.program.mode if graph.program else "",
+                "model": spec.name, "ranges": c.ranges(), "recipe_bytes": sum(map(len, recipes.values()))}
+        _without_source_texts(c.fn)
+        try:
+            torch_bytes = AOTCompiledFunction.serialize(c.fn).serialized_data
+        except RuntimeError as e:
+            raise PrecompileError(f"{spec.path}: torch cannot save the captured function ({one_line(e)})") from None
+        data = artifact_bytes(info, torch_bytes, key)
+        name = f"range-{i:03d}.hpuaot"
+        _atomic_write(out / name, data)
+        entries.append({"file": name, "ranges": info["ranges"], "points": len(c.points), "bytes": len(data),
+                        "recipes": len(recipes), "recipe_bytes": info["recipe_bytes"],
+                        "sha256": _payload_digest(data)})
+    _remove_stale(out, {e["file"] for e in entries})
+    doc = {"version": MANIFEST_VERSION, "model": spec.name, "axes": spec.axes, "dynamic": spec.dynamic,
+           "model_class": [type(model).__module__, type(model).__qualname__],
+           "fingerprint": fingerprint(settings.key_fields(), world_size()), "settings": plain_settings(settings),
+           "parameters": model_parameters(model), "artifacts": entries}
+    _atomic_write(out / MANIFEST, manifest_bytes(doc, key))
+    return PrecompileReport(spec.name, str(out), key is not None, entries)
+
+
+def _without_source_texts(fn) -> None:
+    """Keep the checksum of each source Dynamo inlined, drop the copy of its whole module (most of torch's part
+    of an artifact; the loader compares the checksums with the sources it has)."""
+    info = fn._artifacts.source_info
+    info.inlined_sources = {dataclasses.replace(s, content="") for s in info.inlined_sources}
+
+
+def _payload_digest(data: bytes) -> str:
+    return data[len(MAGIC):len(MAGIC) + 32].hex()
+
+
+def _remove_stale(out: Path, keep: set[str]) -> None:
+    for p in out.iterdir():
+        if p.name.endswith(".hpuaot") and p.name not in keep:
+            p.unlink()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

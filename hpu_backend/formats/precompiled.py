@@ -1,0 +1,259 @@
+"""Precompiled artifacts (``torch.compile(...).aot_compile`` with hpu_backend): the signed file and its fingerprint.
+
+torch saves an aot-compiled function with pickle, and unpickling runs code. So the file this project
+writes around torch's bytes is the magic number, the payload's SHA-256, an HMAC-SHA256 tag of that digest
+under ``HPURECIPE_BUNDLE_KEY`` (zeros: unsigned) and a msgpack payload ``{"info": {...}, "torch": bytes}``.
+The header, checksum and signature are checked, in chunks, before any byte of ``torch`` is handed to
+torch's unpickler; ``info`` (the fingerprint, the program key, the recipe keys, the ranges it was built
+for) is plain data that ``hpurecipe ls``/``show``/``verify`` read without torch. The fingerprint holds
+everything that must be equal where the artifact is loaded; a difference is refused naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import msgpack
+
+from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
+
+from . import keyparts
+from .package import open_regular
+from .recipe import RecipeFormatError, unpack
+
+MAGIC = b"HPUAOT\x00\x01"
+HEADER_BYTES = len(MAGIC) + 32 + TAG_BYTES
+UNSIGNED = bytes(TAG_BYTES)
+MAX_ARTIFACT_BYTES = 16 << 30
+CHUNK = 1 << 20
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 4 << 20
+TRUST_UNSIGNED_ENV = "HPURECIPE_TRUST_UNSIGNED"  # "1": load unsigned artifacts (local files one built oneself)
+FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target", "settings", "world_size")
+
+
+class PrecompileError(ValueError):
+    """A precompiled artifact that cannot be built or loaded here (one line, naming what is wrong)."""
+
+
+def fingerprint(key_settings: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    """What must be equal where an artifact is loaded: versions, the target, the recipe-changing settings and
+    the world size (``key_settings``: ``Settings.key_fields()``)."""
+    settings = {k: v for k, v in key_settings.items() if k != "target"}
+    tc = keyparts.toolchain()
+    return {"torch": tc["torch"], "python": platform.python_version(), "hpu_backend": tc["hpu_backend"],
+            "recipe_format": tc["recipe_format"], "target": key_settings.get("target"),
+            "settings": json.loads(json.dumps(settings, sort_keys=True)), "world_size": world_size}
+
+
+def check_fingerprint(stored: Any, here: Mapping[str, Any], where: str) -> None:
+    """PrecompileError naming the first field of ``stored`` that differs from ``here``."""
+    if not isinstance(stored, dict):
+        raise PrecompileError(f"{where}: no fingerprint")
+    for name in FINGERPRINT_FIELDS:
+        if stored.get(name) != here.get(name):
+            raise PrecompileError(f"{where}: built for {name}={_short(stored.get(name))}, this process has "
+                                  f"{name}={_short(here.get(name))}; precompile it again here")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= 120 else text[:119] + "…"
+
+
+@dataclass
+class Artifact:
+    info: dict[str, Any]  # plain data: fingerprint, program key, recipe keys, ranges, sizes
+    torch_bytes: bytes = field(repr=False)  # torch's pickle: only unpickled after the header checks out
+    signed: bool = False
+    digest: str = ""  # the payload's SHA-256 (hex), as the manifest lists it
+    size: int = 0  # of the file
+
+
+def artifact_bytes(info: dict[str, Any], torch_bytes: bytes, key: bytes | None) -> bytes:
+    """The file's bytes, signed with ``key`` if given."""
+    payload = msgpack.packb({"info": info, "torch": torch_bytes}, use_bin_type=True)
+    digest = hashlib.sha256(payload).digest()
+    return MAGIC + digest + (sign(key, [MAGIC, digest]) if key else UNSIGNED) + payload
+
+
+def trust_unsigned(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(TRUST_UNSIGNED_ENV, "") == "1"
+
+
+def read_artifact(path: str | os.PathLike, key: bytes | None | bool = True, allow_unsigned: bool | None = None
+                  ) -> Artifact:
+    """The artifact in a file, its signature checked before its payload is parsed; PrecompileError (one line).
+
+    ``key``: by default ``HPURECIPE_BUNDLE_KEY``. An unsigned artifact is refused unless ``allow_unsigned``
+    (default: ``HPURECIPE_TRUST_UNSIGNED=1``), because what torch stores in it is a pickle, and unpickling runs
+    code: only trust an unsigned file you built yourself.
+    """
+    path = Path(path)
+    key = signing_key() if key is True else key
+    allow_unsigned = trust_unsigned() if allow_unsigned is None else allow_unsigned
+    try:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_ARTIFACT_BYTES:
+                raise PrecompileError(f"{size} bytes is more than an artifact may hold")
+            signed, digest = _check_stream(f, key, allow_unsigned)
+            f.seek(HEADER_BYTES)
+            payload = f.read(size)
+    except OSError as e:
+        raise PrecompileError(f"{path}: cannot read the artifact: {e.strerror or e}") from None
+    except (PrecompileError, ValueError) as e:
+        raise PrecompileError(f"{path}: {e}") from None
+    if hashlib.sha256(payload).digest() != digest:  # changed between the check and the read
+        raise PrecompileError(f"{path}: changed while being read")
+    return _parse(path, payload, signed, digest.hex(), size)
+
+
+def _check_stream(f, key: bytes | None, allow_unsigned: bool) -> tuple[bool, bytes]:
+    """Header, checksum and signature of the open file, read in chunks: (whether it is signed, the digest)."""
+    head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES or not head.startswith(MAGIC[:-1]):
+        raise PrecompileError("not a precompiled hpu_backend artifact (bad magic; an artifact saved by torch "
+                              "alone, or for another backend, is not loaded)")
+    if head[:len(MAGIC)] != MAGIC:
+        raise PrecompileError(f"artifact format {head[len(MAGIC) - 1]}, this reads {MAGIC[-1]}: precompile again")
+    digest, tag = head[len(MAGIC):len(MAGIC) + 32], head[len(MAGIC) + 32:]
+    h = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+    if h.digest() != digest:
+        raise PrecompileError("damaged or truncated: checksum mismatch")
+    if tag == UNSIGNED:
+        if not allow_unsigned:
+            raise PrecompileError(f"not signed; set {KEY_ENV} when precompiling (or, for a file you built "
+                                  f"yourself, {TRUST_UNSIGNED_ENV}=1)")
+        return False, digest
+    if key is None:
+        if not allow_unsigned:
+            raise PrecompileError(f"signed, but {KEY_ENV} is not set here to check it")
+        return False, digest
+    if not verify(key, [MAGIC, digest], tag):
+        raise PrecompileError(f"the signature does not match: changed after signing, or signed with another key "
+                              f"than {KEY_ENV}")
+    return True, digest
+
+
+def _parse(path: Path, payload: bytes, signed: bool, digest: str, size: int) -> Artifact:
+    try:
+        raw = unpack(payload)
+    except RecipeFormatError as e:
+        raise PrecompileError(f"{path}: {e}") from None
+    if not (isinstance(raw, dict) and isinstance(raw.get("info"), dict) and isinstance(raw.get("torch"), bytes)):
+        raise PrecompileError(f"{path}: not a precompiled artifact's payload")
+    check_info(raw["info"], str(path))
+    return Artifact(raw["info"], raw["torch"], signed, digest, size)
+
+
+INFO_FIELDS = {"fingerprint": dict, "program": str, "recipes": list, "mode": str, "model": str, "ranges": dict,
+               "recipe_bytes": int}
+
+
+def check_info(info: dict, where: str) -> None:
+    for name, kind in INFO_FIELDS.items():
+        if not isinstance(info.get(name), kind):
+            raise PrecompileError(f"{where}: its description lacks {name!r}")
+
+
+def describe(artifact: Artifact, path: str | os.PathLike) -> dict[str, Any]:
+    """What ``hpurecipe show`` prints for an artifact."""
+    info = artifact.info
+    return {"kind": "precompiled", "path": str(path), "model": info["model"], "mode": info["mode"],
+            "signed": artifact.signed, "fingerprint": info["fingerprint"], "program": info["program"],
+            "ranges": info["ranges"], "recipes": info["recipes"], "recipe_bytes": info["recipe_bytes"],
+            "bytes": artifact.size}
+
+
+# -- the directory: one artifact per bucket range, and a signed manifest ---------------------------------
+
+def manifest_bytes(doc: dict[str, Any], key: bytes | None) -> bytes:
+    """The manifest file: ``doc`` with an HMAC of its canonical JSON (empty: unsigned)."""
+    body = json.dumps(doc, sort_keys=True).encode()
+    tag = sign(key, [MAGIC, body]).hex() if key else ""
+    return json.dumps({"manifest": doc, "signature": tag}, indent=1, sort_keys=True).encode()
+
+
+def read_manifest(directory: str | os.PathLike, key: bytes | None | bool = True,
+                  allow_unsigned: bool | None = None) -> dict[str, Any]:
+    """The manifest of a precompiled directory, its signature checked; PrecompileError (one line)."""
+    path = Path(directory) / MANIFEST
+    key = signing_key() if key is True else key
+    allow_unsigned = trust_unsigned() if allow_unsigned is None else allow_unsigned
+    try:
+        with open_regular(path) as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise PrecompileError("too large for a manifest")
+        outer = json.loads(data)
+    except FileNotFoundError:
+        raise PrecompileError(f"{directory}: no {MANIFEST}: not a precompiled directory") from None
+    except OSError as e:
+        raise PrecompileError(f"{path}: cannot read it: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:
+        raise PrecompileError(f"{path}: not a manifest ({str(e)[:100]})") from None
+    doc = _checked_manifest(outer, path)
+    _check_manifest_signature(outer, doc, key, allow_unsigned, path)
+    return doc
+
+
+def _checked_manifest(outer: Any, path: Path) -> dict[str, Any]:
+    doc = outer.get("manifest") if isinstance(outer, dict) else None
+    if not isinstance(doc, dict) or doc.get("version") != MANIFEST_VERSION:
+        raise PrecompileError(f"{path}: not a version-{MANIFEST_VERSION} precompiled manifest")
+    arts = doc.get("artifacts")
+    if not isinstance(arts, list) or not arts or not all(
+            isinstance(a, dict) and isinstance(a.get("file"), str) and isinstance(a.get("sha256"), str)
+            and isinstance(a.get("ranges"), dict) and _plain_name(a["file"]) for a in arts):
+        raise PrecompileError(f"{path}: its artifact list is malformed")
+    if not isinstance(doc.get("fingerprint"), dict) or not isinstance(doc.get("parameters"), dict):
+        raise PrecompileError(f"{path}: it lacks the fingerprint or the parameters")
+    return doc
+
+
+def _plain_name(name: str) -> bool:
+    """A file name inside the directory (no separator, no parent): a manifest never points elsewhere."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\x00" not in name
+
+
+def _check_manifest_signature(outer: dict, doc: dict, key: bytes | None, allow_unsigned: bool, path: Path) -> None:
+    tag = outer.get("signature")
+    if not tag:
+        if allow_unsigned:
+            return
+        raise PrecompileError(f"{path}: not signed; set {KEY_ENV} when precompiling (or, for files you built "
+                              f"yourself, {TRUST_UNSIGNED_ENV}=1)")
+    if key is None:
+        if allow_unsigned:
+            return
+        raise PrecompileError(f"{path}: signed, but {KEY_ENV} is not set here to check it")
+    body = json.dumps(doc, sort_keys=True).encode()
+    try:
+        ok = verify(key, [MAGIC, body], bytes.fromhex(tag))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise PrecompileError(f"{path}: the signature does not match: changed after signing, or signed with "
+                              f"another key than {KEY_ENV}")
+
+
+def is_precompiled(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a precompiled directory (has a manifest) or an artifact file (its magic)."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / MANIFEST).is_file()
+    try:
+        with open_regular(p) as f:  # never blocks on a FIFO
+            return f.read(len(MAGIC) - 1) == MAGIC[:-1]
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,236 @@
+"""Precompiled artifacts: torch's aot_compile with hpu_backend, saved signed, served in a new process with no trace.
+
+One directory is precompiled per module (the tiny model file, signed); a fresh process serves it and counts
+Dynamo, AOTAutograd and lowering activity. The trust tests use an artifact whose pickle would create a file:
+it must be refused before torch's unpickler sees it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+
+import hpu_backend
+from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, artifact_bytes, manifest_bytes,
+                                             read_artifact)
+from hpu_backend.serve.precompiled import PrecompiledGraph
+from cli_helpers import TINY, cli, one_line, tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "precompile-test-key"
+
+
+@pytest.fixture(scope="module")
+def signed_key():
+    old = os.environ.get("HPURECIPE_BUNDLE_KEY")
+    os.environ["HPURECIPE_BUNDLE_KEY"] = KEY
+    yield KEY
+    if old is None:
+        os.environ.pop("HPURECIPE_BUNDLE_KEY")
+    else:
+        os.environ["HPURECIPE_BUNDLE_KEY"] = old
+
+
+@pytest.fixture(scope="module")
+def precompiled(tmp_path_factory, signed_key):
+    """(model file, directory): the tiny model precompiled over batch 2 and 8, signed."""
+    root = tmp_path_factory.mktemp("precompiled")
+    model_file = tiny_model(root)
+    cli("precompile", model_file, "-o", root / "tiny.precompiled")
+    return model_file, root / "tiny.precompiled"
+
+
+def _copy(directory: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(directory, tmp_path / "copy"))
+
+
+CHILD = r"""
+import json, sys
+import torch
+import torch._functorch.aot_autograd as aot
+import torch._dynamo.convert_frame as cf
+import hpu_backend
+from hpu_backend.metrics import metric_global
+
+counts = {"aot_traces": 0, "dynamo_traces": 0}
+def counting(name, fn):
+    def wrapped(*args, **kwargs):
+        counts[name] += 1
+        return fn(*args, **kwargs)
+    return wrapped
+aot.aot_stage1_graph_capture = counting("aot_traces", aot.aot_stage1_graph_capture)
+cf._compile = counting("dynamo_traces", cf._compile)
+cf.fullgraph_capture = counting("dynamo_traces", cf.fullgraph_capture)
+
+spec = hpu_backend.load_model_file(sys.argv[1])
+model = spec.make_model().eval()
+served = hpu_backend.load_precompiled(sys.argv[2], model)
+for point in spec.points():
+    inputs = spec.split(spec.inputs(point, seed=3))
+    with torch.no_grad():
+        torch.testing.assert_close(served(*inputs), model(*inputs))
+cache = dict(metric_global("recipe_cache").stats())
+counts.update(lowered=dict(metric_global("graph_compilation").stats())["TotalNumber"],
+              recipe_misses=cache["TotalMiss"], recipe_hits=cache["TotalHit"],
+              dynamo_frames=sum(torch._dynamo.utils.counters["frames"].values()))
+print(json.dumps(counts))
+"""
+
+
+def test_a_new_process_serves_every_bucket_matching_eager_without_tracing_or_lowering(precompiled, tmp_path):
+    model_file, directory = precompiled
+    env = dict(os.environ, PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp_path / 'empty-cache'},false,64",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'cli'}")
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(model_file), str(directory)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts["recipe_hits"] == 2, counts  # both buckets served, from the artifact (the cache is empty)
+    assert counts == dict(counts, aot_traces=0, dynamo_traces=0, dynamo_frames=0, lowered=0, recipe_misses=0)
+
+
+def test_a_call_outside_every_precompiled_range_falls_back_to_torch_compile_with_one_warning(precompiled, caplog):
+    model_file, directory = precompiled
+    spec = hpu_backend.load_model_file(str(model_file))
+    model = spec.make_model().eval()
+    served = hpu_backend.load_precompiled(directory, model)
+    with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        for seed in (1, 2):  # batch 1: Dynamo specializes size 1, so the batch>=2 artifact's guard fails
+            x, _ = spec.inputs({"batch": 1}, seed=seed)
+            with torch.no_grad():
+                torch.testing.assert_close(served(x), model(x))
+    warnings = [r.getMessage() for r in caplog.records if "no artifact accepts" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "size" in warnings[0] or "L['args']" in warnings[0], warnings[0]  # names the guard that failed
+
+
+def _evil_pickle(marker: Path) -> bytes:
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+    return pickle.dumps(Evil())
+
+
+def _info(directory: Path) -> dict:
+    return read_artifact(directory / "range-000.hpuaot").info
+
+
+def test_an_unsigned_forged_or_tampered_artifact_is_refused_before_unpickling(precompiled, tmp_path):
+    model_file, directory = precompiled
+    marker = tmp_path / "pickle-ran"
+    evil = _evil_pickle(marker)
+    pickle.loads(evil)  # the payload is live: unpickled, it creates the file
+    assert marker.exists()
+    marker.unlink()
+    copy = _copy(directory, tmp_path)
+    info = _info(copy)
+    model = hpu_backend.load_model_file(str(model_file)).make_model()
+    artifact = copy / "range-000.hpuaot"
+    genuine = artifact.read_bytes()
+    for data, expected in ((artifact_bytes(info, evil, None), "not signed"),
+                           (artifact_bytes(info, evil, b"another key"), "signature does not match"),
+                           (genuine[:-1] + bytes([genuine[-1] ^ 1]), "checksum mismatch"),
+                           (genuine[:len(genuine) // 2], "checksum mismatch")):
+        artifact.write_bytes(data)
+        with pytest.raises(PrecompileError, match=expected) as e:
+            hpu_backend.load_precompiled(copy, model)
+        assert "\n" not in str(e.value)
+        assert not marker.exists()
+
+
+def _resign(directory: Path, change) -> None:
+    doc = json.loads((directory / MANIFEST).read_text())["manifest"]
+    change(doc)
+    (directory / MANIFEST).write_bytes(manifest_bytes(doc, KEY.encode()))
+
+
+def test_a_version_target_or_parameter_mismatch_is_refused_naming_it(precompiled, tmp_path):
+    model_file, directory = precompiled
+    model = hpu_backend.load_model_file(str(model_file)).make_model()
+    with pytest.raises(PrecompileError, match="target=gaudi2, this process has target=gaudi3"):
+        hpu_backend.load_precompiled(directory, model, options={"target": "gaudi3"})
+    with pytest.raises(PrecompileError, match=r"the model.s 0.bias is \[32\] float32, the artifacts were built "
+                                              r"with \[16\] float32"):
+        hpu_backend.load_precompiled(directory, torch.nn.Sequential(torch.nn.Linear(8, 32)))
+    copy = _copy(directory, tmp_path)
+    _resign(copy, lambda doc: doc["fingerprint"].update(torch="2.0.0"))
+    with pytest.raises(PrecompileError, match=re.escape("built for torch=2.0.0, this process has torch=" + torch.__version__)):
+        hpu_backend.load_precompiled(copy, model)
+
+
+def test_bad_directories_are_one_line_at_the_cli(precompiled, tmp_path):
+    _, directory = precompiled
+    copy = _copy(directory, tmp_path)
+    assert "1 artifact" in one_line(cli("verify", copy))
+    (copy / "range-000.hpuaot").write_bytes(b"\x80\x04" + pickle.dumps({"saved by": "torch, another backend"}))
+    assert "not a precompiled hpu_backend artifact" in one_line(cli("verify", copy, code=1))
+    (copy / "range-000.hpuaot").unlink()
+    assert "listed in the manifest but missing" in one_line(cli("show", copy, code=1))
+    (copy / MANIFEST).write_text("{not json")
+    assert "not a manifest" in one_line(cli("ls", copy, code=1))
+    graph_break = tiny_model(tmp_path, "breaks", TINY.replace(
+        "def make_model():", "class Breaks(torch.nn.Module):\n    def forward(self, x):\n"
+        "        print('side effect')\n        return x\n\ndef make_model():\n    return Breaks()\n\ndef unused():"))
+    line = one_line(cli("precompile", graph_break, "-o", tmp_path / "out", code=1))
+    assert "graph break" in line and "hpurecipe warm" in line, line
+
+
+def test_training_and_dynamic_shapes_round_trip_through_torchs_own_save_and_load(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+    def step(m, x):
+        return m(x).square().mean()
+
+    compiled = torch.compile(step, fullgraph=True, backend="hpu_backend", dynamic=True)
+    fn = compiled.aot_compile(((model, torch.randn(3, 8)), {}))
+    fn(model, torch.randn(3, 8)).backward()  # takes up the forward and backward recipes the artifact carries
+    ours = msgpack.unpackb(PrecompiledGraph.serialize_compile_artifacts(fn._artifacts.compiled_fn))
+    assert ours["format"] == "hpu_backend.precompiled" and len(ours["recipes"]) == 2  # data, not a pickle of ours
+    fn.save_compiled_function(str(tmp_path / "step.bin"))
+    with open(tmp_path / "step.bin", "rb") as f:
+        loaded = torch.compiler.load_compiled_function(f)
+    for batch in (3, 11):
+        x = torch.randn(batch, 8)
+        model.zero_grad()
+        step(model, x).backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        loss = loaded(model, x)
+        loss.backward()
+        torch.testing.assert_close(loss, step(model, x))
+        torch.testing.assert_close([p.grad for p in model.parameters()], want)
+    assert isinstance(loaded._artifacts.compiled_fn, PrecompiledGraph)
+    assert loaded._artifacts.compiled_fn.program.mode == "training"
+
+
+def test_a_precompiled_directory_travels_in_a_signed_bundle(precompiled, tmp_path):
+    _, directory = precompiled
+    bundle = tmp_path / "ship.tar"
+    cli("export", bundle, "-d", tmp_path / "no-cache", "--precompiled", directory)
+    target = tmp_path / "arrived"
+    cli("import", bundle, "-d", tmp_path / "cache", "--precompiled", target)
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in directory.iterdir())
+    assert "1 artifact" in one_line(cli("verify", target))
+    (target / "stray.txt").write_text("not ours")  # import never writes over a directory of other files
+    assert "is not a precompiled directory" in one_line(cli("import", bundle, "--precompiled", target, code=1))
+
+
+def test_coverage_says_which_points_lie_outside_every_precompiled_range(precompiled):
+    model_file, directory = precompiled
+    cli("coverage", model_file, "--precompiled", directory)  # the points it was built over: exit 0
+    result = cli("coverage", model_file, "--precompiled", directory, "--axis", "batch=1,2,8", "--json", code=1)
+    rows = json.loads(result.stdout)["points"]
+    assert [r["artifact"] != "" for r in rows] == [False, True, True], rows
