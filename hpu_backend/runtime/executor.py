@@ -231,8 +231,9 @@ def check_ops(recipe: Recipe) -> None:
     for node in recipe.nodes:
         try:
             ops.resolve(node.op)
+            ops.check_arguments(node.op, node.args, node.kwargs)
             collectives.check_structure(node)
-        except (ops.OpNotAllowed, collectives.CollectiveError) as e:
+        except (ops.OpNotAllowed, ValueError, collectives.CollectiveError) as e:
             raise RecipeLoadError(f"node {node.name}: {e}") from None
     try:
         check_writes(recipe)

@@ -39,7 +39,22 @@ MUTATING_ALLOWED = frozenset({"copy_"})
 # Ops that read or write files or process state: never allowed, whatever their tags say.
 DENY_ATEN = frozenset({"from_file", "_copy_from", "_copy_from_and_resize", "_debug_has_internal_overlap", "set_", "_set_grad_enabled",
                        "set_grad_enabled", "manual_seed", "seed", "_print", "save", "warn", "backward",
-                       "_backward", "dist_backward"})
+                       "_backward", "dist_backward"}) | frozenset({
+    # Internal CPU kernels that trust their callers' shapes (torch 2.13 crashes the process, with a segmentation
+    # fault or a division by zero, on arguments a stored recipe can carry); no graph this backend lowers holds them.
+    "_thnn_differentiable_gru_cell_backward", "_thnn_differentiable_lstm_cell_backward", "_dyn_quant_matmul_4bit",
+    "_dyn_quant_pack_4bit_weight", "_transform_bias_rescale_qkv"})
+# Families of backend-specific internal kernels (NNPACK, THNN, MKL-DNN, FBGEMM, cuDNN/MIOpen, packed int4/int8
+# weights, dynamic quantization): the same trust in their callers, and never in a graph lowered for Gaudi.
+DENY_PREFIXES = ("_nnpack_", "_thnn_", "_dyn_quant_", "mkldnn_", "_mkldnn_", "fbgemm_", "_fbgemm_", "cudnn_",
+                 "_cudnn_", "miopen_", "_weight_int4pack", "_weight_int8pack", "_convert_weight_to_int4pack")
+
+# Argument types whose values a recipe stores tagged ({"dtype": "float32"}); a bare number there is an enum
+# index the kernels do not check (a dtype of -1 crashes the process), so it is refused at load.
+ENUM_TYPES = frozenset({"ScalarType", "Layout", "MemoryFormat"})
+# Literal arguments a kernel needs and does not check: (op, position, name) -> the only value it accepts.
+# _native_batch_norm_legit.no_stats has no running statistics to read, so it must be in training mode.
+REQUIRED_LITERALS = {("aten::_native_batch_norm_legit.no_stats", 3, "training"): True}
 
 # Ops with no result that graphs legitimately contain: shape and value checks.
 EFFECT_ALLOWED = frozenset({"_assert_async", "_assert_scalar", "_assert_tensor_metadata", "sym_constrain_range",
@@ -100,6 +115,23 @@ def op_name(target) -> str | None:
     return SYM_FUNCTIONS.get(target)
 
 
+def check_arguments(name: str, args: list, kwargs: dict) -> None:
+    """ValueError when a node's literal arguments are ones its kernel trusts blindly: a bare
+    number where the schema takes a dtype, layout or memory format, or a literal in ``REQUIRED_LITERALS``
+    with another value."""
+    op = resolve(name)
+    if not isinstance(op, torch._ops.OpOverload):
+        return
+    for i, a in enumerate(op._schema.arguments):
+        given = kwargs.get(a.name, args[i] if i < len(args) and not a.kwarg_only else None)
+        kind = str(a.real_type).removeprefix("Optional[").rstrip("]")  # the enum behind an int-typed argument
+        if kind in ENUM_TYPES and given is not None and not (isinstance(given, dict) and len(given) == 1):
+            raise ValueError(f"{name}: argument {a.name} ({kind}) must be stored tagged, not as {given!r:.40}")
+        required = REQUIRED_LITERALS.get((name, i, a.name))
+        if required is not None and given != required:
+            raise ValueError(f"{name}: argument {a.name} must be {required!r} (its kernel does not check it)")
+
+
 def is_allowed(name: str) -> bool:
     try:
         resolve(name)
@@ -158,7 +190,8 @@ def resolve(name: str):
     packet_name, _, overload = rest.rpartition(".")
     collective = namespace == collectives.NAMESPACE and packet_name in collectives.OPS
     if (not namespace.isidentifier() or (namespace in TORCH_NAMESPACES and not collective)
-            or packet_name in DENY_ATEN or not packet_name or not _registered(f"{namespace}::{packet_name}", overload)):
+            or packet_name in DENY_ATEN or packet_name.startswith(DENY_PREFIXES) or not packet_name
+            or not _registered(f"{namespace}::{packet_name}", overload)):
         raise OpNotAllowed(name)
     packet = getattr(getattr(torch.ops, namespace), packet_name)
     op = getattr(packet, overload)
