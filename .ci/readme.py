@@ -14,7 +14,8 @@ Options go in brackets before the colon, comma-separated: ``<!-- output [stderr,
 compares byte sizes loosely (for files whose size follows the checkout's path, such as precompiled artifacts).
 Each command runs from the repository root in a fresh HOME and a fresh, empty recipe cache, with ``hpurecipe``
 and ``python`` meaning this checkout's, and must exit 0. Leading ``NAME=value`` words set the command's
-environment, and a path under ``/tmp/`` lies in that run's own temporary directory. ``--check`` compares with times, ages, key hashes and
+environment, and a path under ``/tmp/`` lies in that run's own temporary directory; the output shows the
+checkout's own paths relative to it. ``--check`` compares with times, ages, key hashes and
 the temporary paths normalised (and graph numbers: see normalised), so it fails only when the commands, tables,
 counts or sizes differ from what a user sees (estimated sizes, batches and tokens/s are compared as printed).
 A ```console block without a marker fails the check: a session nobody reruns drifts.
@@ -104,7 +105,7 @@ def run(block: Block) -> list[str]:
         if proc.returncode != 0:
             raise RuntimeError(f"{block.command}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
         streams = [s for s in ("stdout", "stderr") if s in block.options] or ["stdout", "stderr"]
-        out = "".join(getattr(proc, s) for s in streams).replace(tmp, "/tmp")
+        out = "".join(getattr(proc, s) for s in streams).replace(tmp, "/tmp").replace(f"{ROOT}/", "")
     print(f"{seconds:6.1f} s  {block.command}", file=sys.stderr)
     lines = [line.rstrip() for line in out.rstrip("\n").splitlines()]
     if "head" in block.options:
