@@ -228,8 +228,13 @@ def crafted_nodes(draw):
         else:
             args.append(draw(st.sampled_from([0.5, 1, None])))
     kwargs = {"out": {"r": f"t{draw(st.integers(0, 2))}"}} if draw(st.booleans()) else {}
-    return {"name": "n", "op": name, "args": args, "kwargs": kwargs,
-            "out": [{"kind": "other", "dtype": "", "shape": [], "stride": [], "expr": None, "device": "cpu"}],
+    return _node_raw(name, args, kwargs)
+
+
+def _node_raw(op: str, args: list, kwargs: dict | None = None, out: dict | None = None) -> dict:
+    """A stored node calling ``op`` (its result described by ``out``, else left undescribed)."""
+    out = out or {"kind": "other", "dtype": "", "shape": [], "stride": [], "expr": None, "device": "cpu"}
+    return {"name": "n", "op": op, "args": args, "kwargs": kwargs or {}, "out": [out],
             "placement": "hpu", "engine": "tpc", "cluster": -1, "fusion": -1, "source": ""}
 
 
@@ -306,17 +311,14 @@ def test_a_stored_program_claiming_to_mutate_a_weight_is_quarantined_and_the_gra
 ])
 def test_arguments_a_kernel_trusts_blindly_are_refused_at_load(op, args):
     """Each of these crashed the process (segmentation fault or division by zero) when run on the CPU."""
-    node = {"name": "n", "op": op, "args": args, "kwargs": {},
-            "out": [{"kind": "other", "dtype": "", "shape": [], "stride": [], "expr": None, "device": "cpu"}],
-            "placement": "hpu", "engine": "tpc", "cluster": -1, "fusion": -1, "source": ""}
     with pytest.raises(RecipeLoadError):
-        build_callable(_recipe_with(node, []))
+        build_callable(_recipe_with(_node_raw(op, args), []))
 
 
 def test_a_tagged_dtype_still_loads_and_runs():
-    node = {"name": "n", "op": "aten::to.dtype", "args": [{"r": "t0"}, {"dtype": "float64"}], "kwargs": {},
-            "out": [{"kind": "tensor", "dtype": "float64", "shape": [4], "stride": [1], "expr": None, "device": "cpu"}],
-            "placement": "hpu", "engine": "tpc", "cluster": -1, "fusion": -1, "source": ""}
+    node = _node_raw("aten::to.dtype", [{"r": "t0"}, {"dtype": "float64"}],
+                     out={"kind": "tensor", "dtype": "float64", "shape": [4], "stride": [1], "expr": None,
+                          "device": "cpu"})
     recipe = _recipe_with(node, [], outputs=[{"r": "n"}])
     x = torch.arange(4.0)
     (out,) = build_callable(recipe)([x, torch.zeros(2, 4), torch.zeros(2, 4, 3)])
