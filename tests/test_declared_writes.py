@@ -308,6 +308,7 @@ def test_a_stored_program_claiming_to_mutate_a_weight_is_quarantined_and_the_gra
     ("aten::_native_batch_norm_legit.no_stats", [{"r": "t2"}, {"r": "t1"}, {"r": "t0"}, False, 1, 1]),
     ("aten::_thnn_differentiable_gru_cell_backward.default", [{"r": "t1"}] * 2 + [{"r": "t0"}] * 3 + [{"r": "t1"}]),
     ("aten::_transform_bias_rescale_qkv.default", [{"r": "t2"}, {"r": "t1"}, 0]),
+    ("aten::_cholesky_solve_helper.default", [{"r": "t1"}, {"r": "t2"}, False]),  # corrupts the heap
 ])
 def test_arguments_a_kernel_trusts_blindly_are_refused_at_load(op, args):
     """Each of these crashed the process (segmentation fault or division by zero) when run on the CPU."""

@@ -43,7 +43,7 @@ DENY_ATEN = frozenset({"from_file", "_copy_from", "_copy_from_and_resize", "_deb
     # Internal CPU kernels that trust their callers' shapes (torch 2.13 crashes the process, with a segmentation
     # fault or a division by zero, on arguments a stored recipe can carry); no graph this backend lowers holds them.
     "_thnn_differentiable_gru_cell_backward", "_thnn_differentiable_lstm_cell_backward", "_dyn_quant_matmul_4bit",
-    "_dyn_quant_pack_4bit_weight", "_transform_bias_rescale_qkv"})
+    "_dyn_quant_pack_4bit_weight", "_transform_bias_rescale_qkv", "_cholesky_solve_helper"})
 # Families of backend-specific internal kernels (NNPACK, THNN, MKL-DNN, FBGEMM, cuDNN/MIOpen, packed int4/int8
 # weights, dynamic quantization): the same trust in their callers, and never in a graph lowered for Gaudi.
 DENY_PREFIXES = ("_nnpack_", "_thnn_", "_dyn_quant_", "mkldnn_", "_mkldnn_", "fbgemm_", "_fbgemm_", "cudnn_",
