@@ -90,7 +90,7 @@ def _options(text: str | None) -> dict[str, str]:
 def run(block: Block) -> list[str]:
     """The block's lines from a real run: "$ COMMAND", then its output (as the options select)."""
     words = shlex.split(block.command)
-    assignments = [w for w in itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w), words)]
+    assignments = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w), words))
     program = {"hpurecipe": [sys.executable, "-m", "hpurecipe.main"], "python": [sys.executable]}
     with tempfile.TemporaryDirectory() as tmp:
         argv = [w.replace("/tmp/", f"{tmp}/") for w in words[len(assignments):]]

@@ -230,8 +230,7 @@ def check_ops(recipe: Recipe) -> None:
     call stay within their bounds and indices (``symbolic.symbolic_values``)."""
     for node in recipe.nodes:
         try:
-            ops.resolve(node.op)
-            ops.check_arguments(node.op, node.args, node.kwargs)
+            ops.check_arguments(node.op, ops.resolve(node.op), node.args, node.kwargs)
             collectives.check_structure(node)
         except (ops.OpNotAllowed, ValueError, collectives.CollectiveError) as e:
             raise RecipeLoadError(f"node {node.name}: {e}") from None

@@ -115,11 +115,10 @@ def op_name(target) -> str | None:
     return SYM_FUNCTIONS.get(target)
 
 
-def check_arguments(name: str, args: list, kwargs: dict) -> None:
+def check_arguments(name: str, op, args: list, kwargs: dict) -> None:
     """ValueError when a node's literal arguments are ones its kernel trusts blindly: a bare
     number where the schema takes a dtype, layout or memory format, or a literal in ``REQUIRED_LITERALS``
-    with another value."""
-    op = resolve(name)
+    with another value. ``op``: what ``resolve(name)`` returned."""
     if not isinstance(op, torch._ops.OpOverload):
         return
     for i, a in enumerate(op._schema.arguments):
