@@ -114,6 +114,15 @@ def classify(text: str, code, f_locals: dict) -> Recompile:
     return Recompile(function, guard, cause, var, change, _source(text, code, var), library_file(code.co_filename))
 
 
+def another_callable(rec: Recompile | None) -> bool:
+    """Whether the "recompile" is the first compile of another module: torch.compile calls every module through
+    one wrapper function of Dynamo's (``external_utils.inner``), so the second module a process compiles fails
+    the first one's guard on the wrapped callable (its type or identity) or on the backend (another
+    ``torch.compile`` call's options) in that shared frame."""
+    return (rec is not None and rec.library == "torch/_dynamo/external_utils.py"
+            and re.match(r"___check_(type|obj)_id\(fn\b|BACKEND_MATCH failure", rec.guard) is not None)
+
+
 _UNKNOWN = object()
 
 
