@@ -128,11 +128,14 @@ def test_a_size_range_guard_is_an_input_shape_with_its_range_and_value():
 
 def test_a_second_module_is_a_new_graph_not_a_recompile():
     # torch.compile calls every module through one Dynamo wrapper frame: the second module fails the first one's
-    # guards on the wrapped callable and the backend there, which is no recompile of the user's code
+    # guards there (the function mode stack, the wrapped callable, the backend), no recompile of the user's code
+    from hpu_backend.gaudi import autocast
+
     first = torch.compile(torch.nn.Linear(8, 4), backend="hpu_backend", options=OPTIONS)
     second = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8)), backend="hpu_backend",
                            options={**OPTIONS, "target": "gaudi3"})
-    first(torch.randn(2, 8))
+    with autocast():
+        first(torch.randn(2, 8))
     seen = len(metrics.recompiles())
     with metrics.metric_localcontext("graph_compilation") as gc:
         second(torch.randn(2, 8))

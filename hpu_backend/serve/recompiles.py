@@ -18,6 +18,7 @@ import dis
 import logging
 import re
 import threading
+import weakref
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
@@ -114,13 +115,24 @@ def classify(text: str, code, f_locals: dict) -> Recompile:
     return Recompile(function, guard, cause, var, change, _source(text, code, var), library_file(code.co_filename))
 
 
-def another_callable(rec: Recompile | None) -> bool:
-    """Whether the "recompile" is the first compile of another module: torch.compile calls every module through
-    one wrapper function of Dynamo's (``external_utils.inner``), so the second module a process compiles fails
-    the first one's guard on the wrapped callable (its type or identity) or on the backend (another
-    ``torch.compile`` call's options) in that shared frame."""
-    return (rec is not None and rec.library == "torch/_dynamo/external_utils.py"
-            and re.match(r"___check_(type|obj)_id\(fn\b|BACKEND_MATCH failure", rec.guard) is not None)
+# The callables torch.compile has wrapped so far, each with the compile that first met it (see another_callable).
+_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def another_callable(compile_id) -> bool:
+    """Whether this compile is the first of a callable that torch.compile wraps: every compiled module is called
+    through one wrapper function of Dynamo's (``external_utils.inner``), so the second module a process
+    compiles is a recompile of that shared frame to Dynamo, whatever guard it names first (the wrapped
+    callable, the backend, the torch function mode stack), but a new graph to the user. False when the frame
+    is not that wrapper or torch's internals cannot be read."""
+    try:
+        _, code, f_locals = _dynamo_state()
+        fn = f_locals.get("fn") if code.co_filename.endswith(("_dynamo/external_utils.py",
+                                                               "_dynamo\\external_utils.py")) else None
+        first = _WRAPPED.setdefault(fn, compile_id) if fn is not None else None
+    except Exception:  # noqa: BLE001 - torch internals moved, or a callable with no weak reference
+        return False
+    return first is not None and first == compile_id
 
 
 _UNKNOWN = object()
