@@ -17,7 +17,7 @@ standard output must be exactly its claims, where ``...`` stands for any text (a
 A statement without a claim may print anything.
 
 The blocks run in README order in one session, as a reader following the README in one shell would: one
-temporary directory is HOME and holds the recipe cache (``/tmp/recipes``); ``/tmp/`` in code and commands
+temporary directory is HOME, so the recipe cache is the default one there; ``/tmp/`` in code and commands
 means that directory; the working directory is the checkout (``models/gpt.py`` resolves), with ``hpurecipe``
 and ``python`` this checkout's. So a block may use what an earlier one left: a warm cache, a package file.
 Leading NAME=value words of a COMMAND set the environment of the command, its block and the blocks that
@@ -174,11 +174,14 @@ def _attach_claims(block: PyBlock, claims: list[Claim]) -> None:
 
 # Running: the parent groups blocks into sessions of continued blocks and runs each in a child interpreter.
 
-def session_env(tmp: str) -> dict[str, str]:
-    """The environment every README command and block runs in: a fresh HOME and recipe cache under ``tmp``."""
+def session_env(tmp: str, cache: bool = True) -> dict[str, str]:
+    """The environment every README command and block runs in: a fresh HOME under ``tmp``, and a recipe cache
+    there (``cache``: ``/tmp/recipes``, else the default one in HOME, as a new user has)."""
     env = dict(os.environ, HOME=tmp, COLUMNS="160", PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp}/recipes,false,4096",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")]))
     env.pop("HPU_RECIPE_CACHE_REMOTE", None)
+    if not cache:
+        env.pop("PT_HPU_RECIPE_CACHE_CONFIG")
     return env
 
 
@@ -196,6 +199,8 @@ def run(blocks: list[PyBlock]) -> dict[int, dict]:
     """Each runnable block's ``statements`` outputs and its ``command``'s (stdout, stderr), keyed by the block's
     fence line, from one README session."""
     outputs: dict[int, dict] = {}
+    if not blocks:
+        return outputs
     with tempfile.TemporaryDirectory() as shared:
         for group in _sessions([b for b in blocks if b.fragment is None]):
             start = time.perf_counter()
@@ -223,7 +228,7 @@ def _run_session(group: list[PyBlock], tmp: str) -> list[dict]:
     job.write_text(json.dumps([{"code": b.code.replace("/tmp/", f"{tmp}/"), "line": b.fence + 1,
                                 "command": b.command, "file": b.options.get("file")} for b in group]))
     proc = subprocess.run([sys.executable, __file__, "--session", str(job), tmp], capture_output=True, text=True,
-                          env=session_env(tmp), cwd=ROOT, timeout=TIMEOUT_S)
+                          env=session_env(tmp, cache=False), cwd=ROOT, timeout=TIMEOUT_S)
     result = Path(f"{job}.out")
     if proc.returncode != 0 or not result.exists():
         raise RuntimeError(f"python blocks at README.md:{group[0].fence + 1}: exit {proc.returncode}\n"

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,9 +132,11 @@ def main() -> int:
     in_sessions = {id(e.console): e for e in examples if e.console is not None}  # run there, not on their own
     chosen = [] if args.python else [b for b in console if id(b) not in in_sessions
                                      and (args.only is None or args.only in b.command)]
-    outputs = pyblocks.run(examples) if examples else {}
-    got = [(b, run(b)) for b in chosen] + [(e.console, shown(e.console, *outputs[e.fence]["command"]))
-                                          for e in in_sessions.values()]
+    with ThreadPoolExecutor(1) as pool:  # the python session beside the console blocks (each waits on its own subprocesses)
+        session = pool.submit(pyblocks.run, examples)
+        got = [(b, run(b)) for b in chosen]
+        outputs = session.result()
+    got += [(e.console, shown(e.console, *outputs[e.fence]["command"])) for e in in_sessions.values()]
     edits = [(block.start, block.end, lines_got) for block, lines_got in got]
     stale = sum(args.check and _differs(lines[b.start:b.end], lines_got, b) for b, lines_got in got)
     wrong = pyblocks.stale(examples, outputs)
