@@ -90,3 +90,16 @@ def test_every_python_block_of_the_readme_is_marked(readme):
     lines = readme.README.read_text().splitlines()
     examples = readme.pyblocks.python_blocks(lines, readme.blocks(lines))
     assert any(b.console is not None for b in examples) and any(s.claims for b in examples for s in b.statements)
+
+
+def test_blocks_run_in_one_session_and_a_raising_block_names_its_readme_line(readme):
+    # a real child interpreter (no torch in it): names carry over with continue, /tmp/ is the session's directory
+    lines = ["<!-- python -->", "```python", "import os", "open('/tmp/x', 'w').write('hi')", "n = 2", "```",
+             "<!-- python [continue] -->", "```python", "print(n * 21)  # -> 41", "print(open('/tmp/x').read())",
+             "# -> hi", "print(os.environ['HOME'] == os.path.dirname('/tmp/x'))  # -> True", "```"]
+    examples = readme.pyblocks.python_blocks(lines)
+    ((_, statement, output),) = readme.pyblocks.stale(examples, readme.pyblocks.run(examples))
+    assert (statement.first, output) == (8, "42\n")
+    broken = readme.pyblocks.python_blocks(["<!-- python -->", "```python", "x = 1", "1 / 0", "```"])
+    with pytest.raises(RuntimeError, match=r"README.md:2 raised:[\s\S]*README.md\", line 4[\s\S]*ZeroDivision"):
+        readme.pyblocks.run(broken)
