@@ -91,6 +91,7 @@ def _dynamo_state():
 
 def classify(text: str, code, f_locals: dict) -> Recompile:
     """A ``Recompile`` from Dynamo's reason text and the frame's code object and locals."""
+    code = _user_code(code, f_locals)
     first = text.split("\n", 1)[0]
     guard = re.sub(r"^\d+/\d+: ", "", first).split("  #", 1)[0].strip()
     function = f"{code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno})"
@@ -133,6 +134,15 @@ def another_callable(compile_id) -> bool:
     except Exception:  # noqa: BLE001 - torch internals moved, or a callable with no weak reference
         return False
     return first is not None and first == compile_id
+
+
+def _user_code(code, f_locals: dict):
+    """The code a recompile is about: for Dynamo's shared wrapper frame (``external_utils.inner``, through which
+    torch.compile calls a module or function), the wrapped module's ``forward`` or the function itself."""
+    if library_file(code.co_filename) != "torch/_dynamo/external_utils.py" or "fn" not in f_locals:
+        return code
+    target = getattr(f_locals["fn"], "forward", f_locals["fn"])
+    return getattr(getattr(target, "__func__", target), "__code__", code)
 
 
 _UNKNOWN = object()
