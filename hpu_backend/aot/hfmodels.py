@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .modelfile import ModelFileError, ModelSpec, spec_from
+from .modelfile import ModelFileError, ModelSpec, generative_steps, spec_from
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; anything larger is not one
 EXPERTS = "hpu_backend_planned"  # how MoE experts run when planned (see planned_experts)
@@ -119,12 +119,8 @@ def model_file(config, label: str) -> dict[str, Any]:
 
 
 def _steps(config, label: str) -> dict[str, Any]:
-    return {"make_model": partial(make_model, config), "make_inputs": partial(make_inputs, config=config),
-            "AXES": {"batch": [2, 4], "input_len": [16, 32]},
-            "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": label}},
-            "DECODE": {"make_inputs": partial(make_decode_inputs, config=config),
-                       "AXES": {"batch": [2, 4], "kv_len": [16, 32]},
-                       "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": f"{label}-decode"}}}}
+    return generative_steps(partial(make_model, config), partial(make_inputs, config=config),
+                            partial(make_decode_inputs, config=config), label)
 
 
 def make_model(config):

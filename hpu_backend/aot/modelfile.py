@@ -254,6 +254,18 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
                      _check_axes_min(get("AXES_MIN"), axes, where), seeded, context)
 
 
+def generative_steps(make_model: Callable, make_inputs: Callable, make_decode_inputs: Callable,
+                     label: str) -> dict[str, Any]:
+    """The model-file names of a generative model: its prefill step (batch, input_len) and its ``DECODE`` step
+    (batch, kv_len), both dynamic, labelled ``label`` and ``label-decode`` (models/llama.py, Hugging Face
+    configs)."""
+    return {"make_model": make_model, "make_inputs": make_inputs,
+            "AXES": {"batch": [2, 4], "input_len": [16, 32]},
+            "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": label}},
+            "DECODE": {"make_inputs": make_decode_inputs, "AXES": {"batch": [2, 4], "kv_len": [16, 32]},
+                       "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": f"{label}-decode"}}}}
+
+
 def _getter(holder: Any) -> Callable[..., Any]:
     """``get(name, default=None)`` over a dict or the attributes of any other holder."""
     return holder.get if isinstance(holder, Mapping) else (lambda n, d=None: getattr(holder, n, d))
