@@ -160,3 +160,44 @@ def test_a_plan_read_back_gives_the_points_to_warm():
     assert decode == [{"batch": 2, "kv_len": 192}, {"batch": 8, "kv_len": 128}]  # each sequence's share of the blocks
     with pytest.raises(PlanError, match=r"grid.decode: expected at most"):
         planned_points({**doc, "grid": {"prompt": [], "decode": [[1, "x"]]}})
+
+
+@pytest.fixture()
+def no_lowering(monkeypatch):
+    """Lowering fails the test: the checks below must answer from the config alone."""
+    from hpu_backend.aot.serving import model as sm
+
+    def lowered(*args, **kwargs):
+        raise AssertionError("the model was lowered")
+
+    monkeypatch.setattr(sm, "load", lowered)
+
+
+def _config(tmp_path, **fields):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, **fields}))
+    return path
+
+
+def test_a_model_too_big_for_the_cards_is_one_line_before_lowering(tmp_path, no_lowering):
+    # a layer: q and o 16384^2, k and v 16384 x 1024 (8 KV heads of 128), the MLP 3 x 16384 x 53248, two norms;
+    # embeddings and head 2 x 96 x 16384, the final norm: in bf16 over 2 cards, 142.5 GiB a card
+    big = _config(tmp_path, hidden_size=16384, intermediate_size=53248, num_hidden_layers=48,
+                  num_attention_heads=128, num_key_value_heads=8)
+    d = 16384
+    params = 48 * (2 * d * d + 2 * d * 1024 + 3 * d * 53248 + 2 * d) + 2 * 96 * d + d
+    line = one_line(cli("serving-plan", big, "--max-model-len", "256", "--cards", "2", code=2))
+    assert f"weights take {params / (1 << 30):.1f} GiB per card, past the 96.0 GiB of a gaudi2 card with " \
+           "--cards 2" in line, line
+
+
+def test_a_kv_cache_that_cannot_hold_one_sequence_is_one_line_before_lowering(tmp_path, no_lowering):
+    # 4 layers x K,V x 32 heads x 128 x bf16 = 64 KiB a token: 2M tokens need 128 GiB, more than a card has
+    long = _config(tmp_path, hidden_size=4096, intermediate_size=64, num_hidden_layers=4, num_attention_heads=32,
+                   num_key_value_heads=32, max_position_embeddings=1 << 21)
+    line = one_line(cli("serving-plan", long, "--max-model-len", str(1 << 21), code=2))
+    assert "KV cache: one sequence of --max-model-len 2097152 needs 128.0 GiB (16384 blocks of 128 tokens, " \
+           "65,536 bytes a token)" in line, line
+    # half the length in fp8 needs 32 GiB: the checks pass and lowering begins
+    passed = cli("serving-plan", long, "--max-model-len", str(1 << 20), "--dtype", "fp8", code=None)
+    assert str(passed.exception) == "the model was lowered", passed.output

@@ -97,6 +97,22 @@ def context_length(config) -> int | None:
     return None
 
 
+def card_bytes(config, cards: int, dtype_bytes: int) -> tuple[int, float]:
+    """(Weight bytes, KV-cache bytes a token) on one card of ``cards``: the parameters counted on the meta device
+    (nothing allocated), split evenly over the cards; each layer's keys and values, KV heads split as the shard
+    splits them. At ``dtype_bytes`` a value (fp8 stores weights and KV cache in one byte)."""
+    import torch
+
+    from .modelfile import user_call
+
+    with torch.device("meta"):
+        step = user_call(config.model_type, "building the model on the meta device", make_model, config)
+    params = sum(p.numel() for p in step.parameters())
+    kv, head_dim = kv_shape(config)
+    per_token = 2 * config.num_hidden_layers * max(1, kv // cards) * head_dim * dtype_bytes
+    return -(-params * dtype_bytes // cards), float(per_token)
+
+
 def load_config(selector: str | Path) -> ModelSpec:
     """The model file of the causal LM a config.json describes."""
     where = str(selector)
@@ -308,5 +324,5 @@ def _decoder_layers(lm) -> list:
     raise HFConfigError(f"{lm.config.model_type}: cannot find the decoder layers to shard over cards")
 
 
-__all__ = ["HFConfigError", "build_config", "context_length", "is_config", "kv_shape", "load_config",
+__all__ = ["HFConfigError", "build_config", "card_bytes", "context_length", "is_config", "kv_shape", "load_config",
            "model_file", "per_card_config", "read_config"]

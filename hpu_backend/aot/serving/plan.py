@@ -69,9 +69,7 @@ def check_engine(engine: bk.Engine, context: int | None) -> None:
 def memory(model: ServingModel, engine: bk.Engine, prompt_grid: bk.Grid) -> Memory:
     """The KV-cache blocks left after weights and the profiling run (PlanError when none fit one sequence)."""
     hbm = hbm_bytes(model.target)
-    if model.weights_bytes >= hbm:
-        raise PlanError(f"{model.name}: weights take {_gib(model.weights_bytes)} per card, past the {_gib(hbm)} of a "
-                        f"{model.target} card with --cards {model.cards}; use more --cards (up to 8) or --dtype fp8")
+    _check_weights(model.name, model.weights_bytes, model.target, model.cards)
     bs, seq = max(prompt_grid.prompt, key=lambda s: s[0] * s[1])
     profile = round(model.value("prompt", "activation_bytes", bs, seq))
     free = max(0, hbm - model.weights_bytes - profile)
@@ -85,6 +83,29 @@ def memory(model: ServingModel, engine: bk.Engine, prompt_grid: bk.Grid) -> Memo
                         f"fewer than the {need} one sequence of --max-model-len {engine.max_model_len} needs; raise "
                         f"--gpu-memory-utilization (at most 1), add --cards or lower --max-model-len")
     return Memory(hbm, model.weights_bytes, profile, usable, reserved, usable - reserved, block, blocks)
+
+
+def check_fits(name: str, target: str, cards: int, weights_bytes: int, kv_bytes_per_token: float,
+               engine: bk.Engine) -> None:
+    """PlanError, from the config alone and before any lowering, when the weights fill a card or the memory they
+    leave cannot hold one sequence's KV cache even before activations and graphs take their share (``memory``
+    checks again, exactly, after lowering)."""
+    _check_weights(name, weights_bytes, target, cards)
+    room = int((hbm_bytes(target) - weights_bytes) * engine.gpu_memory_utilization * (1 - engine.graph_reserved_mem))
+    blocks = engine.blocks_per_seq(engine.max_model_len)
+    need = blocks * engine.block_size * kv_bytes_per_token
+    if need > room:
+        raise PlanError(f"KV cache: one sequence of --max-model-len {engine.max_model_len} needs {_gib(need)} "
+                        f"({blocks} blocks of {engine.block_size} tokens, {kv_bytes_per_token:,.0f} bytes a token), "
+                        f"more than the {_gib(room)} the weights leave at --gpu-memory-utilization "
+                        f"{engine.gpu_memory_utilization:g}; lower --max-model-len or add --cards")
+
+
+def _check_weights(name: str, weights_bytes: int, target: str, cards: int) -> None:
+    hbm = hbm_bytes(target)
+    if weights_bytes >= hbm:
+        raise PlanError(f"{name}: weights take {_gib(weights_bytes)} per card, past the {_gib(hbm)} of a "
+                        f"{target} card with --cards {cards}; use more --cards (up to 8) or --dtype fp8")
 
 
 def _gib(n: float) -> str:
@@ -384,5 +405,5 @@ def _int_ok(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= bk.MAX_VALUE
 
 
-__all__ = ["CACHED_S_PER_SLICE", "COMPILE_S_PER_SLICE", "Memory", "PlanError", "bucket_rows", "check_engine",
+__all__ = ["CACHED_S_PER_SLICE", "COMPILE_S_PER_SLICE", "Memory", "PlanError", "bucket_rows", "check_engine", "check_fits",
            "costs", "memory", "plan", "planned_points", "recommend", "warmup"]
