@@ -199,5 +199,5 @@ def test_a_kv_cache_that_cannot_hold_one_sequence_is_one_line_before_lowering(tm
     assert "KV cache: one sequence of --max-model-len 2097152 needs 128.0 GiB (16384 blocks of 128 tokens, " \
            "65,536 bytes a token)" in line, line
     # half the length in fp8 needs 32 GiB: the checks pass and lowering begins
-    passed = cli("serving-plan", long, "--max-model-len", str(1 << 20), "--dtype", "fp8", code=None)
-    assert str(passed.exception) == "the model was lowered", passed.output
+    passed = cli("serving-plan", long, "--max-model-len", str(1 << 20), "--dtype", "fp8", code=1)
+    assert "the model was lowered" in passed.output, passed.output
