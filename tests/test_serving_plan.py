@@ -201,3 +201,19 @@ def test_a_kv_cache_that_cannot_hold_one_sequence_is_one_line_before_lowering(tm
     # half the length in fp8 needs 32 GiB: the checks pass and lowering begins
     passed = cli("serving-plan", long, "--max-model-len", str(1 << 20), "--dtype", "fp8", code=1)
     assert "the model was lowered" in passed.output, passed.output
+
+
+def test_warm_from_a_plan_fills_the_cache_with_exactly_its_buckets(config, tmp_path):
+    # a plan's JSON as serving-plan --json writes it (the fields warm reads): two prompt buckets, one decode bucket
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"grid": {"prompt": [[1, 16], [2, 16]], "decode": [[2, 1]]},
+                                "engine": {"block_size": 16}}))
+    cache = tmp_path / "cache"
+    warmed = cli_json("warm", config, "--serving-plan", plan, "--cache-dir", cache)
+    points = {name: [p["point"] for p in doc["points"]] for name, doc in warmed.items()}
+    assert points == {"prompt": [{"batch": 1, "input_len": 16}, {"batch": 2, "input_len": 16}],
+                      "decode": [{"batch": 2, "kv_len": 8}]}  # each sequence's share of the bucket's block
+    assert all(doc["compiled"] > 0 for doc in warmed.values())
+    planned = {k for doc in warmed.values() for p in doc["points"] for k in p["keys"] + p["programs"]}
+    stored = {row["key"] for row in cli_json("ls", "--cache-dir", cache)}
+    assert stored == planned  # the recipes (and programs) of the plan's buckets, nothing else
