@@ -4,8 +4,9 @@ Accuracy. One calibration row fits the two warm-up factors (hpu_backend/aot/serv
 docs/configuration/warm-up/managing_warm-up.md, LLaMA 3.1 8B, TP 1, bf16, with the bucket settings that page
 gives and --max-model-len 8192: 66 s cold, 23 s from a recipe cache. The cached time less the buckets' run time
 fits the bridge's factor per graph node; the cold time less the cached one fits the graph compiler's factor per
-slice of work. Everything else is held out and only reported: the fp8 row of the same page (504 s cold, 34 s
-cached; its graphs carry the quantize and dequantize nodes INC adds, serving/fp8.py) and docs/features/warmup.md's
+slice of work (of the distinct graphs: in bf16 the decoder layers after the first share one). Everything else is
+held out and only reported: the fp8 row of the same page (504 s cold, 34 s cached; its graphs carry the quantize
+and dequantize nodes INC adds and each layer's own scales, serving/fp8.py) and docs/features/warmup.md's
 72 graphs in 49 s (Gaudi 2; prompt batches 1-4 × lengths 128-1024, decode batches 1-4 × lengths 128-2048, the older
 per-sequence decode lengths here as blocks = batch × length / 128). Planned on gaudi2: neither page names
 the card of its first rows.

@@ -43,3 +43,20 @@ def test_decode_dequantizes_the_kv_cache_and_quantizes_attention_matmuls(steps):
     compiled = fp8.compiled_outputs(recipe, steps[1].params, env)
     assert len(compiled) == len(recipe.nodes) + len(added)
     assert sum(compiled) > sum(nbytes(o, env) for n in recipe.nodes for o in n.out) + sum(added)  # fp8 made in bf16
+
+
+def test_layers_share_a_compiled_graph_in_bf16_and_not_in_fp8(monkeypatch):
+    from hpu_backend.aot.capacity import LayeredStep
+    from hpu_backend.aot.serving import model as sm
+
+    # a one-layer and a two-layer graph's measures: a layer adds 60 slices and 30 nodes
+    one = {"time_s": 1.0, "activation_bytes": 10, "slices": 100, "nodes": 50, "weights_bytes": 4, "input_bytes": 5,
+           "ops": 50}
+    two = {**one, "time_s": 1.5, "slices": 160, "nodes": 80, "ops": 80}
+    monkeypatch.setattr(sm, "_measure_graph", lambda step, point, sram: step)
+    layered = LayeredStep(one, two, 32, 1 << 30)
+    measured = {dtype: sm.ServingModel("m", "gaudi2", dtype, 1, layered, layered).measure("prompt", 1, 128)
+                for dtype in ("bf16", "fp8")}
+    assert measured["bf16"]["slices"] == 160  # the first layer's graph and the one the other 31 share
+    assert measured["fp8"]["slices"] == 100 + 31 * 60  # every layer compiled on its own
+    assert measured["bf16"]["nodes"] == measured["fp8"]["nodes"] == 50 + 31 * 30  # the bridge builds every layer

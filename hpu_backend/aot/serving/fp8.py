@@ -21,6 +21,14 @@ from ...lowering.optable import FP8
 from ...lowering.values import nbytes, node_refs
 
 
+# vLLM-Gaudi ends a lazy graph after every decoder layer (VLLM_CONFIG_HIDDEN_LAYERS=1), so in bf16 the identical
+# layers after the first are one graph, compiled once per bucket. INC's scale format for LLaMA-style models
+# ("scalar", vllm-hpu-extension's default but for Qwen3) writes each layer's own scales into its graph, so in fp8
+# every layer is a graph of its own to compile (scale_format "const" lets the layers share graphs again, with
+# slower steps: vllm-hpu-extension pull requests 231 and 235).
+LAYERS_SHARE_GRAPHS = {"bf16": True, "fp8": False}
+
+
 def compiled_outputs(recipe: Recipe, params: int, env: Mapping[str, int]) -> list[int]:
     """The output bytes of each node Gaudi compiles for ``recipe`` at the shape ``env``: the plan's nodes, those
     the fp8 plan typed fp8 at bf16 (INC makes them in bf16 and quantizes them with a node of its own), and the

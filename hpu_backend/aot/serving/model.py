@@ -3,11 +3,13 @@ one- and two-layer lowerings), measured at a few shapes, and surrogates fitted o
 that any bucket's time, activation memory and compile work costs no lowering.
 
 A measurement re-runs the bucket passes of the lowered step at one shape (``StepGraph.at``): device time
-(the cost model), the activations' arena (the memory plan), the weights and KV bytes (its inputs), and the
-graph compiler's work — its nodes, each counted once per slice of on-chip memory its output fills (a node whose
-output exceeds SRAM is split into that many pieces, each scheduled and compiled) — and the nodes the bridge
-builds into a graph before the compiler sees it. An fp8 graph counts the quantize and dequantize nodes Intel
-Neural Compressor adds (``fp8.py``). The surrogates are least
+(the cost model), the activations' arena (the memory plan), the weights and KV bytes (its inputs), the nodes the
+bridge builds into graphs (every layer's), and the graph compiler's work — the nodes of the distinct graphs it
+compiles, each counted once per slice of on-chip memory its output fills (a node whose output exceeds SRAM is
+split into that many pieces, each scheduled and compiled). vLLM-Gaudi cuts a graph after every decoder layer, so
+in bf16 the compiler sees the first layer with the embedding, one layer graph shared by the others, and the head
+(the two-layer lowering's work); in fp8 each layer's graph carries its own scales and is compiled on its own, and
+carries the quantize and dequantize nodes Intel Neural Compressor adds (``fp8.py``). The surrogates are least
 squares over features of the shape (prefill: 1, batch, tokens, batch·length²; decode: 1, batch, KV tokens),
 non-negative; their largest relative error on held-out shapes is reported with the plan.
 """
@@ -105,6 +107,8 @@ class ServingModel:
             a, b = _measure_graph(step.one, point, self.sram_bytes), _measure_graph(step.two, point, self.sram_bytes)
             out = {k: a[k] + (step.layers - 1) * (b[k] - a[k]) for k in a}
             out["activation_bytes"] = b["activation_bytes"]  # the arena does not grow with depth
+            if fp8.LAYERS_SHARE_GRAPHS[self.dtype]:  # the first layer's graph (with the embedding) and one more
+                out["slices"] = b["slices"]
             return out
         return _measure_graph(step, point, self.sram_bytes)
 

@@ -7,8 +7,8 @@ prompt bucket takes its activations, ``gpu_memory_utilization`` of what is then 
 ``VLLM_GRAPH_RESERVED_MEM`` is kept for graphs and the rest becomes KV-cache blocks of ``block_size`` tokens.
 
 Warm-up compiles and runs every bucket once. Compiling a bucket is two stages (vLLM-Gaudi's managing_warm-up.md):
-the graph compiler's, ``COMPILE_S_PER_SLICE`` per unit of its work (``model.py``: nodes × on-chip slices), which a
-recipe cache skips, and the bridge's HPU graph build, ``GRAPH_S_PER_NODE`` per node, which runs from a recipe cache
+the graph compiler's, ``COMPILE_S_PER_SLICE`` per unit of its work (``model.py``: the nodes of the distinct graphs
+it compiles × on-chip slices), which a recipe cache skips, and the bridge's HPU graph build, ``GRAPH_S_PER_NODE`` per node, which runs from a recipe cache
 too. Both factors are fitted on the one calibration row (bench/serving_bench.py) and nothing else.
 """
 
@@ -29,7 +29,7 @@ from .trace import Request
 
 # Fitted by bench/serving_bench.py on vLLM-Gaudi's managing_warm-up.md row: LLaMA 3.1 8B, TP 1, bf16, the bucket
 # settings that page gives (47 graphs), max-model-len 8192: 66 s cold, 23 s from a recipe cache. Planned on gaudi2.
-COMPILE_S_PER_SLICE = 1.398e-5
+COMPILE_S_PER_SLICE = 1.797e-4
 GRAPH_S_PER_NODE = 1.146e-4
 CALIBRATION = "vLLM-Gaudi docs, managing_warm-up.md: LLaMA 3.1 8B TP1 bf16, 66 s cold / 23 s cached"
 
