@@ -335,3 +335,46 @@ def test_the_steady_steps_follow_the_last_compiling_step_and_the_first_steps_com
     rows = whatif.steady_steps(events, "gaudi2")
     assert [s.step for s in rows] == [2, 3, 4] and all(s.bound == "device" for s in rows)
     assert whatif.step_s(events, "gaudi2") == pytest.approx(sum(s.time_s for s in rows) / 3)
+
+
+def test_a_training_step_trace_has_gathers_buckets_and_the_optimizer_on_their_rows(tmp_path):
+    from hpu_backend.timeline.training import TrainingStep, schedule
+
+    step = TrainingStep(layers=3, forward_s=3.0, backward_s=6.0, accumulation=2, gather_s=0.5, optimizer_s=0.4,
+                        grads=(("reduce_scatter", 0.2, 4, True),))
+    out = schedule(step, spans=True)
+    assert out["step_s"] == schedule(step)["step_s"]  # laying it out changes nothing
+    path = tmp_path / "train.json"
+    trace.write(str(path), out["spans"])
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert all(e["args"]["estimate"] is True for e in events)
+    rows = {}
+    for e in events:
+        rows.setdefault(e["cat"], []).append(e)
+    gathers = [e for e in rows["Network"] if e["args"]["kind"] == "all_gather"]
+    buckets = [e for e in rows["Network"] if e["args"]["kind"] == "reduce_scatter"]
+    assert len(gathers) == 2 * 2 * 3 and len(buckets) == 2 * 4  # per micro-step: both passes' layers; 4 buckets
+    assert [e["name"] for e in rows["Recipe"][:6]] == [f"forward layer {i}" for i in range(3)] + \
+        [f"backward layer {i}" for i in (2, 1, 0)]
+    (opt,) = rows["TPC"]
+    assert opt["ts"] >= max(e["ts"] + e["dur"] for e in buckets) - 1e-3  # waits for the last gradient bucket
+    (total,) = rows["Steps"]
+    assert total["dur"] == pytest.approx(out["step_s"] * 1e6) and total["args"]["exposed_s"] == out["exposed_s"]
+    p = guidance.read(str(path))
+    assert guidance.limiting(p)[0] == "Network" and p.engines["Network"] == pytest.approx(sum(
+        e["dur"] for e in rows["Network"]) / 1e6)
+
+
+def test_analyze_train_writes_the_planned_step_as_a_trace(tmp_path):
+    from cli_helpers import cli
+
+    path = tmp_path / "train.json"
+    cli("analyze", "models/llama.py", "--train", "--seq", 32, "--global-batch", 8, "--cards", 2, "--zero", 3,
+        "--bucket-mb", 0.05, "--trace", str(path))
+    doc = json.loads(path.read_text())
+    assert doc["otherData"]["tool"] == "analyze (training)" and doc["otherData"]["layout"]["zero"] == 3
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    assert "/device:HPU:0" in names
+    kinds = {e["args"].get("kind") for e in doc["traceEvents"] if e.get("cat") == "Network"}
+    assert kinds == {"all_gather", "reduce_scatter"}
+    assert any(e.get("cat") == "TPC" and e["name"] == "optimizer step (AdamW)" for e in doc["traceEvents"])

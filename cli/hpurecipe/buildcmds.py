@@ -323,18 +323,16 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     problem = layout_problem(target, cards or 1, tp, global_batch)  # before any model loads
     if problem:
         raise UsageError(problem)
-    if trace is not None and (seq is not None or global_batch is not None):
-        raise UsageError("--trace writes the trace of the buckets or of a served request; a training plan has none "
-                         "yet")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
         if input_len is not None or output_len is not None:
             raise UsageError("--input-len/--output-len plan inference, --seq/--global-batch a training step: "
                              "give one pair")
+        check_trace(trace)
         with time_limit(timeout, model_file):
             _training(model_file, axis, train, target, seq, global_batch, dtype or "bf16", batch, cards or 1, zero,
-                      tp, bucket_mb, checkpointing, search, json)
+                      tp, bucket_mb, checkpointing, search, json, trace)
         return
     if input_len is None and output_len is None:
         if dtype is not None or batch is not None or cards is not None:
@@ -399,7 +397,7 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
 def _training(model_file: str, axis, train: bool, target: str, seq: int | None, global_batch: int | None,
               dtype: str, batch: int | None, cards: int, zero: int, tp: int, bucket_mb: float, checkpointing: str,
-              search: bool, json: bool) -> None:
+              search: bool, json: bool, trace=None) -> None:
     if not train or seq is None or global_batch is None or axis:
         raise UsageError("a training plan needs --train, --seq and --global-batch (and no --axis), e.g. --train "
                          "--seq 4096 --global-batch 1024 --cards 8 --zero 1")
@@ -411,5 +409,6 @@ def _training(model_file: str, axis, train: bool, target: str, seq: int | None, 
 
     with stages("training plan", json) as on_step:
         doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp,
-                            bucket_mb, checkpointing, batch, search, on_step=on_step)
+                            bucket_mb, checkpointing, batch, search, on_step=on_step,
+                            trace=str(trace) if trace else None)
     render.emit_json(doc) if json else print_training(doc)
