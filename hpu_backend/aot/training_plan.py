@@ -251,7 +251,7 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
         step(f"tracing and lowering the forward of one card (tp {tp})")
         shard = forward_shard(spec, target, dtype, tp)
         doc = plan_layout(shard, spec.name, layout, target, dtype, seq, global_batch, micro_batch)
-        return _traced(doc, shard, trace, micro_batch)
+        return _traced(doc, shard, trace)
     tried, shards = [], {}
     for t in (d for d in range(1, cards + 1) if cards % d == 0):
         step(f"tracing and lowering the forward of one card (tp {t})")
@@ -268,10 +268,10 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
     best = max(fitting, key=lambda d: d["tokens_per_s"]) if fitting else tried[0]
     best["search"] = [{"layout": d["layout"], "tokens_per_s": d["tokens_per_s"], "fits_hbm": d["fits_hbm"]}
                       for d in tried]
-    return _traced(best, shards[best["layout"]["tp"]], trace, micro_batch)
+    return _traced(best, shards[best["layout"]["tp"]], trace)
 
 
-def _traced(doc: dict[str, Any], shard: ForwardShard, trace: str | None, micro_batch: int | None) -> dict[str, Any]:
+def _traced(doc: dict[str, Any], shard: ForwardShard, trace: str | None) -> dict[str, Any]:
     """Write the trace of ``doc``'s optimizer step (planned again with its spans kept) when asked; ``doc``."""
     if not trace or not doc.get("step"):
         return doc

@@ -118,7 +118,7 @@ def _compiled(c: dict[str, Any]) -> str:
     if not c.get("total_s"):
         return ""
     where = c.get("steps") or [0]
-    first = "" if where == [0] else f", step 0 {_ms(c.get('first_step_s'))}"
+    first = f", step 0 {_ms(c.get('first_step_s'))}" if len(where) > 1 and where[0] == 0 else ""
     steps = f"step {where[0]}" if len(where) == 1 else f"steps {where[0]}-{where[-1]}"
     return f"; compiles {_ms(c['total_s'])} in {steps}{first} (measured, not in the step)"
 
