@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import msgpack
@@ -23,8 +24,8 @@ import pytest
 import torch
 
 import hpu_backend
-from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, artifact_bytes, manifest_bytes,
-                                             read_artifact)
+from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, artifact_bytes, framed, inflate,
+                                             manifest_bytes, read_artifact)
 from hpu_backend.serve.precompiled import PrecompiledGraph
 from cli_helpers import TINY, cli, one_line, tiny_model
 
@@ -154,6 +155,22 @@ def test_an_unsigned_forged_or_tampered_artifact_is_refused_before_unpickling(pr
             hpu_backend.load_precompiled(copy, model)
         assert "\n" not in str(e.value)
         assert not marker.exists()
+
+
+def test_an_artifact_is_compressed_and_a_signed_bomb_is_refused_without_inflating_it(precompiled, tmp_path):
+    model_file, directory = precompiled
+    entry = json.loads((directory / MANIFEST).read_text())["manifest"]["artifacts"][0]
+    assert entry["bytes"] <= 2 * entry["recipe_bytes"], entry  # torch's pickle and our part, compressed
+    copy = _copy(directory, tmp_path)
+    info = _info(copy)
+    bomb = zlib.compress(bytes(16 << 20))  # 16 MiB of zeros in ~16 KiB, declared as 1000 bytes
+    (copy / "range-000.hpuaot").write_bytes(framed(msgpack.packb({"info": info, "size": 1000, "torch": bomb}),
+                                                   KEY.encode()))
+    with pytest.raises(PrecompileError, match="does not inflate to the 1000 bytes it declares"):
+        read_artifact(copy / "range-000.hpuaot")
+    with pytest.raises(PrecompileError, match="more than the 100 an artifact may hold"):
+        inflate(zlib.compress(bytes(200)), 200, "crafted", cap=100)
+    assert inflate(zlib.compress(b"torch"), 5, "genuine") == b"torch"
 
 
 def _resign(directory: Path, change) -> None:
