@@ -26,7 +26,7 @@ import torch
 import hpu_backend
 from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, artifact_bytes, framed, inflate,
                                              manifest_bytes, read_artifact)
-from hpu_backend.serve.precompiled import PrecompiledGraph
+from hpu_backend.serve.precompiled import PrecompiledGraph, accelerator
 from cli_helpers import TINY, cli, one_line, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,6 +190,11 @@ def test_a_version_target_or_parameter_mismatch_is_refused_naming_it(precompiled
     copy = _copy(directory, tmp_path)
     _resign(copy, lambda doc: doc["fingerprint"].update(torch="2.0.0"))
     with pytest.raises(PrecompileError, match=re.escape("built for torch=2.0.0, this process has torch=" + torch.__version__)):
+        hpu_backend.load_precompiled(copy, model)
+    # Captured where Dynamo saw an accelerator, its bytecode reads that device's current stream.
+    _resign(copy, lambda doc: doc["fingerprint"].update(torch=torch.__version__, accelerator="cuda"))
+    with pytest.raises(PrecompileError, match=re.escape(
+            f"built for accelerator=cuda, this process has accelerator={accelerator()}")):
         hpu_backend.load_precompiled(copy, model)
 
 

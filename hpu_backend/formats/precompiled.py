@@ -39,21 +39,25 @@ MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 4 << 20
 TRUST_UNSIGNED_ENV = "HPURECIPE_TRUST_UNSIGNED"  # "1": load unsigned artifacts (local files one built oneself)
-FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target", "settings", "world_size")
+FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target", "settings", "world_size",
+                      "accelerator")
+NO_ACCELERATOR = "none"
 
 
 class PrecompileError(ValueError):
     """A precompiled artifact that cannot be built or loaded here (one line, naming what is wrong)."""
 
 
-def fingerprint(key_settings: Mapping[str, Any], world_size: int) -> dict[str, Any]:
-    """What must be equal where an artifact is loaded: versions, the target, the recipe-changing settings and
-    the world size (``key_settings``: ``Settings.key_fields()``)."""
+def fingerprint(key_settings: Mapping[str, Any], world_size: int, accelerator: str) -> dict[str, Any]:
+    """What must be equal where an artifact is loaded: versions, the target, the recipe-changing settings,
+    the world size (``key_settings``: ``Settings.key_fields()``) and the accelerator Dynamo saw (with one,
+    its bytecode reads that device's current stream, which a process without it cannot answer)."""
     settings = {k: v for k, v in key_settings.items() if k != "target"}
     tc = keyparts.toolchain()
     return {"torch": tc["torch"], "python": platform.python_version(), "hpu_backend": tc["hpu_backend"],
             "recipe_format": tc["recipe_format"], "target": key_settings.get("target"),
-            "settings": json.loads(json.dumps(settings, sort_keys=True)), "world_size": world_size}
+            "settings": json.loads(json.dumps(settings, sort_keys=True)), "world_size": world_size,
+            "accelerator": accelerator}
 
 
 def check_fingerprint(stored: Any, here: Mapping[str, Any], where: str) -> None:
@@ -61,6 +65,8 @@ def check_fingerprint(stored: Any, here: Mapping[str, Any], where: str) -> None:
     if not isinstance(stored, dict):
         raise PrecompileError(f"{where}: no fingerprint")
     for name in FINGERPRINT_FIELDS:
+        if name == "accelerator" and stored.get(name) == NO_ACCELERATOR:
+            continue  # captured without one: its bytecode and guards read no device state the host lacks
         if stored.get(name) != here.get(name):
             raise PrecompileError(f"{where}: built for {name}={_short(stored.get(name))}, this process has "
                                   f"{name}={_short(here.get(name))}; precompile it again here")
