@@ -244,6 +244,16 @@ def test_training_and_dynamic_shapes_round_trip_through_torchs_own_save_and_load
     assert loaded._artifacts.compiled_fn.program.mode == "training"
 
 
+def test_warm_precompile_is_the_precompile_command(precompiled, tmp_path):
+    model_file, _ = precompiled
+    out = tmp_path / "warmed.precompiled"
+    assert "(1 artifact)" in cli("warm", model_file, "--axis", "batch=4", "--precompile", out).output
+    manifest = json.loads((out / MANIFEST).read_text())["manifest"]
+    assert [a["ranges"] for a in manifest["artifacts"]] == [{"batch": [4, 4]}], manifest["artifacts"]
+    line = one_line(cli("warm", model_file, "--train", "--precompile", out, code=2))
+    assert "takes no --train" in line, line
+
+
 def test_a_precompiled_directory_travels_in_a_signed_bundle(precompiled, tmp_path):
     _, directory = precompiled
     bundle = tmp_path / "ship.tar"
