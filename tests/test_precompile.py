@@ -168,6 +168,10 @@ def test_an_artifact_is_compressed_and_a_signed_bomb_is_refused_without_inflatin
                                                    KEY.encode()))
     with pytest.raises(PrecompileError, match="does not inflate to the 1000 bytes it declares"):
         read_artifact(copy / "range-000.hpuaot")
+    older = framed(msgpack.packb({"info": info, "torch": b"uncompressed"}), KEY.encode())
+    (copy / "range-000.hpuaot").write_bytes(older[:7] + b"\x01" + older[8:])  # format 1: stored uncompressed
+    with pytest.raises(PrecompileError, match="artifact format 1, this reads 2: precompile again"):
+        read_artifact(copy / "range-000.hpuaot")
     with pytest.raises(PrecompileError, match="more than the 100 an artifact may hold"):
         inflate(zlib.compress(bytes(200)), 200, "crafted", cap=100)
     assert inflate(zlib.compress(b"torch"), 5, "genuine") == b"torch"
