@@ -74,11 +74,16 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
          timeout: Timeout = None, json: Json = False, trace: TraceFile = None,
          serving_plan: Annotated[Optional[Path], typer.Option(
              "--serving-plan", help="Warm exactly the buckets of a plan (hpurecipe serving-plan --json > PLAN).",
+             show_default=False)] = None,
+         precompile: Annotated[Optional[Path], typer.Option(
+             "--precompile", help="Precompile into DIR instead (as hpurecipe precompile MODEL -o DIR).",
              show_default=False)] = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
     check_trace(trace)
+    if precompile is not None:
+        return _precompile(model_file, precompile, axis, cache_dir, timeout, json, train, serving_plan, trace)
     if serving_plan is not None:
         from .servingcmd import warm_plan
 
@@ -94,6 +99,16 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
         except KeyboardInterrupt:
             raise _interrupted(config, before) from None
     _finish(report, config, json, check)
+
+
+def _precompile(model_file, out: Path, axis, cache_dir, timeout, json: bool, *others) -> None:
+    """``warm --precompile DIR``: ``precompile`` under the name a deployment looks for (inference only)."""
+    from .precompilecmds import precompile
+
+    if any(others):
+        raise UsageError("--precompile captures inference over the model file's axes; it takes no --train, "
+                         "--serving-plan or --trace")
+    precompile(model_file, output=out, axis=axis, cache_dir=cache_dir, timeout=timeout, json=json)
 
 
 def _recipe_keys(config) -> set[str]:
