@@ -74,11 +74,16 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
          timeout: Timeout = None, json: Json = False, trace: TraceFile = None,
          serving_plan: Annotated[Optional[Path], typer.Option(
              "--serving-plan", help="Warm exactly the buckets of a plan (hpurecipe serving-plan --json > PLAN).",
+             show_default=False)] = None,
+         precompile: Annotated[Optional[Path], typer.Option(
+             "--precompile", help="Precompile into DIR instead (as hpurecipe precompile MODEL -o DIR).",
              show_default=False)] = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
     check_trace(trace)
+    if precompile is not None:
+        return _precompile(model_file, precompile, axis, cache_dir, timeout, json, train, serving_plan, trace)
     if serving_plan is not None:
         from .servingcmd import warm_plan
 
@@ -94,6 +99,16 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
         except KeyboardInterrupt:
             raise _interrupted(config, before) from None
     _finish(report, config, json, check)
+
+
+def _precompile(model_file, out: Path, axis, cache_dir, timeout, json: bool, *others) -> None:
+    """``warm --precompile DIR``: ``precompile`` under the name a deployment looks for (inference only)."""
+    from .precompilecmds import precompile
+
+    if any(others):
+        raise UsageError("--precompile captures inference over the model file's axes; it takes no --train, "
+                         "--serving-plan or --trace")
+    precompile(model_file, output=out, axis=axis, cache_dir=cache_dir, timeout=timeout, json=json)
 
 
 def _recipe_keys(config) -> set[str]:
@@ -323,18 +338,16 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     problem = layout_problem(target, cards or 1, tp, global_batch)  # before any model loads
     if problem:
         raise UsageError(problem)
-    if trace is not None and (seq is not None or global_batch is not None):
-        raise UsageError("--trace writes the trace of the buckets or of a served request; a training plan has none "
-                         "yet")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
         if input_len is not None or output_len is not None:
             raise UsageError("--input-len/--output-len plan inference, --seq/--global-batch a training step: "
                              "give one pair")
+        check_trace(trace)
         with time_limit(timeout, model_file):
             _training(model_file, axis, train, target, seq, global_batch, dtype or "bf16", batch, cards or 1, zero,
-                      tp, bucket_mb, checkpointing, search, json)
+                      tp, bucket_mb, checkpointing, search, json, trace)
         return
     if input_len is None and output_len is None:
         if dtype is not None or batch is not None or cards is not None:
@@ -399,7 +412,7 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
 def _training(model_file: str, axis, train: bool, target: str, seq: int | None, global_batch: int | None,
               dtype: str, batch: int | None, cards: int, zero: int, tp: int, bucket_mb: float, checkpointing: str,
-              search: bool, json: bool) -> None:
+              search: bool, json: bool, trace=None) -> None:
     if not train or seq is None or global_batch is None or axis:
         raise UsageError("a training plan needs --train, --seq and --global-batch (and no --axis), e.g. --train "
                          "--seq 4096 --global-batch 1024 --cards 8 --zero 1")
@@ -411,5 +424,6 @@ def _training(model_file: str, axis, train: bool, target: str, seq: int | None, 
 
     with stages("training plan", json) as on_step:
         doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp,
-                            bucket_mb, checkpointing, batch, search, on_step=on_step)
+                            bucket_mb, checkpointing, batch, search, on_step=on_step,
+                            trace=str(trace) if trace else None)
     render.emit_json(doc) if json else print_training(doc)

@@ -1,7 +1,8 @@
 """A trace of a warm-up or an analysis: each shape point one step of the timeline, its recipes launched in
-order, with the lowering time of the recipes the point built on the host's compile row; and of a capacity plan:
+order, with the lowering time of the recipes the point built on the host's compile row; of a capacity plan:
 one request, its prefill and decode steps as a serving loop runs them (one graph replay per step, the sampled
-tokens read back before the next).
+tokens read back before the next); and of a training plan: one optimizer step as ``timeline/training.py``
+schedules it (every rank runs the same schedule, so one file stands for each of them).
 
 A compile-only run executes nothing on a device, so the device rows are the recipes' cost model (estimates),
 the launch rows the bridge's constants, and a point's compile span its measured wall time on this host
@@ -73,3 +74,12 @@ def write_request(path: str, prefill, decode, doc: dict) -> None:
     trace.write(path, schedule.spans, 0, {"target": doc["target"], "tool": "analyze (capacity)",
                                           "cards": doc["cards"], "batch": doc["batch"],
                                           "note": "prefill, then the decode steps the planner evaluates (sampled)"})
+
+
+def write_training(path: str, spans: list, doc: dict) -> None:
+    """The trace of a training plan's optimizer step (``TraceError``: one line)."""
+    lay = doc["layout"]
+    trace.write(path, spans, 0, {"target": doc["target"], "tool": "analyze (training)", "cards": doc["cards"],
+                                 "layout": lay, "seq": doc["seq"], "global_batch": doc["global_batch"],
+                                 "note": f"one optimizer step of one rank; all {doc['cards']} ranks run this "
+                                         f"schedule ({lay['dp']} data-parallel × {lay['tp']} tensor-parallel)"})
