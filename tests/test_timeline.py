@@ -289,7 +289,7 @@ def test_a_layered_step_is_its_first_layer_and_one_kernel_per_further_layer():
     step = SimpleNamespace(one=lowered(1), two=lowered(2), layers=5)
     cost = step_cost(step, {})
     assert len(cost.clusters) == 5 and cost.device_s == pytest.approx(5 * 2.1)
-    events = request_events(step, step, 4, 8, 3)
+    events = request_events(step, step, 4, 8, [8, 9, 10])
     assert [e[0] for e in events].count("step") == 4  # the prefill and three decode steps
     assert all(e[1] == "replay" for e in events if e[0] == "launch")
 

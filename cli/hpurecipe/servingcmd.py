@@ -238,7 +238,7 @@ def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> No
     from hpu_backend.aot.serving.plan import MAX_PLAN_BYTES, PlanError, planned_points
     from hpu_backend.aot.warm import warm
 
-    from .buildcmds import _finish, progress
+    from .warmreport import finish, progress
 
     if not plan_path.is_file() or plan_path.stat().st_size > MAX_PLAN_BYTES:
         raise UsageError(f"--serving-plan {plan_path}: expected a serving plan's JSON file of at most 64 MiB")
@@ -260,19 +260,19 @@ def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> No
                 docs[name] = {**report.to_dict(), "manifest": report.manifest}
                 _kept(report, config)
             else:
-                _finish(report, config, False, False)
+                finish(report, config, False, False)
     if json:
         render.emit_json(docs)
 
 
 def _kept(report, config) -> None:
     """What ``warm`` says when the cache did not keep what the buckets use (failing when it kept none)."""
-    from .buildcmds import _not_kept
     from .errors import fail
+    from .warmreport import not_kept
 
     for warning in report.warnings:
         render.warn(warning)
     if report.fit is not None and not report.fit.fits:
         if report.fit.stored_nothing:
-            raise fail(_not_kept(report.fit, config))
-        render.warn(_not_kept(report.fit, config))
+            raise fail(not_kept(report.fit, config))
+        render.warn(not_kept(report.fit, config))

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .modelfile import ModelFileError, ModelSpec, generative_steps, spec_from
+from .modelspec import ModelFileError, ModelSpec, generative_steps, spec_from
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; anything larger is not one
 EXPERTS = "hpu_backend_planned"  # how MoE experts run when planned (see planned_experts)
@@ -103,7 +103,7 @@ def card_bytes(config, cards: int, dtype_bytes: int) -> tuple[int, float]:
     splits them. At ``dtype_bytes`` a value (fp8 stores weights and KV cache in one byte)."""
     import torch
 
-    from .modelfile import user_call
+    from .modelspec import user_call
 
     with torch.device("meta"):
         step = user_call(config.model_type, "building the model on the meta device", make_model, config)
@@ -165,7 +165,7 @@ def cache_shape(config) -> tuple[int, int]:
     meta device (attribute names differ between architectures; the cache the model returns does not)."""
     import torch
 
-    from .modelfile import user_call
+    from .modelspec import user_call
 
     with torch.device("meta"):
         step = user_call(config.model_type, "building the model on the meta device", make_model, config)

@@ -40,13 +40,11 @@ def write(path: str, points: list[PointResult], target: str, tool: str) -> None:
 # -- a served request (capacity planning) ------------------------------------------------------------------
 
 
-def request_events(prefill, decode, batch: int, input_len: int, output_len: int) -> list[tuple]:
-    """The prefill step, then the decode steps at the KV lengths the planner evaluates, each a step of the
-    timeline whose sampled tokens the host reads (a sync) before it launches the next."""
-    from .capacity import decode_points
-
+def request_events(prefill, decode, batch: int, input_len: int, kv_lens: list[int]) -> list[tuple]:
+    """The prefill step, then the decode steps at the KV lengths the planner evaluates (``kv_lens``), each a
+    step of the timeline whose sampled tokens the host reads (a sync) before it launches the next."""
     steps = [("prefill", prefill, {"batch": batch, "input_len": input_len})]
-    steps += [(f"decode kv={kv}", decode, {"batch": batch, "kv_len": kv}) for kv, _ in decode_points(input_len, output_len)]
+    steps += [(f"decode kv={kv}", decode, {"batch": batch, "kv_len": kv}) for kv in kv_lens]
     out: list[tuple] = []
     for rid, (name, step, point) in enumerate(steps, 1):
         out += [("launch", "replay", name, rid, step_cost(step, point), 0.0), ("sync", "sample tokens", name),
@@ -67,9 +65,9 @@ def step_cost(step, point) -> Cost:
     return Cost(one.clusters + (layer,) * (step.layers - 1), comms, one.cpu_s, one.transfer_s)
 
 
-def write_request(path: str, prefill, decode, doc: dict) -> None:
-    """The trace of one request at the plan's batch (``TraceError``: one line)."""
-    events = request_events(prefill, decode, doc["batch"], doc["input_len"], doc["output_len"])
+def write_request(path: str, prefill, decode, doc: dict, kv_lens: list[int]) -> None:
+    """The trace of one request at the plan's batch, decoding at ``kv_lens`` (``TraceError``: one line)."""
+    events = request_events(prefill, decode, doc["batch"], doc["input_len"], kv_lens)
     schedule = whatif.schedule(events, doc["target"], spans=True)
     trace.write(path, schedule.spans, 0, {"target": doc["target"], "tool": "analyze (capacity)",
                                           "cards": doc["cards"], "batch": doc["batch"],
