@@ -7,8 +7,14 @@ a sync), prepares the next step's inputs and block tables and launches its graph
 before that. So a row's time is Σ over its steps (prefill and every decode step) of the device estimate
 (the shipped device and fabric factors, unchanged) plus one ``host_s``. ``host_s`` is fitted on a 0.1 ms grid to
 minimize the largest |log(estimate / published)| over the calibration rows only; every other row of
-fabric_bench.py is validation. The device factors are not refitted, so the fit says how much of the gap one host
-constant explains.
+fabric_bench.py is validation. Then the fabric's factors are fitted together with it (efficiency, latency per
+message, which the direct all-to-all algorithm pays n - 1 times per phase, so it grows with the cards, and
+overlap), to see whether the network model rather than a flat host constant explains the multi-card rows.
+
+Every row is also given as estimated time / published time (> 1: the estimate is too slow, whatever the row's
+unit), with its device time split into compute, wire and latency. And the check that decides: with every other
+multi-card calibration row within ±25%, how close any (fabric factors, host) of the grid brings the row
+estimated too fast.
 
     python bench/host_calibration.py [--quick]     (--quick: calibration rows only)
 
@@ -65,25 +71,69 @@ FABRIC_GRID = [(e, lat, o) for e in [round(0.30 + 0.05 * i, 2) for i in range(15
                for lat in [round(2e-6 + 4e-6 * i, 6) for i in range(10)] for o in (0.0, 0.25, 0.5, 0.75, 1.0)]
 
 
-def joint_fit(rows: list[dict]) -> tuple[tuple, float]:
+def published_s(r: dict) -> float:
+    """The row's published time in seconds: all its tokens at the published throughput, or the latency."""
+    return r["batch"] * r["output"] / r["published"] if r["kind"] == "throughput" else r["published"] / 1e3
+
+
+def joint_fit(rows: list[dict]) -> tuple[tuple, float, dict]:
     """The fabric factors and host time together (the device factors of one card stay as shipped): the
-    (efficiency, latency, overlap, host_s) minimizing the worst calibration row, and that row's ratio."""
+    (efficiency, latency, overlap, host_s) minimizing the worst calibration row, that row's ratio, and the
+    decisive check (``constrained``)."""
     calib = [r for r in rows if r["fitted_on"]]
-    pub = np.array([r["published"] for r in calib])
+    pub = np.array([published_s(r) for r in calib])
     steps = np.array([r["steps"] for r in calib])
-    thru = np.array([r["kind"] == "throughput" for r in calib])
-    tokens = np.array([r["batch"] * r["output"] for r in calib], dtype=float)
     hosts = np.array(GRID)[:, None]
-    best = (None, math.inf)
+    best, times = (None, math.inf), []
     for e, lat, o in FABRIC_GRID:
         device = np.array([_device(r, e, lat, o) for r in calib])
-        total = device[None, :] + hosts * steps[None, :]
-        est = np.where(thru[None, :], tokens[None, :] / total, total * 1e3)
-        worst = np.abs(np.log(est / pub[None, :])).max(axis=1)
+        ratio = (device[None, :] + hosts * steps[None, :]) / pub[None, :]  # estimated / published time
+        times.append(ratio)
+        worst = np.abs(np.log(ratio)).max(axis=1)
         i = int(worst.argmin())
         if worst[i] < best[1]:
             best = ((e, lat, o, GRID[i]), float(worst[i]))
-    return best[0], math.exp(best[1])
+    return best[0], math.exp(best[1]), constrained(calib, np.stack(times), best[0])
+
+
+def constrained(calib: list[dict], times: np.ndarray, fitted: tuple) -> dict:
+    """The calibration row the fit leaves most too fast, and the closest any grid point brings it to its
+    published time while every other multi-card calibration row stays within ±25% (None: no grid point keeps
+    them)."""
+    at = FABRIC_GRID.index(fitted[:3]), GRID.index(fitted[3])
+    k = int(np.argmin(times[at[0], at[1]]))
+    multi = [i for i, r in enumerate(calib) if r["cards"] > 1 and i != k]  # the goal: the multi-card rows
+    ok = (np.abs(np.log(times[..., multi])) <= math.log(1.25)).all(axis=2)
+    reach = np.where(ok, times[..., k], -np.inf)
+    f, h = np.unravel_index(int(reach.argmax()), reach.shape)
+    r = calib[k]
+    return {"row": f"{r['model']} x{r['cards']} {r['input']}/{r['output']}/{r['batch']}",
+            "time_ratio_at_fit": float(times[at[0], at[1], k]),
+            "best_with_others_within_25pct": float(reach[f, h]) if ok.any() else None,
+            "at": dict(zip(("efficiency", "latency_s", "overlap"), FABRIC_GRID[f]), host_step_s=GRID[h]) if ok.any()
+            else None, "grid_points_keeping_the_others": int(ok.sum())}
+
+
+def split(r: dict) -> dict:
+    """A multi-card row's device seconds at the shipped factors: compute (per cluster the largest of MME, TPC,
+    HBM), wire (bytes at the fabric's efficiency), latency (messages × latency) and the rest."""
+    net, out = fabric("gaudi2"), {"compute_s": 0.0, "wire_s": 0.0, "latency_s": 0.0, "messages": 0.0}
+    for w, (one, two, layers) in r.get("parts", ()):
+        a = _split(one, net)
+        b = a if two is None else _split(two, net)
+        for k in out:
+            out[k] += w * (a[k] + (layers - 1) * (b[k] - a[k]))
+    return out
+
+
+def _split(terms, net) -> dict:
+    out = {"compute_s": 0.0, "wire_s": 0.0, "latency_s": 0.0, "messages": 0.0}
+    for m, t, h, _, wire, messages in terms:
+        out["compute_s"] += max(m / EFFICIENCY.mme, t / EFFICIENCY.tpc, h / EFFICIENCY.hbm)
+        out["wire_s"] += wire / net.efficiency
+        out["latency_s"] += messages * net.latency_s
+        out["messages"] += messages
+    return out
 
 
 def _device(r: dict, e: float, lat: float, o: float) -> float:
@@ -111,9 +161,10 @@ def main() -> None:
     start = time.perf_counter()
     rows = single_rows() + multi_rows(ns.quick)
     host, worst = fit(rows)
-    (e, lat, o, host2), worst2 = joint_fit(rows)
+    (e, lat, o, host2), worst2, check = joint_fit(rows)
     for r in rows:
         r["ratio_device_only"] = estimate(r, 0.0) / r["published"]
+        r["time_ratio_device_only"] = r["device_s"] / published_s(r)
         r["ratio"] = estimate(r, host) / r["published"]
         r["estimate"] = estimate(r, host)
         # the share of the row's time the host explains: what it adds over the device-only estimate
@@ -121,23 +172,37 @@ def main() -> None:
         joint = dict(r, device_s=_device(r, e, lat, o))
         r["ratio_joint"] = estimate(joint, host2) / r["published"]
         r["host_share_joint"] = r["steps"] * host2 / (joint["device_s"] + r["steps"] * host2)
+        if "parts" in r:
+            r["device_split"] = split(r)
         r.pop("parts", None)
     print(f"host alone: {host * 1e3:.1f} ms per step, worst calibration row x{worst:.3f}; with the fabric refitted: "
           f"efficiency {e}, latency {lat * 1e6:.0f} us, overlap {o}, host {host2 * 1e3:.1f} ms, worst x{worst2:.3f}")
+    reach = check["best_with_others_within_25pct"]
+    print(f"estimated too fast: {check['row']} ({check['time_ratio_at_fit']:.2f} of its published time at the fit); "
+          f"with every other multi-card calibration row within ±25%, at most "
+          f"{'(no grid point keeps them)' if reach is None else f'{reach:.2f}'} of it (±25% needs 0.80)")
     print_table("Host per serving step: estimate / published",
-                ["row", "published", "device only", "+ host", "refit + host", "host share", "fitted on"],
+                ["row", "published", "device only", "time (>1 slow)", "+ host", "refit + host", "host share",
+                 "fitted on"],
                 [[f"{r['model']} {r.get('target', 'gaudi2')} x{r['cards']} {r['kind']} {r['input']}/{r['output']}/"
-                  f"{r['batch']}", f"{r['published']:,}", f"{r['ratio_device_only']:.2f}", f"{r['ratio']:.2f}",
+                  f"{r['batch']}", f"{r['published']:,}", f"{r['ratio_device_only']:.2f}",
+                  f"{r['time_ratio_device_only']:.2f}", f"{r['ratio']:.2f}",
                   f"{r['ratio_joint']:.2f}", f"{r['host_share_joint']:.0%}", "yes" if r["fitted_on"] else "-"]
                  for r in rows])
+    print_table("Multi-card calibration rows: device seconds at the shipped factors",
+                ["row", "published s", "estimate s", "compute", "wire", "latency", "messages"],
+                [[f"x{r['cards']} {r['kind']} {r['input']}/{r['output']}/{r['batch']}", f"{published_s(r):.3f}",
+                  f"{r['device_s']:.3f}", f"{r['device_split']['compute_s']:.3f}",
+                  f"{r['device_split']['wire_s']:.3f}", f"{r['device_split']['latency_s']:.3f}",
+                  f"{r['device_split']['messages']:,.0f}"] for r in rows if r["fitted_on"] and "device_split" in r])
     write_results("host_calibration" + ("_quick" if ns.quick else ""),
                   {"host_step_s": host, "worst_calibration_ratio": worst, "grid": "0 to 60 ms, 0.1 ms",
                    "joint": {"efficiency": e, "latency_s": lat, "overlap": o, "host_step_s": host2,
                              "worst_calibration_ratio": worst2},
+                   "too_fast_row": check,
                    "seconds": time.perf_counter() - start, "rows": rows,
                    "within_25pct": all(abs(r["ratio_joint"] - 1) <= 0.25 for r in rows
                                        if r["fitted_on"] and r["cards"] > 1)})
-
 
 if __name__ == "__main__":
     main()

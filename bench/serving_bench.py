@@ -2,9 +2,12 @@
 
 Accuracy. One calibration row fits the two warm-up factors (hpu_backend/aot/serving/plan.py): vLLM-Gaudi's
 docs/configuration/warm-up/managing_warm-up.md, LLaMA 3.1 8B, TP 1, bf16, with the bucket settings that page
-gives and --max-model-len 8192: 66 s cold, 23 s from a recipe cache. Everything else is held out and only
-reported: the fp8 row of the same page (504 s cold, 34 s cached) and docs/features/warmup.md's 72 graphs in
-49 s (Gaudi 2; prompt batches 1-4 × lengths 128-1024, decode batches 1-4 × lengths 128-2048, the older
+gives and --max-model-len 8192: 66 s cold, 23 s from a recipe cache. The cached time less the buckets' run time
+fits the bridge's factor per graph node; the cold time less the cached one fits the graph compiler's factor per
+slice of work (of the distinct graphs: in bf16 the decoder layers after the first share one). Everything else is
+held out and only reported: the fp8 row of the same page (504 s cold, 34 s cached; its graphs carry the quantize
+and dequantize nodes INC adds and each layer's own scales, serving/fp8.py) and docs/features/warmup.md's
+72 graphs in 49 s (Gaudi 2; prompt batches 1-4 × lengths 128-1024, decode batches 1-4 × lengths 128-2048, the older
 per-sequence decode lengths here as blocks = batch × length / 128). Planned on gaudi2: neither page names
 the card of its first rows.
 
@@ -39,15 +42,16 @@ LLAMA_8B, LLAMA_70B = "models/llama.py:LLAMA31_8B", "models/llama.py:LLAMA31_70B
 GOAL = 0.35
 
 
-def totals(model: sm.ServingModel, grid: bk.Grid, engine: bk.Engine) -> tuple[float, float]:
-    """(Σ compile work in slices, Σ run seconds) over the grid's buckets."""
-    work = run = 0.0
+def totals(model: sm.ServingModel, grid: bk.Grid, engine: bk.Engine) -> tuple[float, float, float]:
+    """(Σ graph compiler work in slices, Σ graph nodes, Σ run seconds) over the grid's buckets."""
+    work = nodes = run = 0.0
     for phase, shapes in (("prompt", grid.prompt), ("decode", grid.decode)):
         for b, x in shapes:
             xx = sp.x_of(phase, (b, x), engine)
             work += model.value(phase, "slices", b, xx)
+            nodes += model.value(phase, "nodes", b, xx)
             run += model.value(phase, "time_s", b, xx)
-    return work, run
+    return work, nodes, run
 
 
 def row(name: str, dtype: str, engine: bk.Engine, grid_of, published: tuple[float, float], role: str) -> dict:
@@ -55,9 +59,9 @@ def row(name: str, dtype: str, engine: bk.Engine, grid_of, published: tuple[floa
     grid = grid_of(model, engine)
     model.fit((max(b for b, _ in grid.prompt), max(s for _, s in grid.prompt)),
               (max(b for b, _ in grid.decode), max(k for _, k in grid.decode) * engine.block_size), engine.block_size)
-    work, run = totals(model, grid, engine)
-    return {"row": name, "role": role, "dtype": dtype, "graphs": grid.graphs, "work_slices": work, "run_s": run,
-            "published_cold_s": published[0], "published_cached_s": published[1]}
+    work, nodes, run = totals(model, grid, engine)
+    return {"row": name, "role": role, "dtype": dtype, "graphs": grid.graphs, "work_slices": work,
+            "graph_nodes": nodes, "run_s": run, "published_cold_s": published[0], "published_cached_s": published[1]}
 
 
 def calibration_grid(model, engine):
@@ -82,15 +86,15 @@ def accuracy() -> list[dict]:
 
 
 def fitted(calibration: dict) -> tuple[float, float]:
-    """The two factors from the calibration row alone: its cold and cached totals less its run time, per slice."""
-    w, r = calibration["work_slices"], calibration["run_s"]
-    return (calibration["published_cold_s"] - r) / w, (calibration["published_cached_s"] - r) / w
+    """The two factors from the calibration row alone: (graph compiler s per slice, bridge s per node)."""
+    cold, cached = calibration["published_cold_s"], calibration["published_cached_s"]
+    return (cold - cached) / calibration["work_slices"], (cached - calibration["run_s"]) / calibration["graph_nodes"]
 
 
-def predict(rows: list[dict], cold_k: float, cached_k: float) -> None:
+def predict(rows: list[dict], slice_k: float, node_k: float) -> None:
     for r in rows:
-        r["cold_s"] = cold_k * r["work_slices"] + r["run_s"]
-        r["cached_s"] = cached_k * r["work_slices"] + r["run_s"]
+        r["cached_s"] = node_k * r["graph_nodes"] + r["run_s"]
+        r["cold_s"] = slice_k * r["work_slices"] + r["cached_s"]
         r["cold_ratio"] = r["cold_s"] / r["published_cold_s"]
         r["cached_ratio"] = r["cached_s"] / r["published_cached_s"] if r["published_cached_s"] else None
 
@@ -113,10 +117,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="accuracy only, no speed runs")
     args = parser.parse_args()
     rows = accuracy()
-    cold_k, cached_k = fitted(rows[0])
+    slice_k, node_k = fitted(rows[0])
     if args.fit:
-        print(f"COMPILE_S_PER_SLICE = {cold_k:.3e}\nCACHED_S_PER_SLICE = {cached_k:.3e}")
-    predict(rows, sp.COMPILE_S_PER_SLICE, sp.CACHED_S_PER_SLICE)
+        print(f"COMPILE_S_PER_SLICE = {slice_k:.3e}\nGRAPH_S_PER_NODE = {node_k:.3e}")
+    predict(rows, sp.COMPILE_S_PER_SLICE, sp.GRAPH_S_PER_NODE)
     print_table("warm-up: estimate / published (plan.py factors)", ["row", "role", "graphs", "cold", "ratio",
                                                                       "cached", "ratio"],
                 [[r["row"], r["role"], r["graphs"], f"{r['cold_s']:.0f} s / {r['published_cold_s']} s",
@@ -128,8 +132,8 @@ def main() -> None:
               f"(lowering {s['lowering_s']:.1f} s, {s['shapes_measured']} shapes measured), "
               f"peak RSS {s['peak_rss_bytes'] / 2**30:.2f} GiB")
     write_results("serving_bench", {"factors": {"compile_s_per_slice": sp.COMPILE_S_PER_SLICE,
-                                                "cached_s_per_slice": sp.CACHED_S_PER_SLICE,
-                                                "fitted": [cold_k, cached_k]},
+                                                "graph_s_per_node": sp.GRAPH_S_PER_NODE,
+                                                "fitted": [slice_k, node_k]},
                                     "goal": GOAL, "rows": rows, "speed": runs})
 
 

@@ -29,6 +29,8 @@ import torch.nn as nn
 import torch.fx.traceback as fx_traceback
 import torch.nn.functional as F
 
+from hpu_backend.aot.modelfile import generative_steps
+
 
 @dataclass(frozen=True)
 class Config:
@@ -234,13 +236,10 @@ def _per_card_file(config: Config, label: str, cards: int, group: str, layers: i
 
 
 def _steps(config: Config, label: str) -> dict:
-    return {"make_model": partial(make_model, config), "make_inputs": partial(make_inputs, config=config),
-            "AXES": {"batch": [2, 4], "input_len": [16, 32]},
-            "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": label}},
-            # The decode step: a model file of its own inside this one (``models/llama.py:DECODE`` warms it).
-            "DECODE": {"make_inputs": partial(make_decode_inputs, config=config),
-                       "AXES": {"batch": [2, 4], "kv_len": [16, 32]},
-                       "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": f"{label}-decode"}}}}
+    # The prefill step, and the decode step as a model file of its own inside this one
+    # (``models/llama.py:DECODE`` warms it).
+    return generative_steps(partial(make_model, config), partial(make_inputs, config=config),
+                            partial(make_decode_inputs, config=config), label)
 
 
 LLAMA2_7B = model_file(CONFIG_7B, "llama-2-7b")

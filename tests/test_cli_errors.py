@@ -161,7 +161,7 @@ def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, cap
     from hpu_backend.aot.warm import warm
     from hpu_backend.serve.session import session_for
     from hpu_backend.settings import Settings
-    from hpurecipe.buildcmds import _finish
+    from hpurecipe.warmreport import finish
 
     spec, config = load_model_file(str(tiny_model(tmp_path))), CacheConfig.parse(f"{tmp_path / 'c'},false,64")
     clear = f"from recipecache import *; RecipeCache(CacheConfig.parse({str(config.path)!r} + ',false,64')).clear()"
@@ -175,7 +175,7 @@ def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, cap
     assert report.fit.evicted and not report.fit.trimmed and not report.fit.unstored, report.fit
     assert all(how.startswith("clear by another process") for how in report.fit.removed.values())
     with pytest.raises(typer.Exit) as exc:
-        _finish(report, config, json=False, check=False)  # nothing is left: a CI step must not pass
+        finish(report, config, json=False, check=False)  # nothing is left: a CI step must not pass
     err = " ".join(capsys.readouterr().err.split())
     assert exc.value.exit_code == 1 and "3 of the 3 entries these buckets use were removed during the run" in err
     assert "clear by another process" in err and "too small" not in err and "MiB" not in err

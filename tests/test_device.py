@@ -3,6 +3,7 @@ and its losses, weights and checkpoints match the same script on the CPU."""
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -175,8 +176,6 @@ def test_gradients_accumulate_over_backward_passes_as_on_the_cpu(device_mode):
 def test_a_deepcopy_of_pending_work_holds_its_values(device_mode):
     """``copy.deepcopy`` of a tensor computed since the last mark_step (a model copied for EMA or evaluation) holds
     the computed values, never the unfilled host bytes; a deep-copied parameter keeps its gradient and flag."""
-    import copy
-
     x = torch.arange(6.0).reshape(2, 3).to("hpu").requires_grad_()
     (x * 2).sum().backward()
     pending = x * 3 + 1
@@ -187,3 +186,20 @@ def test_a_deepcopy_of_pending_work_holds_its_values(device_mode):
     torch.testing.assert_close(twin.grad.cpu(), torch.full((2, 3), 2.0))
     model = nn.Linear(3, 2).to("hpu")
     torch.testing.assert_close(copy.deepcopy(model).weight.cpu(), model.weight.cpu())
+
+
+def test_an_hpu_graph_of_a_parametrized_device_module_replays_and_sees_weight_updates(device_mode):
+    """``weight_norm`` (a parametrization, as in wav2vec2's positional convolution) on the device: the capture
+    exports the module's inner state, so torch's unwrapping of subclass parameters does not meet the
+    parametrization twice; the replay binds the device module's own parameters."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(8, 8)), nn.ReLU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(3, 8)
+    model = gaudi.wrap_in_hpu_graph(copy.deepcopy(cpu).to("hpu"))
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(model(x.to("hpu")).cpu(), cpu(x))
+        assert [g is not None for g in model.forward.graphs.values()] == [True]  # replayed, not run eagerly
+        for m in (cpu, model):
+            m[0].parametrizations.weight.original1.mul_(0.5)
+        torch.testing.assert_close(model(x.to("hpu")).cpu(), cpu(x))

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import msgpack
@@ -23,9 +24,9 @@ import pytest
 import torch
 
 import hpu_backend
-from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, artifact_bytes, manifest_bytes,
-                                             read_artifact)
-from hpu_backend.serve.precompiled import PrecompiledGraph
+from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, artifact_bytes, framed, inflate,
+                                             manifest_bytes, read_artifact)
+from hpu_backend.serve.precompiled import PrecompiledGraph, accelerator
 from cli_helpers import TINY, cli, one_line, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,6 +157,26 @@ def test_an_unsigned_forged_or_tampered_artifact_is_refused_before_unpickling(pr
         assert not marker.exists()
 
 
+def test_an_artifact_is_compressed_and_a_signed_bomb_is_refused_without_inflating_it(precompiled, tmp_path):
+    model_file, directory = precompiled
+    entry = json.loads((directory / MANIFEST).read_text())["manifest"]["artifacts"][0]
+    assert entry["bytes"] <= 2 * entry["recipe_bytes"], entry  # torch's pickle and our part, compressed
+    copy = _copy(directory, tmp_path)
+    info = _info(copy)
+    bomb = zlib.compress(bytes(16 << 20))  # 16 MiB of zeros in ~16 KiB, declared as 1000 bytes
+    (copy / "range-000.hpuaot").write_bytes(framed(msgpack.packb({"info": info, "size": 1000, "torch": bomb}),
+                                                   KEY.encode()))
+    with pytest.raises(PrecompileError, match="does not inflate to the 1000 bytes it declares"):
+        read_artifact(copy / "range-000.hpuaot")
+    older = framed(msgpack.packb({"info": info, "torch": b"uncompressed"}), KEY.encode())
+    (copy / "range-000.hpuaot").write_bytes(older[:7] + b"\x01" + older[8:])  # format 1: stored uncompressed
+    with pytest.raises(PrecompileError, match="artifact format 1, this reads 2: precompile again"):
+        read_artifact(copy / "range-000.hpuaot")
+    with pytest.raises(PrecompileError, match="more than the 100 an artifact may hold"):
+        inflate(zlib.compress(bytes(200)), 200, "crafted", cap=100)
+    assert inflate(zlib.compress(b"torch"), 5, "genuine") == b"torch"
+
+
 def _resign(directory: Path, change) -> None:
     doc = json.loads((directory / MANIFEST).read_text())["manifest"]
     change(doc)
@@ -173,6 +194,11 @@ def test_a_version_target_or_parameter_mismatch_is_refused_naming_it(precompiled
     copy = _copy(directory, tmp_path)
     _resign(copy, lambda doc: doc["fingerprint"].update(torch="2.0.0"))
     with pytest.raises(PrecompileError, match=re.escape("built for torch=2.0.0, this process has torch=" + torch.__version__)):
+        hpu_backend.load_precompiled(copy, model)
+    # Captured where Dynamo saw an accelerator, its bytecode reads that device's current stream.
+    _resign(copy, lambda doc: doc["fingerprint"].update(torch=torch.__version__, accelerator="cuda"))
+    with pytest.raises(PrecompileError, match=re.escape(
+            f"built for accelerator=cuda, this process has accelerator={accelerator()}")):
         hpu_backend.load_precompiled(copy, model)
 
 
@@ -220,6 +246,16 @@ def test_training_and_dynamic_shapes_round_trip_through_torchs_own_save_and_load
         torch.testing.assert_close([p.grad for p in model.parameters()], want)
     assert isinstance(loaded._artifacts.compiled_fn, PrecompiledGraph)
     assert loaded._artifacts.compiled_fn.program.mode == "training"
+
+
+def test_warm_precompile_is_the_precompile_command(precompiled, tmp_path):
+    model_file, _ = precompiled
+    out = tmp_path / "warmed.precompiled"
+    assert "(1 artifact)" in cli("warm", model_file, "--axis", "batch=4", "--precompile", out).output
+    manifest = json.loads((out / MANIFEST).read_text())["manifest"]
+    assert [a["ranges"] for a in manifest["artifacts"]] == [{"batch": [4, 4]}], manifest["artifacts"]
+    line = one_line(cli("warm", model_file, "--train", "--precompile", out, code=2))
+    assert "takes no --train" in line, line
 
 
 def test_a_precompiled_directory_travels_in_a_signed_bundle(precompiled, tmp_path):

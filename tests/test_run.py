@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import cli, one_line
+from recipecache.disk import ENTRY_SUFFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -237,9 +238,12 @@ def test_ctrl_c_leaves_a_cache_that_verifies_clean(tmp_path):
     path = script(tmp_path, COMPILES)
     proc = subprocess.Popen([sys.executable, "-m", "hpurecipe.main", "run", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env(PT_HPU_RECIPE_CACHE_CONFIG=f"{cache},false,64"))
-    for line in proc.stdout:  # interrupt once a few recipes are stored, while more are being written
+    for line in proc.stdout:  # interrupt once a few recipes are compiled, while more are being written
         if line.strip() == "2":
             break
+    deadline = time.monotonic() + 60  # and stored: the background writer publishes them, on a loaded machine late
+    while not any(cache.glob(f"entries/*/*{ENTRY_SUFFIX}")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     assert proc.returncode != 0

@@ -160,3 +160,60 @@ def test_a_plan_read_back_gives_the_points_to_warm():
     assert decode == [{"batch": 2, "kv_len": 192}, {"batch": 8, "kv_len": 128}]  # each sequence's share of the blocks
     with pytest.raises(PlanError, match=r"grid.decode: expected at most"):
         planned_points({**doc, "grid": {"prompt": [], "decode": [[1, "x"]]}})
+
+
+@pytest.fixture()
+def no_lowering(monkeypatch):
+    """Lowering fails the test: the checks below must answer from the config alone."""
+    from hpu_backend.aot.serving import model as sm
+
+    def lowered(*args, **kwargs):
+        raise AssertionError("the model was lowered")
+
+    monkeypatch.setattr(sm, "load", lowered)
+
+
+def _config(tmp_path, **fields):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, **fields}))
+    return path
+
+
+def test_a_model_too_big_for_the_cards_is_one_line_before_lowering(tmp_path, no_lowering):
+    # a layer: q and o 16384^2, k and v 16384 x 1024 (8 KV heads of 128), the MLP 3 x 16384 x 53248, two norms;
+    # embeddings and head 2 x 96 x 16384, the final norm: in bf16 over 2 cards, 142.5 GiB a card
+    big = _config(tmp_path, hidden_size=16384, intermediate_size=53248, num_hidden_layers=48,
+                  num_attention_heads=128, num_key_value_heads=8)
+    d = 16384
+    params = 48 * (2 * d * d + 2 * d * 1024 + 3 * d * 53248 + 2 * d) + 2 * 96 * d + d
+    line = one_line(cli("serving-plan", big, "--max-model-len", "256", "--cards", "2", code=2))
+    assert f"weights take {params / (1 << 30):.1f} GiB per card, past the 96.0 GiB of a gaudi2 card with " \
+           "--cards 2" in line, line
+
+
+def test_a_kv_cache_that_cannot_hold_one_sequence_is_one_line_before_lowering(tmp_path, no_lowering):
+    # 4 layers x K,V x 32 heads x 128 x bf16 = 64 KiB a token: 2M tokens need 128 GiB, more than a card has
+    long = _config(tmp_path, hidden_size=4096, intermediate_size=64, num_hidden_layers=4, num_attention_heads=32,
+                   num_key_value_heads=32, max_position_embeddings=1 << 21)
+    line = one_line(cli("serving-plan", long, "--max-model-len", str(1 << 21), code=2))
+    assert "KV cache: one sequence of --max-model-len 2097152 needs 128.0 GiB (16384 blocks of 128 tokens, " \
+           "65,536 bytes a token)" in line, line
+    # half the length in fp8 needs 32 GiB: the checks pass and lowering begins
+    passed = cli("serving-plan", long, "--max-model-len", str(1 << 20), "--dtype", "fp8", code=1)
+    assert "the model was lowered" in passed.output, passed.output
+
+
+def test_warm_from_a_plan_fills_the_cache_with_exactly_its_buckets(config, tmp_path):
+    # a plan's JSON as serving-plan --json writes it (the fields warm reads): two prompt buckets, one decode bucket
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"grid": {"prompt": [[1, 16], [2, 16]], "decode": [[2, 1]]},
+                                "engine": {"block_size": 16}}))
+    cache = tmp_path / "cache"
+    warmed = cli_json("warm", config, "--serving-plan", plan, "--cache-dir", cache)
+    points = {name: [p["point"] for p in doc["points"]] for name, doc in warmed.items()}
+    assert points == {"prompt": [{"batch": 1, "input_len": 16}, {"batch": 2, "input_len": 16}],
+                      "decode": [{"batch": 2, "kv_len": 8}]}  # each sequence's share of the bucket's block
+    assert all(doc["compiled"] > 0 for doc in warmed.values())
+    planned = {k for doc in warmed.values() for p in doc["points"] for k in p["keys"] + p["programs"]}
+    stored = {row["key"] for row in cli_json("ls", "--cache-dir", cache)}
+    assert stored == planned  # the recipes (and programs) of the plan's buckets, nothing else

@@ -289,6 +289,92 @@ def test_a_layered_step_is_its_first_layer_and_one_kernel_per_further_layer():
     step = SimpleNamespace(one=lowered(1), two=lowered(2), layers=5)
     cost = step_cost(step, {})
     assert len(cost.clusters) == 5 and cost.device_s == pytest.approx(5 * 2.1)
-    events = request_events(step, step, 4, 8, 3)
+    events = request_events(step, step, 4, 8, [8, 9, 10])
     assert [e[0] for e in events].count("step") == 4  # the prefill and three decode steps
     assert all(e[1] == "replay" for e in events if e[0] == "launch")
+
+
+# -- compiles and the steady step ------------------------------------------------------------------------------
+
+
+def _iteration(compile_s: float) -> list[tuple]:
+    """One iteration of a device-bound loop: a copy, a graph of 4 ms on the MME (built in ``compile_s``), a read."""
+    cost = Cost(((4e-3, 1e-3, 1e-3, 5e-6, 4e-3),))
+    return [("copy", 1 << 16, True, True, True, "x.py:3"), ("op", "lazy"), ("op", "lazy"),
+            ("launch", "lazy", "lazy_graph_0001", 1, cost, compile_s), ("py", 1e-4), ("sync", "Tensor.item", "x.py:9")]
+
+
+def test_a_one_step_run_is_its_step_without_its_compiles_and_reports_the_compiles_apart(lazy_device):
+    from hpu_backend.device.report import timeline
+    from hpu_backend.run.report import render
+
+    # no mark_step: the whole run is one step; the script's setup and the graph's 2 s build are not the step
+    events = [("py", 0.5)] + _iteration(2.0) + _iteration(0.0) * 4 + [("step",)]
+    (whole,) = whatif.steps_of(events, "gaudi2")
+    assert whole.bound == "host" and whole.compile_s == 2.0 and whole.setup_s == 0.5
+    spans = whatif.schedule(events, "gaudi2", spans=True).spans
+    assert [s.dur_s for s in spans if s.row == "Compile"] == [2.0]  # the compile stays on the trace
+    (step,) = whatif.steady_steps(events, "gaudi2")
+    assert step.compile_s == 0 and step.bound == "device"
+    assert step.time_s == pytest.approx(whole.time_s - 2.0, abs=1e-3) and step.time_s < 0.03
+    lazy_device.timeline = Recorder("lazy", clock=lambda: 0.0)
+    lazy_device.timeline.events = events
+    doc = timeline(lazy_device)
+    assert doc["bound"] == "device" and doc["step_s"] == pytest.approx(step.time_s)
+    assert doc["compiles"] == {"first_step_s": 2.0, "total_s": 2.0, "steps": [0], "left_out_of_steady": True,
+                               "measured": doc["compiles"]["measured"]}
+    line = render({"timeline": doc})[-1]
+    assert "step 0 without its compiles" in line and "device-bound; compiles 2000.000 ms in step 0 (measured" in line
+
+
+def test_the_steady_steps_follow_the_last_compiling_step_and_the_first_steps_compiles_are_apart():
+    events = [("py", 0.5)] + _iteration(2.0) + [("step",)] + _iteration(0.5) + [("step",)] \
+        + (_iteration(0.0) + [("step",)]) * 3
+    steps = whatif.steps_of(events, "gaudi2")
+    assert [s.compile_s for s in steps] == [2.0, 0.5, 0.0, 0.0, 0.0]
+    rows = whatif.steady_steps(events, "gaudi2")
+    assert [s.step for s in rows] == [2, 3, 4] and all(s.bound == "device" for s in rows)
+    assert whatif.step_s(events, "gaudi2") == pytest.approx(sum(s.time_s for s in rows) / 3)
+
+
+def test_a_training_step_trace_has_gathers_buckets_and_the_optimizer_on_their_rows(tmp_path):
+    from hpu_backend.timeline.training import TrainingStep, schedule
+
+    step = TrainingStep(layers=3, forward_s=3.0, backward_s=6.0, accumulation=2, gather_s=0.5, optimizer_s=0.4,
+                        grads=(("reduce_scatter", 0.2, 4, True),))
+    out = schedule(step, spans=True)
+    assert out["step_s"] == schedule(step)["step_s"]  # laying it out changes nothing
+    path = tmp_path / "train.json"
+    trace.write(str(path), out["spans"])
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert all(e["args"]["estimate"] is True for e in events)
+    rows = {}
+    for e in events:
+        rows.setdefault(e["cat"], []).append(e)
+    gathers = [e for e in rows["Network"] if e["args"]["kind"] == "all_gather"]
+    buckets = [e for e in rows["Network"] if e["args"]["kind"] == "reduce_scatter"]
+    assert len(gathers) == 2 * 2 * 3 and len(buckets) == 2 * 4  # per micro-step: both passes' layers; 4 buckets
+    assert [e["name"] for e in rows["Recipe"][:6]] == [f"forward layer {i}" for i in range(3)] + \
+        [f"backward layer {i}" for i in (2, 1, 0)]
+    (opt,) = rows["TPC"]
+    assert opt["ts"] >= max(e["ts"] + e["dur"] for e in buckets) - 1e-3  # waits for the last gradient bucket
+    (total,) = rows["Steps"]
+    assert total["dur"] == pytest.approx(out["step_s"] * 1e6) and total["args"]["exposed_s"] == out["exposed_s"]
+    p = guidance.read(str(path))
+    assert guidance.limiting(p)[0] == "Network" and p.engines["Network"] == pytest.approx(sum(
+        e["dur"] for e in rows["Network"]) / 1e6)
+
+
+def test_analyze_train_writes_the_planned_step_as_a_trace(tmp_path):
+    from cli_helpers import cli
+
+    path = tmp_path / "train.json"
+    cli("analyze", "models/llama.py", "--train", "--seq", 32, "--global-batch", 8, "--cards", 2, "--zero", 3,
+        "--bucket-mb", 0.05, "--trace", str(path))
+    doc = json.loads(path.read_text())
+    assert doc["otherData"]["tool"] == "analyze (training)" and doc["otherData"]["layout"]["zero"] == 3
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    assert "/device:HPU:0" in names
+    kinds = {e["args"].get("kind") for e in doc["traceEvents"] if e.get("cat") == "Network"}
+    assert kinds == {"all_gather", "reduce_scatter"}
+    assert any(e.get("cat") == "TPC" and e["name"] == "optimizer step (AdamW)" for e in doc["traceEvents"])

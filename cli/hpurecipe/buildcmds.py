@@ -8,45 +8,23 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Callable, Iterator, Optional
+from typing import Annotated, Callable, Iterator, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from hpu_backend.aot.cachepolicy import config_to_fill
 from hpu_backend.aot.modelfile import time_limit
 from hpu_backend.settings import TARGETS
 from hpu_backend.targets import layout_problem
-from recipecache.config import ENV_VAR
 
 from . import render
+from .warmreport import finish, progress, too_small
 from .caches import config_for, open_cache
 from .errors import UsageError, fail
 from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train, bounded
 from .specs import load_spec
 from .tracing import TraceFile, check_trace, traced
-
-if TYPE_CHECKING:
-    from hpu_backend.aot.reports import PointResult, WarmReport
-
-
-@contextlib.contextmanager
-def progress(total: int, quiet: bool) -> Iterator:
-    """A progress bar on stderr showing the last bucket done (compiled or hit, time), and its callback; on a
-    terminal only (the bar is gone when done), and not with ``quiet`` (--json)."""
-    if quiet or not render.err_console.is_terminal:
-        yield None
-        return
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[last]}"), console=render.err_console, transient=True)
-
-    def on_point(p: PointResult) -> None:
-        bar.update(task, advance=1, last=f"{p.label}: {p.status}, {render.duration(p.seconds)}")
-
-    with bar:
-        task = bar.add_task("buckets", total=total, last="compiling the first bucket...")
-        yield on_point
-
 
 @contextlib.contextmanager
 def stages(what: str, quiet: bool) -> Iterator[Callable[[str], None] | None]:
@@ -74,11 +52,16 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
          timeout: Timeout = None, json: Json = False, trace: TraceFile = None,
          serving_plan: Annotated[Optional[Path], typer.Option(
              "--serving-plan", help="Warm exactly the buckets of a plan (hpurecipe serving-plan --json > PLAN).",
+             show_default=False)] = None,
+         precompile: Annotated[Optional[Path], typer.Option(
+             "--precompile", help="Precompile into DIR instead (as hpurecipe precompile MODEL -o DIR).",
              show_default=False)] = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.aot.warm import warm as warm_spec
 
     check_trace(trace)
+    if precompile is not None:
+        return _precompile(model_file, precompile, axis, cache_dir, timeout, json, train, serving_plan, trace)
     if serving_plan is not None:
         from .servingcmd import warm_plan
 
@@ -93,7 +76,17 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
                 report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
         except KeyboardInterrupt:
             raise _interrupted(config, before) from None
-    _finish(report, config, json, check)
+    finish(report, config, json, check)
+
+
+def _precompile(model_file, out: Path, axis, cache_dir, timeout, json: bool, *others) -> None:
+    """``warm --precompile DIR``: ``precompile`` under the name a deployment looks for (inference only)."""
+    from .precompilecmds import precompile
+
+    if any(others):
+        raise UsageError("--precompile captures inference over the model file's axes; it takes no --train, "
+                         "--serving-plan or --trace")
+    precompile(model_file, output=out, axis=axis, cache_dir=cache_dir, timeout=timeout, json=json)
 
 
 def _recipe_keys(config) -> set[str]:
@@ -153,71 +146,7 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
     config = config_to_fill(cache_dir, "prebuild")
     with progress(len(spec.points()), json) as on_point:
         report = prebuild_spec(spec, config, jobs=jobs, train=train, on_point=on_point)
-    _finish(report, config, json, False)
-
-
-def _finish(report: WarmReport, config, json: bool, check: bool) -> None:
-    for warning in report.warnings:
-        render.warn(warning)
-    path = report.manifest
-    if json:
-        render.emit_json({**report.to_dict(), "manifest": str(path)})
-    else:
-        _print_report(report, check)
-        s = report.summary()
-        render.note("{} shape points using {} distinct recipes: {} compiled, {} reused (from the cache or "
-                    "an earlier point), in {}. Manifest: {}", s["buckets"], s["recipes"], s["compiled"], s["hits"],
-                    render.duration(s["seconds"]), path or "not written")
-        if s["fallback_ops"]:
-            render.note("CPU fallback ops: {} (they run on the host, not the device)",
-                        ", ".join(s["fallback_ops"]))
-    if report.fit is not None and not report.fit.fits:
-        not_kept = _not_kept(report.fit, config)
-        if check or report.fit.stored_nothing:  # a CI warm step must not pass having stored nothing
-            raise fail(not_kept)
-        render.warn(not_kept)
-    if report.summary()["mismatches"]:
-        raise fail(f"{report.summary()['mismatches']} buckets differ from eager (see --check above)")
-
-
-def _not_kept(fit, config) -> str:
-    """Why the cache lacks entries the buckets use, cause by cause (the size only when entries were trimmed)."""
-    of = f"of the {fit.needed} entries these buckets use"
-    causes = []
-    if fit.unstored and fit.disk_problem:
-        causes.append(f"{len(fit.unstored)} {of} could not be stored: the cache at {config.resolved_path()} "
-                      f"cannot be written ({fit.disk_problem})")
-    elif fit.unstored:
-        causes.append(f"{len(fit.unstored)} {of} are gone without a record in the eviction log (deleted by "
-                      "hand, or never written)")
-    if fit.removed:
-        hows = sorted(set(fit.removed.values()))
-        causes.append(f"{len(fit.removed)} {of} were removed during the run ({'; '.join(hows)})")
-    if fit.trimmed:
-        causes.append(_too_small(fit, config))
-    prefix = "the cache holds none of the entries these buckets use: " if fit.stored_nothing else ""
-    return prefix + "; ".join(causes) + ("" if fit.unstored and fit.disk_problem else ". Warm again")
-
-
-def _too_small(fit, config) -> str:
-    """The cache is too small for what the buckets use: how many entries went, and the size it needs."""
-    mb = f"{fit.suggested_mb:g}"
-    others = f", and the cache holds {render.size(fit.other_bytes)} of other entries" if fit.other_bytes else ""
-    return (f"the cache is too small: {len(fit.trimmed)} of the {fit.needed} entries these buckets use were "
-            f"evicted (limit {render.size(fit.limit_bytes)}; they take {render.size(fit.needed_bytes)}{others}). "
-            f"Give it at least {mb} MiB, e.g. {ENV_VAR}={config.resolved_path()},false,{mb}")
-
-
-def _print_report(report: WarmReport, check: bool) -> None:
-    columns = ["bucket", "status", "recipes", "compiled", "hits", "fallbacks", "time"] + (
-        ["max |diff|", "check"] if check else [])
-    rows = []
-    for p in report.points:
-        row = [p.label, p.status, len(p.keys), p.compiled, p.hits, len(p.fallback_ops), render.duration(p.seconds)]
-        if check:
-            row += [f"{p.max_abs_diff:.2e}" if p.max_abs_diff is not None else "-", p.check_error or "ok"]
-        rows.append(row)
-    render.table(columns, rows, right=("recipes", "compiled", "hits", "fallbacks", "time", "max |diff|"))
+    finish(report, config, json, False)
 
 
 def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
@@ -245,7 +174,7 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
         render.note("{} of {} buckets covered in {}.", len(report.points) - len(report.uncovered), len(report.points),
                     config_for(cache_dir).resolved_path())
     if report.fit is not None:
-        raise fail(f"{len(report.uncovered)} buckets are not fully cached because {_too_small(report.fit, cache.config)}")
+        raise fail(f"{len(report.uncovered)} buckets are not fully cached because {too_small(report.fit, cache.config)}")
     if report.uncovered:
         raise fail(f"{len(report.uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
 
@@ -323,18 +252,16 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
     problem = layout_problem(target, cards or 1, tp, global_batch)  # before any model loads
     if problem:
         raise UsageError(problem)
-    if trace is not None and (seq is not None or global_batch is not None):
-        raise UsageError("--trace writes the trace of the buckets or of a served request; a training plan has none "
-                         "yet")
     if lazy and (input_len is not None or output_len is not None):
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
         if input_len is not None or output_len is not None:
             raise UsageError("--input-len/--output-len plan inference, --seq/--global-batch a training step: "
                              "give one pair")
+        check_trace(trace)
         with time_limit(timeout, model_file):
             _training(model_file, axis, train, target, seq, global_batch, dtype or "bf16", batch, cards or 1, zero,
-                      tp, bucket_mb, checkpointing, search, json)
+                      tp, bucket_mb, checkpointing, search, json, trace)
         return
     if input_len is None and output_len is None:
         if dtype is not None or batch is not None or cards is not None:
@@ -399,7 +326,7 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
 
 def _training(model_file: str, axis, train: bool, target: str, seq: int | None, global_batch: int | None,
               dtype: str, batch: int | None, cards: int, zero: int, tp: int, bucket_mb: float, checkpointing: str,
-              search: bool, json: bool) -> None:
+              search: bool, json: bool, trace=None) -> None:
     if not train or seq is None or global_batch is None or axis:
         raise UsageError("a training plan needs --train, --seq and --global-batch (and no --axis), e.g. --train "
                          "--seq 4096 --global-batch 1024 --cards 8 --zero 1")
@@ -411,5 +338,6 @@ def _training(model_file: str, axis, train: bool, target: str, seq: int | None, 
 
     with stages("training plan", json) as on_step:
         doc = plan_training(load_spec(model_file, None), target, dtype, seq, global_batch, cards, zero, tp,
-                            bucket_mb, checkpointing, batch, search, on_step=on_step)
+                            bucket_mb, checkpointing, batch, search, on_step=on_step,
+                            trace=str(trace) if trace else None)
     render.emit_json(doc) if json else print_training(doc)

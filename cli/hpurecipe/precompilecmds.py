@@ -49,10 +49,15 @@ def precompile(model_file: ModelFile,
 
 
 def _rows(artifacts: list[dict[str, Any]]) -> None:
-    render.table(["artifact", "ranges", "points", "recipes", "size", "recipes size"],
+    render.table(["artifact", "ranges", "points", "recipes", "size", "recipes size", "× recipes"],
                  ([a["file"], _ranges(a["ranges"]), a.get("points", "-"), a["recipes"], render.size(a["bytes"]),
-                   render.size(a["recipe_bytes"])] for a in artifacts),
-                 right=("points", "recipes", "size", "recipes size"))
+                   render.size(a["recipe_bytes"]), _ratio(a["bytes"], a["recipe_bytes"])] for a in artifacts),
+                 right=("points", "recipes", "size", "recipes size", "× recipes"))
+
+
+def _ratio(size: int, recipe_bytes: int) -> str:
+    """The artifact's size over the recipes it holds (what it costs beyond them)."""
+    return f"{size / recipe_bytes:.2f}" if recipe_bytes else "-"
 
 
 def _ranges(ranges: dict) -> str:

@@ -2,7 +2,8 @@
 without a device; argument checking and rendering only (the plan is ``hpu_backend.aot.serving``).
 
 Every input is checked before the model is lowered: the engine arguments, the bucket variables (the process
-environment's ``VLLM_*``, then ``--env``), the trace against --max-model-len and the config's context length.
+environment's ``VLLM_*``, then ``--env``), the trace against --max-model-len and the config's context length, and
+(a config) the weights and one sequence's KV cache against the cards.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
     """Every input checked, cheaply, before any lowering: (engine, bucket variables, requests, context length)."""
     from hpu_backend.aot.serving import buckets as bk
     from hpu_backend.aot.serving import trace as tr
-    from hpu_backend.aot.serving.plan import PlanError, check_engine
+    from hpu_backend.aot.hfmodels import card_bytes, context_length
+    from hpu_backend.aot.serving.plan import PlanError, check_engine, check_fits
 
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
@@ -118,9 +120,12 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
     engine = bk.Engine(max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
                        graph_reserved_mem=_reserved(env), contiguous_pa=_flag(env, "VLLM_CONTIGUOUS_PA"))
-    context = _context(model)
+    config = _config(model)
+    context = None if config is None else context_length(config)
     try:
         check_engine(engine, context)
+        if config is not None:  # the model's size against the cards, from the config alone
+            check_fits(model, target, cards, *card_bytes(config, cards, 1 if dtype == "fp8" else 2), engine)
         variables = {**bk.bucket_env(os.environ), **dict(_pair(e) for e in env or [])}
         bk.validate(engine, variables)
         reqs = _requests(trace, requests, rate, prompt_len, output_len)
@@ -155,13 +160,14 @@ def _flag(env: list[str] | None, name: str) -> bool:
     return raw.strip().lower() in ("true", "1")
 
 
-def _context(model: str) -> int | None:
-    """The config's own context length (a Hugging Face config), read without building the model."""
-    from hpu_backend.aot.hfmodels import build_config, context_length, is_config, read_config
+def _config(model: str):
+    """The transformers config of a Hugging Face config.json, read without building the model; None for a model
+    file."""
+    from hpu_backend.aot.hfmodels import build_config, is_config, read_config
 
     if not is_config(model):
         return None
-    return context_length(build_config(read_config(model), model))
+    return build_config(read_config(model), model)
 
 
 def _requests(trace, requests, rate, prompt_len, output_len):
@@ -232,7 +238,7 @@ def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> No
     from hpu_backend.aot.serving.plan import MAX_PLAN_BYTES, PlanError, planned_points
     from hpu_backend.aot.warm import warm
 
-    from .buildcmds import _finish, progress
+    from .warmreport import finish, progress
 
     if not plan_path.is_file() or plan_path.stat().st_size > MAX_PLAN_BYTES:
         raise UsageError(f"--serving-plan {plan_path}: expected a serving plan's JSON file of at most 64 MiB")
@@ -254,19 +260,19 @@ def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> No
                 docs[name] = {**report.to_dict(), "manifest": report.manifest}
                 _kept(report, config)
             else:
-                _finish(report, config, False, False)
+                finish(report, config, False, False)
     if json:
         render.emit_json(docs)
 
 
 def _kept(report, config) -> None:
     """What ``warm`` says when the cache did not keep what the buckets use (failing when it kept none)."""
-    from .buildcmds import _not_kept
     from .errors import fail
+    from .warmreport import not_kept
 
     for warning in report.warnings:
         render.warn(warning)
     if report.fit is not None and not report.fit.fits:
         if report.fit.stored_nothing:
-            raise fail(_not_kept(report.fit, config))
-        render.warn(_not_kept(report.fit, config))
+            raise fail(not_kept(report.fit, config))
+        render.warn(not_kept(report.fit, config))

@@ -12,8 +12,9 @@ import typer
 from .errors import CliError
 
 TraceFile = Annotated[Optional[Path], typer.Option(
-    "--trace", help="Write a Chrome/Perfetto trace: each bucket one step, its recipes on the device's engine rows "
-    "(estimates).", show_default=False)]
+    "--trace", help="Write a Chrome/Perfetto trace: each bucket one step, its recipes on the device's engine rows; "
+    "with --input-len, one served request; with --train --seq, one optimizer step (estimates).",
+    show_default=False)]
 
 
 def check_trace(path: Path | None) -> None:

@@ -242,7 +242,7 @@ def capacity(spec: ModelSpec, target: str, dtype: str, input_len: int, output_le
     if trace and doc["batch"]:
         from .plan_trace import write_request
 
-        write_request(trace, prefill, decode, doc)
+        write_request(trace, prefill, decode, doc, [kv for kv, _ in decode_points(input_len, output_len)])
     return doc
 
 

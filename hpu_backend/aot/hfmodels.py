@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .modelfile import ModelFileError, ModelSpec, spec_from
+from .modelspec import ModelFileError, ModelSpec, generative_steps, spec_from
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; anything larger is not one
 EXPERTS = "hpu_backend_planned"  # how MoE experts run when planned (see planned_experts)
@@ -97,6 +97,22 @@ def context_length(config) -> int | None:
     return None
 
 
+def card_bytes(config, cards: int, dtype_bytes: int) -> tuple[int, float]:
+    """(Weight bytes, KV-cache bytes a token) on one card of ``cards``: the parameters counted on the meta device
+    (nothing allocated), split evenly over the cards; each layer's keys and values, KV heads split as the shard
+    splits them. At ``dtype_bytes`` a value (fp8 stores weights and KV cache in one byte)."""
+    import torch
+
+    from .modelspec import user_call
+
+    with torch.device("meta"):
+        step = user_call(config.model_type, "building the model on the meta device", make_model, config)
+    params = sum(p.numel() for p in step.parameters())
+    kv, head_dim = kv_shape(config)
+    per_token = 2 * config.num_hidden_layers * max(1, kv // cards) * head_dim * dtype_bytes
+    return -(-params * dtype_bytes // cards), float(per_token)
+
+
 def load_config(selector: str | Path) -> ModelSpec:
     """The model file of the causal LM a config.json describes."""
     where = str(selector)
@@ -119,12 +135,8 @@ def model_file(config, label: str) -> dict[str, Any]:
 
 
 def _steps(config, label: str) -> dict[str, Any]:
-    return {"make_model": partial(make_model, config), "make_inputs": partial(make_inputs, config=config),
-            "AXES": {"batch": [2, 4], "input_len": [16, 32]},
-            "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": label}},
-            "DECODE": {"make_inputs": partial(make_decode_inputs, config=config),
-                       "AXES": {"batch": [2, 4], "kv_len": [16, 32]},
-                       "COMPILE": {"dynamic": True, "options": {"buckets": "exp:16", "model": f"{label}-decode"}}}}
+    return generative_steps(partial(make_model, config), partial(make_inputs, config=config),
+                            partial(make_decode_inputs, config=config), label)
 
 
 def make_model(config):
@@ -153,7 +165,7 @@ def cache_shape(config) -> tuple[int, int]:
     meta device (attribute names differ between architectures; the cache the model returns does not)."""
     import torch
 
-    from .modelfile import user_call
+    from .modelspec import user_call
 
     with torch.device("meta"):
         step = user_call(config.model_type, "building the model on the meta device", make_model, config)
@@ -312,5 +324,5 @@ def _decoder_layers(lm) -> list:
     raise HFConfigError(f"{lm.config.model_type}: cannot find the decoder layers to shard over cards")
 
 
-__all__ = ["HFConfigError", "build_config", "context_length", "is_config", "kv_shape", "load_config",
+__all__ = ["HFConfigError", "build_config", "card_bytes", "context_length", "is_config", "kv_shape", "load_config",
            "model_file", "per_card_config", "read_config"]

@@ -1,7 +1,8 @@
 """A trace of a warm-up or an analysis: each shape point one step of the timeline, its recipes launched in
-order, with the lowering time of the recipes the point built on the host's compile row; and of a capacity plan:
+order, with the lowering time of the recipes the point built on the host's compile row; of a capacity plan:
 one request, its prefill and decode steps as a serving loop runs them (one graph replay per step, the sampled
-tokens read back before the next).
+tokens read back before the next); and of a training plan: one optimizer step as ``timeline/training.py``
+schedules it (every rank runs the same schedule, so one file stands for each of them).
 
 A compile-only run executes nothing on a device, so the device rows are the recipes' cost model (estimates),
 the launch rows the bridge's constants, and a point's compile span its measured wall time on this host
@@ -39,13 +40,11 @@ def write(path: str, points: list[PointResult], target: str, tool: str) -> None:
 # -- a served request (capacity planning) ------------------------------------------------------------------
 
 
-def request_events(prefill, decode, batch: int, input_len: int, output_len: int) -> list[tuple]:
-    """The prefill step, then the decode steps at the KV lengths the planner evaluates, each a step of the
-    timeline whose sampled tokens the host reads (a sync) before it launches the next."""
-    from .capacity import decode_points
-
+def request_events(prefill, decode, batch: int, input_len: int, kv_lens: list[int]) -> list[tuple]:
+    """The prefill step, then the decode steps at the KV lengths the planner evaluates (``kv_lens``), each a
+    step of the timeline whose sampled tokens the host reads (a sync) before it launches the next."""
     steps = [("prefill", prefill, {"batch": batch, "input_len": input_len})]
-    steps += [(f"decode kv={kv}", decode, {"batch": batch, "kv_len": kv}) for kv, _ in decode_points(input_len, output_len)]
+    steps += [(f"decode kv={kv}", decode, {"batch": batch, "kv_len": kv}) for kv in kv_lens]
     out: list[tuple] = []
     for rid, (name, step, point) in enumerate(steps, 1):
         out += [("launch", "replay", name, rid, step_cost(step, point), 0.0), ("sync", "sample tokens", name),
@@ -66,10 +65,19 @@ def step_cost(step, point) -> Cost:
     return Cost(one.clusters + (layer,) * (step.layers - 1), comms, one.cpu_s, one.transfer_s)
 
 
-def write_request(path: str, prefill, decode, doc: dict) -> None:
-    """The trace of one request at the plan's batch (``TraceError``: one line)."""
-    events = request_events(prefill, decode, doc["batch"], doc["input_len"], doc["output_len"])
+def write_request(path: str, prefill, decode, doc: dict, kv_lens: list[int]) -> None:
+    """The trace of one request at the plan's batch, decoding at ``kv_lens`` (``TraceError``: one line)."""
+    events = request_events(prefill, decode, doc["batch"], doc["input_len"], kv_lens)
     schedule = whatif.schedule(events, doc["target"], spans=True)
     trace.write(path, schedule.spans, 0, {"target": doc["target"], "tool": "analyze (capacity)",
                                           "cards": doc["cards"], "batch": doc["batch"],
                                           "note": "prefill, then the decode steps the planner evaluates (sampled)"})
+
+
+def write_training(path: str, spans: list, doc: dict) -> None:
+    """The trace of a training plan's optimizer step (``TraceError``: one line)."""
+    lay = doc["layout"]
+    trace.write(path, spans, 0, {"target": doc["target"], "tool": "analyze (training)", "cards": doc["cards"],
+                                 "layout": lay, "seq": doc["seq"], "global_batch": doc["global_batch"],
+                                 "note": f"one optimizer step of one rank; all {doc['cards']} ranks run this "
+                                         f"schedule ({lay['dp']} data-parallel × {lay['tp']} tensor-parallel)"})

@@ -23,9 +23,8 @@ from recipecache import CacheConfig
 from recipecache.signing import signing_key
 
 from ..errors import one_line
-from ..formats.precompiled import (MAGIC, MANIFEST, MANIFEST_VERSION, PrecompileError, artifact_bytes, fingerprint,
-                                   manifest_bytes)
-from ..serve.precompiled import PrecompiledGraph, plain_settings, world_size
+from ..formats.precompiled import MAGIC, MANIFEST, MANIFEST_VERSION, PrecompileError, artifact_bytes, manifest_bytes
+from ..serve.precompiled import PrecompiledGraph, plain_settings
 from ..settings import Settings
 from .modelfile import ModelSpec, point_label
 from .precompiled import call_model, model_parameters
@@ -154,7 +153,7 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
     for i, c in enumerate(captured):
         graph = c.graph
         recipes = graph.recipes()
-        info = {"fingerprint": fingerprint(settings.key_fields(), world_size()), "program": graph.key or "",
+        info = {"fingerprint": graph.fingerprint(), "program": graph.key or "",
                 "recipes": sorted(recipes), "mode": graph.program.mode if graph.program else "",
                 "model": spec.name, "ranges": c.ranges(), "recipe_bytes": sum(map(len, recipes.values()))}
         _without_source_texts(c.fn)
@@ -171,7 +170,7 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
     _remove_stale(out, {e["file"] for e in entries})
     doc = {"version": MANIFEST_VERSION, "model": spec.name, "axes": spec.axes, "dynamic": spec.dynamic,
            "model_class": [type(model).__module__, type(model).__qualname__],
-           "fingerprint": fingerprint(settings.key_fields(), world_size()), "settings": plain_settings(settings),
+           "fingerprint": captured[0].graph.fingerprint(), "settings": plain_settings(settings),
            "parameters": model_parameters(model), "artifacts": entries}
     _atomic_write(out / MANIFEST, manifest_bytes(doc, key))
     return PrecompileReport(spec.name, str(out), key is not None, entries)

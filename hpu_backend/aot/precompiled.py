@@ -17,9 +17,8 @@ from typing import Any, Callable
 import torch
 
 from ..errors import one_line
-from ..formats.precompiled import (PrecompileError, check_fingerprint, fingerprint, read_artifact,
-                                   read_manifest)
-from ..serve.precompiled import PrecompiledGraph, loading_settings, world_size
+from ..formats.precompiled import PrecompileError, check_fingerprint, read_artifact, read_manifest
+from ..serve.precompiled import PrecompiledGraph, here, loading_settings
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +35,10 @@ def load_precompiled(directory: str | os.PathLike, model: torch.nn.Module, *, op
     manifest = read_manifest(directory, allow_unsigned=allow_unsigned)
     check_parameters(manifest["parameters"], model, directory)
     settings = loading_settings(manifest.get("settings"), options)
-    here = fingerprint(settings.key_fields(), world_size())
-    check_fingerprint(manifest["fingerprint"], here, str(directory))
+    ours = here(settings)
+    check_fingerprint(manifest["fingerprint"], ours, str(directory))
     _alias_model_module(manifest.get("model_class"), model)
-    functions = [_load(directory, entry, here, allow_unsigned) for entry in manifest["artifacts"]]
+    functions = [_load(directory, entry, ours, allow_unsigned) for entry in manifest["artifacts"]]
     return PrecompiledModel(model, functions, manifest, options)
 
 
@@ -61,7 +60,7 @@ def _alias_model_module(recorded: Any, model: torch.nn.Module) -> None:
         sys.modules[name] = sys.modules[cls.__module__]
 
 
-def _load(directory: Path, entry: dict, here: dict, allow_unsigned: bool | None):
+def _load(directory: Path, entry: dict, ours: dict, allow_unsigned: bool | None):
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
     path = directory / entry["file"]
@@ -70,7 +69,7 @@ def _load(directory: Path, entry: dict, here: dict, allow_unsigned: bool | None)
     artifact = read_artifact(path, allow_unsigned=allow_unsigned)  # signature and checksum: before unpickling
     if artifact.digest != entry["sha256"]:
         raise PrecompileError(f"{path}: not the artifact the manifest lists (checksum differs)")
-    check_fingerprint(artifact.info["fingerprint"], here, str(path))
+    check_fingerprint(artifact.info["fingerprint"], ours, str(path))
     try:
         fn = AOTCompiledFunction.deserialize(artifact.torch_bytes, f_globals=call_model.__globals__)
     except PrecompileError as e:

@@ -198,9 +198,11 @@ def collectives(layout: Layout, psi: float, net, layers: int = 1) -> list[dict[s
     return rows
 
 
-def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> dict[str, Any]:
+def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str,
+              keep: list | None = None) -> dict[str, Any]:
     """Seconds of one optimizer step and where they go (all estimates): the step on the timeline
-    (``timeline/training.py``), its compute and collectives overlapping only where the schedule allows."""
+    (``timeline/training.py``), its compute and collectives overlapping only where the schedule allows.
+    ``keep``: a list the timeline's trace spans are added to."""
     dev, net = device(target), fabric(target)
     psi = fwd["parameters"]
     mme = dev.mme_peak("float8_e4m3fn" if dtype == "fp8" else "bfloat16") * dev.efficiency.mme
@@ -218,7 +220,10 @@ def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> d
         gather_s=next((r["seconds_each"] for r in rows if r["when"].startswith("forward")), 0.0),
         grads=tuple((r["kind"], r["seconds_each"], r["count"] // (layout.accumulation if "every" in r["when"] else 1),
                      "every" in r["when"]) for r in rows if r["when"].startswith("backward")),
-        after=tuple((r["kind"], r["seconds_each"]) for r in rows if r["when"].startswith("after"))))
+        after=tuple((r["kind"], r["seconds_each"]) for r in rows if r["when"].startswith("after"))),
+        spans=keep is not None)
+    if keep is not None:
+        keep.extend(timeline["spans"])
     for r in rows:
         r["exposed_s"] = timeline["exposed_s"].get(r["kind"], 0.0)
     exposed = timeline["step_s"] - layout.accumulation * micro - optimizer
@@ -234,17 +239,19 @@ def step_time(layout: Layout, fwd: dict[str, Any], target: str, dtype: str) -> d
 def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_batch: int, cards: int = 1,
                   zero: int = 0, tp: int = 1, bucket_mb: float = DEFAULT_BUCKET_MB, checkpointing: str = "none",
                   micro_batch: int | None = None, search: bool = False,
-                  on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  on_step: Callable[[str], None] | None = None, trace: str | None = None) -> dict[str, Any]:
     """One training step's plan (or with ``search``, the fastest layout that fits); a JSON-ready dict.
-    ``on_step(what)`` hears each stage as it starts (a front end's progress line)."""
+    ``on_step(what)`` hears each stage as it starts (a front end's progress line). ``trace``: write the planned
+    optimizer step as a step-timeline trace (``plan_trace.write_training``)."""
     _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch)
     check_context(spec, seq, f"--seq {seq}")
     step = on_step or (lambda what: None)
     if not search:
         layout = Layout(cards, tp, zero, checkpointing, bucket_mb)
         step(f"tracing and lowering the forward of one card (tp {tp})")
-        return plan_layout(forward_shard(spec, target, dtype, tp), spec.name, layout, target, dtype, seq,
-                           global_batch, micro_batch)
+        shard = forward_shard(spec, target, dtype, tp)
+        doc = plan_layout(shard, spec.name, layout, target, dtype, seq, global_batch, micro_batch)
+        return _traced(doc, shard, trace)
     tried, shards = [], {}
     for t in (d for d in range(1, cards + 1) if cards % d == 0):
         step(f"tracing and lowering the forward of one card (tp {t})")
@@ -261,7 +268,21 @@ def plan_training(spec: ModelSpec, target: str, dtype: str, seq: int, global_bat
     best = max(fitting, key=lambda d: d["tokens_per_s"]) if fitting else tried[0]
     best["search"] = [{"layout": d["layout"], "tokens_per_s": d["tokens_per_s"], "fits_hbm": d["fits_hbm"]}
                       for d in tried]
-    return best
+    return _traced(best, shards[best["layout"]["tp"]], trace)
+
+
+def _traced(doc: dict[str, Any], shard: ForwardShard, trace: str | None) -> dict[str, Any]:
+    """Write the trace of ``doc``'s optimizer step (planned again with its spans kept) when asked; ``doc``."""
+    if not trace or not doc.get("step"):
+        return doc
+    from .plan_trace import write_training
+
+    lay, spans = doc["layout"], []
+    layout = Layout(lay["cards"], lay["tp"], lay["zero"], lay["checkpointing"], lay["bucket_mb"], lay["micro_batch"],
+                    lay["accumulation"])
+    step_time(layout, shard.at(lay["micro_batch"], doc["seq"]), doc["target"], doc["dtype"], keep=spans)
+    write_training(trace, spans, doc)
+    return doc
 
 
 def _check(target, seq, global_batch, cards, zero, tp, bucket_mb, checkpointing, micro_batch) -> None:

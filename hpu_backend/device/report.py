@@ -18,7 +18,6 @@ from ..serve import device_memory as memory
 from ..serve import fallback
 from ..timeline import whatif
 from ..timeline.host import HOST
-from ..timeline.model import mean_step_s, steady
 
 KEPT_STEPS = 10_000
 TIMELINE_STEPS = 1_000  # steps of the timeline the report lists one by one (its means cover all)
@@ -76,16 +75,28 @@ def build(device, times: StepTimes) -> dict[str, Any]:
 
 
 def timeline(device) -> dict[str, Any]:
-    """The run's step timeline (estimates): the mean steady step and its parts, what bounds it, each step's."""
-    steps = whatif.steps_of(device.timeline.events, device.settings.target)
-    rows = steady(steps)
+    """The run's step timeline (estimates): the mean steady step and its parts, what bounds it, each step's; the
+    compiles (measured lowering) apart, never in the steady step (``whatif.steady_steps``)."""
+    events = device.timeline.events
+    steps = whatif.steps_of(events, device.settings.target)
+    rows = whatif.steady_steps(events, device.settings.target, steps=steps)
     n = len(rows) or 1
-    mean = {k: sum(getattr(s, k) for s in rows) / n for k in ("host_s", "python_s", "device_s", "serial_s")}
+    mean = {k: sum(getattr(s, k) for s in rows) / n for k in ("time_s", "host_s", "python_s", "device_s", "serial_s")}
     bounds = Counter(s.bound for s in rows)
-    return {"estimate": True, "step_s": mean_step_s(steps), "host_s": mean["host_s"], "python_s": mean["python_s"],
+    return {"estimate": True, "step_s": mean["time_s"], "host_s": mean["host_s"], "python_s": mean["python_s"],
             "device_s": mean["device_s"], "sync_s": mean["serial_s"],
-            "bound": bounds.most_common(1)[0][0] if bounds else "", "steps": [s.summary() for s in steps[:TIMELINE_STEPS]],
+            "bound": bounds.most_common(1)[0][0] if bounds else "", "steady_steps": [s.step for s in rows],
+            "compiles": _compiles(steps, rows), "steps": [s.summary() for s in steps[:TIMELINE_STEPS]],
             "truncated": device.timeline.truncated, "host_constants": _constants()}
+
+
+def _compiles(steps: list, rows: list) -> dict[str, Any]:
+    """The run's compiles, measured: the first step's, all of them, the steps that had some, and whether the
+    steady step is a compiling step taken without them."""
+    compiled = [s.step for s in steps if s.compile_s > 0]
+    return {"first_step_s": steps[0].compile_s if steps else 0.0, "total_s": sum(s.compile_s for s in steps),
+            "steps": compiled, "left_out_of_steady": bool(set(compiled) & {s.step for s in rows}),
+            "measured": "lowering on this host (not Gaudi's graph compiler)"}
 
 
 def _constants() -> dict[str, float]:

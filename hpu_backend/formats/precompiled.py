@@ -2,9 +2,10 @@
 
 torch saves an aot-compiled function with pickle, and unpickling runs code. So the file this project
 writes around torch's bytes is the magic number, the payload's SHA-256, an HMAC-SHA256 tag of that digest
-under ``HPURECIPE_BUNDLE_KEY`` (zeros: unsigned) and a msgpack payload ``{"info": {...}, "torch": bytes}``.
-The header, checksum and signature are checked, in chunks, before any byte of ``torch`` is handed to
-torch's unpickler; ``info`` (the fingerprint, the program key, the recipe keys, the ranges it was built
+under ``HPURECIPE_BUNDLE_KEY`` (zeros: unsigned) and a msgpack payload ``{"info": {...}, "size": n,
+"torch": zlib bytes}``: torch's pickle (which holds our own msgpack part) compressed, ``n`` bytes once inflated.
+The header, checksum and signature are checked, in chunks, before any byte of ``torch`` is inflated (never
+past ``n``, itself capped: a signed bomb cannot exhaust memory) and handed to torch's unpickler; ``info`` (the fingerprint, the program key, the recipe keys, the ranges it was built
 for) is plain data that ``hpurecipe ls``/``show``/``verify`` read without torch. The fingerprint holds
 everything that must be equal where the artifact is loaded; a difference is refused naming the field.
 """
@@ -15,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,30 +29,35 @@ from . import keyparts
 from .package import open_regular
 from .recipe import RecipeFormatError, unpack
 
-MAGIC = b"HPUAOT\x00\x01"
+MAGIC = b"HPUAOT\x00\x02"  # the last byte versions the format (2: torch's part compressed)
 HEADER_BYTES = len(MAGIC) + 32 + TAG_BYTES
 UNSIGNED = bytes(TAG_BYTES)
 MAX_ARTIFACT_BYTES = 16 << 30
+MAX_INFLATED_BYTES = 1 << 30  # torch's part once inflated: its pickle is read whole into memory
 CHUNK = 1 << 20
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 4 << 20
 TRUST_UNSIGNED_ENV = "HPURECIPE_TRUST_UNSIGNED"  # "1": load unsigned artifacts (local files one built oneself)
-FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target", "settings", "world_size")
+FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target", "settings", "world_size",
+                      "accelerator")
+NO_ACCELERATOR = "none"
 
 
 class PrecompileError(ValueError):
     """A precompiled artifact that cannot be built or loaded here (one line, naming what is wrong)."""
 
 
-def fingerprint(key_settings: Mapping[str, Any], world_size: int) -> dict[str, Any]:
-    """What must be equal where an artifact is loaded: versions, the target, the recipe-changing settings and
-    the world size (``key_settings``: ``Settings.key_fields()``)."""
+def fingerprint(key_settings: Mapping[str, Any], world_size: int, accelerator: str) -> dict[str, Any]:
+    """What must be equal where an artifact is loaded: versions, the target, the recipe-changing settings,
+    the world size (``key_settings``: ``Settings.key_fields()``) and the accelerator Dynamo saw (with one,
+    its bytecode reads that device's current stream, which a process without it cannot answer)."""
     settings = {k: v for k, v in key_settings.items() if k != "target"}
     tc = keyparts.toolchain()
     return {"torch": tc["torch"], "python": platform.python_version(), "hpu_backend": tc["hpu_backend"],
             "recipe_format": tc["recipe_format"], "target": key_settings.get("target"),
-            "settings": json.loads(json.dumps(settings, sort_keys=True)), "world_size": world_size}
+            "settings": json.loads(json.dumps(settings, sort_keys=True)), "world_size": world_size,
+            "accelerator": accelerator}
 
 
 def check_fingerprint(stored: Any, here: Mapping[str, Any], where: str) -> None:
@@ -58,6 +65,8 @@ def check_fingerprint(stored: Any, here: Mapping[str, Any], where: str) -> None:
     if not isinstance(stored, dict):
         raise PrecompileError(f"{where}: no fingerprint")
     for name in FINGERPRINT_FIELDS:
+        if name == "accelerator" and stored.get(name) == NO_ACCELERATOR:
+            continue  # captured without one: its bytecode and guards read no device state the host lacks
         if stored.get(name) != here.get(name):
             raise PrecompileError(f"{where}: built for {name}={_short(stored.get(name))}, this process has "
                                   f"{name}={_short(here.get(name))}; precompile it again here")
@@ -71,15 +80,21 @@ def _short(value: Any) -> str:
 @dataclass
 class Artifact:
     info: dict[str, Any]  # plain data: fingerprint, program key, recipe keys, ranges, sizes
-    torch_bytes: bytes = field(repr=False)  # torch's pickle: only unpickled after the header checks out
+    torch_bytes: bytes = field(repr=False)  # torch's pickle, inflated: only unpickled after the header checks out
     signed: bool = False
     digest: str = ""  # the payload's SHA-256 (hex), as the manifest lists it
     size: int = 0  # of the file
 
 
 def artifact_bytes(info: dict[str, Any], torch_bytes: bytes, key: bytes | None) -> bytes:
-    """The file's bytes, signed with ``key`` if given."""
-    payload = msgpack.packb({"info": info, "torch": torch_bytes}, use_bin_type=True)
+    """The file's bytes, signed with ``key`` if given (the signature covers the stored, compressed bytes)."""
+    payload = msgpack.packb({"info": info, "size": len(torch_bytes), "torch": zlib.compress(torch_bytes, 6)},
+                            use_bin_type=True)
+    return framed(payload, key)
+
+
+def framed(payload: bytes, key: bytes | None) -> bytes:
+    """Magic, the payload's digest, its signature (zeros without ``key``), then the payload."""
     digest = hashlib.sha256(payload).digest()
     return MAGIC + digest + (sign(key, [MAGIC, digest]) if key else UNSIGNED) + payload
 
@@ -150,10 +165,26 @@ def _parse(path: Path, payload: bytes, signed: bool, digest: str, size: int) -> 
         raw = unpack(payload)
     except RecipeFormatError as e:
         raise PrecompileError(f"{path}: {e}") from None
-    if not (isinstance(raw, dict) and isinstance(raw.get("info"), dict) and isinstance(raw.get("torch"), bytes)):
+    if not (isinstance(raw, dict) and isinstance(raw.get("info"), dict) and isinstance(raw.get("torch"), bytes)
+            and isinstance(raw.get("size"), int)):
         raise PrecompileError(f"{path}: not a precompiled artifact's payload")
     check_info(raw["info"], str(path))
-    return Artifact(raw["info"], raw["torch"], signed, digest, size)
+    return Artifact(raw["info"], inflate(raw["torch"], raw["size"], str(path)), signed, digest, size)
+
+
+def inflate(data: bytes, size: int, where: str, cap: int = MAX_INFLATED_BYTES) -> bytes:
+    """``data`` decompressed, refused (one line) unless it is exactly the ``size`` declared, ``size`` ≤ ``cap``:
+    never more than ``size`` + 1 bytes are produced, whatever ``data`` holds."""
+    if not 0 <= size <= cap:
+        raise PrecompileError(f"{where}: declares {size} bytes once inflated, more than the {cap} an artifact may hold")
+    unzip = zlib.decompressobj()
+    try:
+        out = unzip.decompress(data, size + 1)
+    except zlib.error as e:
+        raise PrecompileError(f"{where}: torch's part does not inflate ({e})") from None
+    if len(out) != size or not unzip.eof or unzip.unconsumed_tail or unzip.unused_data:
+        raise PrecompileError(f"{where}: torch's part does not inflate to the {size} bytes it declares")
+    return out
 
 
 INFO_FIELDS = {"fingerprint": dict, "program": str, "recipes": list, "mode": str, "model": str, "ranges": dict,

@@ -18,12 +18,14 @@ buffers the next replay overwrites: a script correct on Gaudi is correct here, n
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import metrics
 from ..serve import fallback
@@ -156,7 +158,8 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str, train
     the wrapped module's mode, for the error when a train-mode layer updates its buffers)."""
     with torch.no_grad():
         try:
-            ep = torch.export.export(module, args, kwargs, strict=False)
+            with _inner_state(module, args, kwargs) as (args, kwargs):
+                ep = torch.export.export(module, args, kwargs, strict=False)
         except Exception as e:  # export reports unsupported Python and data-dependent control flow
             raise PackageError(f"torch.export cannot capture the call: {one_line(e)}") from None
         ep = decompose(ep, training)
@@ -170,6 +173,32 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str, train
         run = build_callable(recipe, fixed)
     trainable = any(p.requires_grad for p in module.parameters())
     return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks, recipe)
+
+
+@contextlib.contextmanager
+def _inner_state(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """Export sees a device module's state and arguments as the tensors a device tensor wraps (its one inner
+    tensor, ``__tensor_flatten__``): torch's decomposition of an exported program unwraps subclass parameters
+    by parametrizing them, which breaks on a module that is already parametrized (``weight_norm``). The recipe
+    is the same either way; only the capture's view of the tensors changes, and binding uses the module's own."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    if not any(_inner(t) is not t for t in [*params.values(), *buffers.values()]):
+        yield args, kwargs
+        return
+    state = {**{name: torch.nn.Parameter(_inner(p), p.requires_grad) for name, p in params.items()},
+             **{name: _inner(b) for name, b in buffers.items()}}
+    with torch.nn.utils.stateless._reparametrize_module(module, state):
+        yield pytree.tree_map_only(torch.Tensor, _inner, (args, kwargs))
+
+
+def _inner(t: torch.Tensor) -> torch.Tensor:
+    """A wrapper subclass's one inner tensor (the device's host tensor); any other tensor as it is."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        if len(names) == 1:
+            return getattr(t, names[0])
+    return t
 
 
 def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: dict

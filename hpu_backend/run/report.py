@@ -97,9 +97,30 @@ def _ms(seconds) -> str:
 
 def _timeline(t: dict[str, Any]) -> str:
     ms = _ms
-    return (f"step timeline: {ms(t.get('step_s'))} per step (estimate; host {ms(t.get('host_s'))}, of which Python "
-            f"{ms(t.get('python_s'))} measured; device {ms(t.get('device_s'))}; syncs {ms(t.get('sync_s'))}) — "
-            f"{t.get('bound') or '?'}-bound")
+    return (f"step timeline: {ms(t.get('step_s'))} per step (estimate{_which(t)}; host {ms(t.get('host_s'))}, of "
+            f"which Python {ms(t.get('python_s'))} measured; device {ms(t.get('device_s'))}; syncs "
+            f"{ms(t.get('sync_s'))}) — {t.get('bound') or '?'}-bound{_compiled(t.get('compiles') or {})}")
+
+
+def _which(t: dict[str, Any]) -> str:
+    """Which steps the steady step is: ", steps 4-9", or ", step 0 without its compiles" for a run of one step."""
+    rows = t.get("steady_steps") or []
+    if not rows:
+        return ""
+    span = f"step {rows[0]}" if len(rows) == 1 else f"steps {rows[0]}-{rows[-1]}"
+    if not (t.get("compiles") or {}).get("left_out_of_steady"):
+        return f", {span}"
+    return f", {span} without {'its' if len(rows) == 1 else 'their'} compiles"
+
+
+def _compiled(c: dict[str, Any]) -> str:
+    """The run's compiles, apart from the step: measured on this host."""
+    if not c.get("total_s"):
+        return ""
+    where = c.get("steps") or [0]
+    first = f", step 0 {_ms(c.get('first_step_s'))}" if len(where) > 1 and where[0] == 0 else ""
+    steps = f"step {where[0]}" if len(where) == 1 else f"steps {where[0]}-{where[-1]}"
+    return f"; compiles {_ms(c['total_s'])} in {steps}{first} (measured, not in the step)"
 
 
 def _steps(r: dict[str, Any]) -> str:

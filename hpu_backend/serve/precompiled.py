@@ -17,9 +17,10 @@ import os
 from typing import Any, Callable
 
 import msgpack
+import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from ..formats.precompiled import PrecompileError, check_fingerprint, fingerprint
+from ..formats.precompiled import NO_ACCELERATOR, PrecompileError, check_fingerprint, fingerprint
 from ..formats.program import Program
 from ..formats.recipe import RecipeFormatError, unpack
 from ..settings import Settings, SettingsError
@@ -29,7 +30,7 @@ from .session import Event, Session, emit, session_for
 from .store import RecipeStore
 
 FORMAT = "hpu_backend.precompiled"
-VERSION = 1
+VERSION = 2  # 2: the fingerprint names the accelerator Dynamo saw
 _SUFFIX = {"forward": "fw", "backward": "bw", "inference": "inf"}
 _loaded_ids = itertools.count()
 
@@ -42,6 +43,20 @@ def world_size() -> int:
         return 1
 
 
+def accelerator() -> str:
+    """The accelerator Dynamo sees in this process ("none" without one). With one, Dynamo's bytecode registers
+    that device's current stream, so a graph captured then cannot run where no accelerator is available."""
+    if not torch.accelerator.is_available():
+        return NO_ACCELERATOR
+    device = torch.accelerator.current_accelerator()
+    return device.type if device is not None else NO_ACCELERATOR
+
+
+def here(settings: Settings) -> dict[str, Any]:
+    """This process's fingerprint under ``settings``."""
+    return fingerprint(settings.key_fields(), world_size(), accelerator())
+
+
 class PrecompiledGraph(SerializableCallable):
     """One Dynamo graph compiled by hpu_backend, callable as Dynamo calls it, and serializable as data.
 
@@ -50,8 +65,9 @@ class PrecompiledGraph(SerializableCallable):
     """
 
     def __init__(self, call: Callable[..., Any], settings: Settings, key: str | None, source: Any = None,
-                 why_not: str = ""):
+                 why_not: str = "", captured_on: str | None = None):
         self.call = call
+        self.captured_on = accelerator() if captured_on is None else captured_on  # built while Dynamo traces
         self.settings = settings
         self.key = key
         self.source = source
@@ -80,6 +96,10 @@ class PrecompiledGraph(SerializableCallable):
                 out[taken.key] = taken.recipe.to_bytes()
         return out
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What a process loading this graph must match."""
+        return fingerprint(self.settings.key_fields(), world_size(), self.captured_on)
+
     @classmethod
     def serialize_compile_artifacts(cls, fn: "PrecompiledGraph") -> bytes:
         program = fn.program
@@ -87,7 +107,7 @@ class PrecompiledGraph(SerializableCallable):
             raise PrecompileError("this graph was compiled without a stored program"
                                   + (f" ({fn.why_not})" if fn.why_not else "") + ": it cannot be precompiled")
         return msgpack.packb({
-            "format": FORMAT, "version": VERSION, "fingerprint": fingerprint(fn.settings.key_fields(), world_size()),
+            "format": FORMAT, "version": VERSION, "fingerprint": fn.fingerprint(),
             "settings": plain_settings(fn.settings), "key": fn.key, "program": program.to_bytes(),
             "recipes": fn.recipes()}, use_bin_type=True)
 
@@ -95,7 +115,7 @@ class PrecompiledGraph(SerializableCallable):
     def deserialize_compile_artifacts(cls, data: bytes) -> "PrecompiledGraph":
         doc = _document(data)
         settings = loading_settings(doc["settings"])
-        check_fingerprint(doc["fingerprint"], fingerprint(settings.key_fields(), world_size()), "precompiled graph")
+        check_fingerprint(doc["fingerprint"], here(settings), "precompiled graph")
         try:
             program = Program.from_bytes(doc["program"])
         except RecipeFormatError as e:
@@ -107,7 +127,8 @@ class PrecompiledGraph(SerializableCallable):
                                 lambda kind: f"precompiled_{graph_id:04d}_{_SUFFIX.get(kind, kind)}", "new graph")
         emit(Event("program", program=doc["key"], hit=True))
         source = _Rebuilt(program, graphs)
-        return cls(program_call(program, graphs), settings, doc["key"], source)
+        return cls(program_call(program, graphs), settings, doc["key"], source,
+                   captured_on=doc["fingerprint"].get("accelerator", NO_ACCELERATOR))
 
 
 class _Rebuilt:

@@ -166,7 +166,7 @@ def advise(p: Parts) -> list[Advice]:
         found.append(Advice("increase the batch size", per_sample_now - per_sample_2x,
                             "the device idles while the host works: twice the batch costs the host about the "
                             "same (gain per step of today's batch size, at twice the batch)"))
-    if p.device_s >= p.host_s and p.engines["TPC"] > p.engines["MME"]:
+    if limiting(p)[0] == "TPC":  # (a training plan's trace has no MME/TPC split: only its optimizer is on TPC)
         found.append(Advice("MME/TPC usage", None, "TPC work exceeds MME work on a device-bound step: fuse "
                             "elementwise ops (torch.compile), bf16 autocast, FusedSDPA"))
     return sorted([a for a in found if a.gain_s is None or a.gain_s > 0],

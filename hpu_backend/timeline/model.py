@@ -14,7 +14,8 @@ copies over the card's PCIe link) and the network (the recipe's collectives). Ru
 - ``mark_step`` ends a step; the host runs at most one step ahead of the device (the bridge's queue), so at a
   step end it waits for the device to finish the step before the last.
 
-A step's time is from the end of the one before to the moment both host and device are done with it. Its parts
+A step's time is from the end of the one before (the first: from the script's first device call; its Python
+before that is setup) to the moment both host and device are done with it. Its parts
 are host busy time, device busy time and what syncs serialize (the step's time beyond the larger of the two);
 the largest part bounds the step: ``host``, ``device`` or ``sync``.
 
@@ -83,6 +84,7 @@ class StepTime:
     input_s: float = 0.0  # of which the Python before the step's first host→device copy (the input loader)
     dispatch_s: float = 0.0  # of which per-op dispatch and launches (what HPU Graphs replace)
     compile_s: float = 0.0  # of which first launches of recipes (lowering, measured)
+    setup_s: float = 0.0  # before the step: the script's Python before its first device call (not in the step)
     device_s: float = 0.0  # busy: the compute stream and DMA
     engines: dict = field(default_factory=lambda: {"MME": 0.0, "TPC": 0.0, "DMA": 0.0, "Network": 0.0})
     waits: dict = field(default_factory=lambda: {"sync": 0.0, "copy": 0.0, "queue": 0.0})
@@ -108,7 +110,7 @@ class StepTime:
     def summary(self) -> dict:
         return {"step": self.step, "time_s": self.time_s, "host_s": self.host_s, "python_s": self.python_s,
                 "input_s": self.input_s, "dispatch_s": self.dispatch_s, "compile_s": self.compile_s,
-                "device_s": self.device_s,
+                "setup_s": self.setup_s, "device_s": self.device_s,
                 "sync_s": self.serial_s, "engines": dict(self.engines), "waits": dict(self.waits),
                 "bound": self.bound, "estimate": True}
 
@@ -139,9 +141,14 @@ class Schedule:
         self.spans: list[Span] = []
         self._open: list | None = None  # the host-ops span being extended: [start, ops, python_s, dispatch_s]
         self._copied = False  # a host→device copy happened in this step (ends the input phase)
+        self._started = False  # the first device call was scheduled
 
     def run(self, events: Iterable[tuple]) -> "Schedule":
         for e in events:
+            if e[0] == "py" and not self._started:
+                self._setup(e[1])
+                continue
+            self._started = True
             getattr(self, "_" + e[0])(*e[1:])
         return self
 
@@ -153,6 +160,16 @@ class Schedule:
         return max(self.free.values())
 
     # -- host ---------------------------------------------------------------------------------------------
+
+    def _setup(self, seconds: float) -> None:
+        """The script's Python before its first device call (imports, data sets, the model built): on the
+        trace, but before the first step starts."""
+        if self.keep and seconds > 0:
+            self.spans.append(Span("host", "Host ops", "setup (Python before the first device call)", self.t,
+                                   seconds, {"python_s": seconds, "measured": "python_s"}))
+        self.t += seconds
+        self.step.start_s = self.t
+        self.step.setup_s += seconds
 
     def _py(self, seconds: float) -> None:
         self._host_ops(seconds, 0.0, 0)
@@ -304,13 +321,3 @@ def steady(steps: list[StepTime], skip: int = 2) -> list[StepTime]:
     last = max((i for i, s in enumerate(steps) if s.compile_s > 0), default=-1)
     return steps[max(last + 1, skip):] or steps[skip:] or steps
 
-
-def median_step(steps: list[StepTime]) -> StepTime | None:
-    """The step of median time among the steady ones."""
-    rows = sorted(steady(steps), key=lambda s: s.time_s)
-    return rows[len(rows) // 2] if rows else None
-
-
-def mean_step_s(steps: list[StepTime]) -> float:
-    rows = steady(steps)
-    return sum(s.time_s for s in rows) / len(rows) if rows else 0.0

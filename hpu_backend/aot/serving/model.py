@@ -3,9 +3,13 @@ one- and two-layer lowerings), measured at a few shapes, and surrogates fitted o
 that any bucket's time, activation memory and compile work costs no lowering.
 
 A measurement re-runs the bucket passes of the lowered step at one shape (``StepGraph.at``): device time
-(the cost model), the activations' arena (the memory plan), the weights and KV bytes (its inputs), and the
-graph compiler's work — its nodes, each counted once per slice of on-chip memory its output fills (a node whose
-output exceeds SRAM is split into that many pieces, each scheduled and compiled). The surrogates are least
+(the cost model), the activations' arena (the memory plan), the weights and KV bytes (its inputs), the nodes the
+bridge builds into graphs (every layer's), and the graph compiler's work — the nodes of the distinct graphs it
+compiles, each counted once per slice of on-chip memory its output fills (a node whose output exceeds SRAM is
+split into that many pieces, each scheduled and compiled). vLLM-Gaudi cuts a graph after every decoder layer, so
+in bf16 the compiler sees the first layer with the embedding, one layer graph shared by the others, and the head
+(the two-layer lowering's work); in fp8 each layer's graph carries its own scales and is compiled on its own, and
+carries the quantize and dequantize nodes Intel Neural Compressor adds (``fp8.py``). The surrogates are least
 squares over features of the shape (prefill: 1, batch, tokens, batch·length²; decode: 1, batch, KV tokens),
 non-negative; their largest relative error on held-out shapes is reported with the plan.
 """
@@ -22,8 +26,9 @@ from ...lowering.values import nbytes
 from ...targets import device
 from ..capacity import CapacityError, LayeredStep, card_steps, step_graphs
 from ..modelfile import ModelSpec
+from . import fp8
 
-QUANTITIES = ("time_s", "activation_bytes", "slices")
+QUANTITIES = ("time_s", "activation_bytes", "slices", "nodes")
 SLICE_BYTES = 1 << 20  # the graph compiler's unit of work: a TPC's double-buffered share of Gaudi 2's 48 MB SRAM
 
 
@@ -102,6 +107,8 @@ class ServingModel:
             a, b = _measure_graph(step.one, point, self.sram_bytes), _measure_graph(step.two, point, self.sram_bytes)
             out = {k: a[k] + (step.layers - 1) * (b[k] - a[k]) for k in a}
             out["activation_bytes"] = b["activation_bytes"]  # the arena does not grow with depth
+            if fp8.LAYERS_SHARE_GRAPHS[self.dtype]:  # the first layer's graph (with the embedding) and one more
+                out["slices"] = b["slices"]
             return out
         return _measure_graph(step, point, self.sram_bytes)
 
@@ -138,11 +145,11 @@ def _design(batch: int, length: int, block: int) -> list[tuple[int, int]]:
 def _measure_graph(step, point: dict[str, int], sram: int) -> dict[str, float]:
     recipe = step.at(point)
     env, memory = recipe.facts["plan_at"], recipe.facts["memory"]
-    slices = sum(max(1, math.ceil(sum(nbytes(o, env) for o in node.out) / sram)) for node in recipe.nodes)
+    outputs = fp8.compiled_outputs(recipe, step.params, env)  # with the quantize nodes of an fp8 graph
     weights = sum(nbytes(s, env) for s in recipe.inputs[:step.params])
     return {"time_s": recipe.facts["cost"]["total_s"], "activation_bytes": memory["arena_bytes"],
-            "slices": slices, "weights_bytes": weights, "input_bytes": memory["input_bytes"],
-            "ops": len(recipe.nodes)}
+            "slices": sum(max(1, math.ceil(b / sram)) for b in outputs), "nodes": len(outputs),
+            "weights_bytes": weights, "input_bytes": memory["input_bytes"], "ops": len(recipe.nodes)}
 
 
 def load(spec: ModelSpec, target: str, dtype: str, cards: int) -> ServingModel:

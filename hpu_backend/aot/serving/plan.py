@@ -6,9 +6,10 @@ Memory follows vLLM-Gaudi's start-up (docs/features/warmup.md): weights are load
 prompt bucket takes its activations, ``gpu_memory_utilization`` of what is then free is usable, of which
 ``VLLM_GRAPH_RESERVED_MEM`` is kept for graphs and the rest becomes KV-cache blocks of ``block_size`` tokens.
 
-Warm-up compiles and runs every bucket once. A bucket's compile costs ``COMPILE_S_PER_SLICE`` per unit of graph
-compiler work (``model.py``: nodes × on-chip slices), its load from a recipe cache ``CACHED_S_PER_SLICE``; both
-factors are fitted on the one calibration row (bench/serving_bench.py) and nothing else.
+Warm-up compiles and runs every bucket once. Compiling a bucket is two stages (vLLM-Gaudi's managing_warm-up.md):
+the graph compiler's, ``COMPILE_S_PER_SLICE`` per unit of its work (``model.py``: the nodes of the distinct graphs
+it compiles × on-chip slices), which a recipe cache skips, and the bridge's HPU graph build, ``GRAPH_S_PER_NODE`` per node, which runs from a recipe cache
+too. Both factors are fitted on the one calibration row (bench/serving_bench.py) and nothing else.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from .trace import Request
 
 # Fitted by bench/serving_bench.py on vLLM-Gaudi's managing_warm-up.md row: LLaMA 3.1 8B, TP 1, bf16, the bucket
 # settings that page gives (47 graphs), max-model-len 8192: 66 s cold, 23 s from a recipe cache. Planned on gaudi2.
-COMPILE_S_PER_SLICE = 1.947e-5
-CACHED_S_PER_SLICE = 5.492e-6
+COMPILE_S_PER_SLICE = 1.797e-4
+GRAPH_S_PER_NODE = 1.146e-4
 CALIBRATION = "vLLM-Gaudi docs, managing_warm-up.md: LLaMA 3.1 8B TP1 bf16, 66 s cold / 23 s cached"
 
 
@@ -69,9 +70,7 @@ def check_engine(engine: bk.Engine, context: int | None) -> None:
 def memory(model: ServingModel, engine: bk.Engine, prompt_grid: bk.Grid) -> Memory:
     """The KV-cache blocks left after weights and the profiling run (PlanError when none fit one sequence)."""
     hbm = hbm_bytes(model.target)
-    if model.weights_bytes >= hbm:
-        raise PlanError(f"{model.name}: weights take {_gib(model.weights_bytes)} per card, past the {_gib(hbm)} of a "
-                        f"{model.target} card with --cards {model.cards}; use more --cards (up to 8) or --dtype fp8")
+    _check_weights(model.name, model.weights_bytes, model.target, model.cards)
     bs, seq = max(prompt_grid.prompt, key=lambda s: s[0] * s[1])
     profile = round(model.value("prompt", "activation_bytes", bs, seq))
     free = max(0, hbm - model.weights_bytes - profile)
@@ -85,6 +84,29 @@ def memory(model: ServingModel, engine: bk.Engine, prompt_grid: bk.Grid) -> Memo
                         f"fewer than the {need} one sequence of --max-model-len {engine.max_model_len} needs; raise "
                         f"--gpu-memory-utilization (at most 1), add --cards or lower --max-model-len")
     return Memory(hbm, model.weights_bytes, profile, usable, reserved, usable - reserved, block, blocks)
+
+
+def check_fits(name: str, target: str, cards: int, weights_bytes: int, kv_bytes_per_token: float,
+               engine: bk.Engine) -> None:
+    """PlanError, from the config alone and before any lowering, when the weights fill a card or the memory they
+    leave cannot hold one sequence's KV cache even before activations and graphs take their share (``memory``
+    checks again, exactly, after lowering)."""
+    _check_weights(name, weights_bytes, target, cards)
+    room = int((hbm_bytes(target) - weights_bytes) * engine.gpu_memory_utilization * (1 - engine.graph_reserved_mem))
+    blocks = engine.blocks_per_seq(engine.max_model_len)
+    need = blocks * engine.block_size * kv_bytes_per_token
+    if need > room:
+        raise PlanError(f"KV cache: one sequence of --max-model-len {engine.max_model_len} needs {_gib(need)} "
+                        f"({blocks} blocks of {engine.block_size} tokens, {kv_bytes_per_token:,.0f} bytes a token), "
+                        f"more than the {_gib(room)} the weights leave at --gpu-memory-utilization "
+                        f"{engine.gpu_memory_utilization:g}; lower --max-model-len or add --cards")
+
+
+def _check_weights(name: str, weights_bytes: int, target: str, cards: int) -> None:
+    hbm = hbm_bytes(target)
+    if weights_bytes >= hbm:
+        raise PlanError(f"{name}: weights take {_gib(weights_bytes)} per card, past the {_gib(hbm)} of a "
+                        f"{target} card with --cards {cards}; use more --cards (up to 8) or --dtype fp8")
 
 
 def _gib(n: float) -> str:
@@ -104,11 +126,21 @@ def bucket_rows(model: ServingModel, grid: bk.Grid, engine: bk.Engine) -> list[d
         for shape in shapes:
             x = x_of(phase, shape, engine)
             run = model.value(phase, "time_s", shape[0], x)
-            slices = model.value(phase, "slices", shape[0], x)
             rows.append({"phase": phase, "batch": shape[0], ("length" if phase == "prompt" else "blocks"): shape[1],
                          "time_s": run, "activation_bytes": round(model.value(phase, "activation_bytes", shape[0], x)),
-                         "cold_s": COMPILE_S_PER_SLICE * slices + run, "cached_s": CACHED_S_PER_SLICE * slices + run})
+                         "cold_s": compile_s(model, phase, shape[0], x) + run,
+                         "cached_s": graph_s(model, phase, shape[0], x) + run})
     return rows
+
+
+def graph_s(model: ServingModel, phase: str, batch: int, x: int) -> float:
+    """The bridge's HPU graph build of a bucket: paid cold and from a recipe cache alike."""
+    return GRAPH_S_PER_NODE * model.value(phase, "nodes", batch, x)
+
+
+def compile_s(model: ServingModel, phase: str, batch: int, x: int) -> float:
+    """A bucket's whole compile: the graph compiler's and the bridge's."""
+    return COMPILE_S_PER_SLICE * model.value(phase, "slices", batch, x) + graph_s(model, phase, batch, x)
 
 
 def warmup(rows: list[dict[str, Any]], mem: Memory) -> dict[str, Any]:
@@ -122,11 +154,11 @@ def warmup(rows: list[dict[str, Any]], mem: Memory) -> dict[str, Any]:
 
 
 def costs(model: ServingModel, engine: bk.Engine) -> Costs:
-    def compile_s(phase: str, shape: tuple[int, int]) -> float:
-        return COMPILE_S_PER_SLICE * model.value(phase, "slices", shape[0], x_of(phase, shape, engine))
+    def compiled(phase: str, shape: tuple[int, int]) -> float:
+        return compile_s(model, phase, shape[0], x_of(phase, shape, engine))
 
     return Costs(lambda b, s: model.value("prompt", "time_s", b, s),
-                 lambda b, k: model.value("decode", "time_s", b, k * engine.block_size), compile_s)
+                 lambda b, k: model.value("decode", "time_s", b, k * engine.block_size), compiled)
 
 
 # -- the plan ---------------------------------------------------------------------------------------------------
@@ -311,7 +343,7 @@ def _grid_for(engine: bk.Engine, mem: Memory, phase: str, cand: Candidate) -> bk
 def _cold(model: ServingModel, engine: bk.Engine, mem: Memory, phase: str, cand: Candidate) -> float:
     grid = _grid_for(engine, mem, phase, cand)
     shapes = grid.prompt if phase == "prompt" else grid.decode
-    return sum(COMPILE_S_PER_SLICE * model.value(phase, "slices", b, x_of(phase, (b, x), engine))
+    return sum(compile_s(model, phase, b, x_of(phase, (b, x), engine))
                + model.value(phase, "time_s", b, x_of(phase, (b, x), engine)) for b, x in shapes)
 
 
@@ -338,10 +370,8 @@ def _trace_cost(model: ServingModel, engine: bk.Engine, mem: Memory, phase: str,
              else np.stack([np.ones_like(xs), pb, xs], 1)).astype(float)
     total = float(counts @ (feats @ coef))
     missing = {(int(b), int(x)) for b, x in zip(pb, px) if (int(b), int(x)) not in warmed}
-    coef_s = model.surrogates[phase].coef["slices"]
     for b, x in missing:
-        total += COMPILE_S_PER_SLICE * float(np.dot(coef_s, model.surrogates[phase].features(
-            b, x if phase == "prompt" else x * engine.block_size)))
+        total += compile_s(model, phase, b, x if phase == "prompt" else x * engine.block_size)
     return total
 
 
@@ -384,5 +414,5 @@ def _int_ok(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= bk.MAX_VALUE
 
 
-__all__ = ["CACHED_S_PER_SLICE", "COMPILE_S_PER_SLICE", "Memory", "PlanError", "bucket_rows", "check_engine",
-           "costs", "memory", "plan", "planned_points", "recommend", "warmup"]
+__all__ = ["COMPILE_S_PER_SLICE", "GRAPH_S_PER_NODE", "Memory", "PlanError", "bucket_rows", "check_engine", "check_fits",
+           "compile_s", "costs", "graph_s", "memory", "plan", "planned_points", "recommend", "warmup"]
