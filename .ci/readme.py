@@ -10,7 +10,8 @@ To add a block, put a marker on the line right before its fence, then run --writ
     ```
 
 Options go in brackets before the colon, comma-separated: ``<!-- output [stderr, head=12]: COMMAND -->``
-``stdout`` / ``stderr`` keep one stream only; ``head=N`` keeps the first N lines of the output; ``sizes``
+``stdout`` / ``stderr`` keep one stream only; ``head=N`` keeps the first N lines of the output; ``grep=TEXT``
+the lines that hold TEXT (one line of a long report, say); ``sizes``
 compares byte sizes loosely (for files whose size follows the checkout's path, such as precompiled artifacts).
 Each command runs from the repository root in a fresh HOME and a fresh, empty recipe cache, with ``hpurecipe``
 and ``python`` meaning this checkout's, and must exit 0. Leading ``NAME=value`` words set the command's
@@ -82,7 +83,7 @@ def blocks(lines: list[str]) -> list[Block]:
 def _options(text: str | None) -> dict[str, str]:
     pairs = [o.strip().partition("=") for o in (text or "").split(",") if o.strip()]
     options = {k: v for k, _, v in pairs}
-    unknown = set(options) - {"stdout", "stderr", "head", "sizes"}
+    unknown = set(options) - {"stdout", "stderr", "head", "grep", "sizes"}
     if unknown:
         raise ValueError(f"unknown output marker option(s) {', '.join(sorted(unknown))}")
     return options
@@ -108,6 +109,8 @@ def shown(block: Block, stdout: str, stderr: str) -> list[str]:
     streams = [s for s in ("stdout", "stderr") if s in block.options] or ["stdout", "stderr"]
     out = "".join({"stdout": stdout, "stderr": stderr}[s] for s in streams)
     lines = [line.rstrip() for line in out.rstrip("\n").splitlines()]
+    if "grep" in block.options:
+        lines = [line for line in lines if block.options["grep"] in line]
     if "head" in block.options:
         lines = lines[:int(block.options["head"])]
     return [f"$ {block.command}", *lines]

@@ -103,3 +103,9 @@ def test_blocks_run_in_one_session_and_a_raising_block_names_its_readme_line(rea
     broken = readme.pyblocks.python_blocks(["<!-- python -->", "```python", "x = 1", "1 / 0", "```"])
     with pytest.raises(RuntimeError, match=r"README.md:2 raised:[\s\S]*README.md\", line 4[\s\S]*ZeroDivision"):
         readme.pyblocks.run(broken)
+
+
+def test_a_block_shows_the_stream_and_lines_its_options_keep(readme):
+    block = readme.Block("hpurecipe run x.py", {"stderr": "", "grep": "step timeline:"}, 0, 0)
+    shown = readme.shown(block, "loss 2.3\n", "── report\n   step timeline: 1 ms  \n   syncs: 0\n")
+    assert shown == ["$ hpurecipe run x.py", "   step timeline: 1 ms"]
