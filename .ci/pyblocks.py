@@ -21,9 +21,10 @@ temporary directory is HOME, so the recipe cache is the default one there; ``/tm
 means that directory; the working directory is the checkout (``models/gpt.py`` resolves), with ``hpurecipe``
 and ``python`` this checkout's. So a block may use what an earlier one left: a warm cache, a package file.
 Leading NAME=value words of a COMMAND set the environment of the command, its block and the blocks that
-continue it. A block that continues a console block (right after it, blank lines apart) runs that block's command as
-its own COMMAND, once, in a session of its own (a fresh HOME and cache, as for every console block): the
-console block shows what the command printed there, compared as usual. Each statement is compiled with its README line number, so a traceback names README.md:LINE.
+continue it. A block that continues a console block (right after it, blank lines apart) runs that block's
+command as its own COMMAND, once, in a session of its own (a fresh HOME and cache, as for every console
+block): the console block shows what the command printed there, compared as usual. Each statement is
+compiled with its README line number, so a traceback names README.md:LINE.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def main() -> int:
     in_sessions = {id(e.console): e for e in examples if e.console is not None}  # run there, not on their own
     chosen = [] if args.python else [b for b in console if id(b) not in in_sessions
                                      and (args.only is None or args.only in b.command)]
-    with ThreadPoolExecutor(1) as pool:  # the python session beside the console blocks (each waits on its own subprocesses)
+    with ThreadPoolExecutor(1) as pool:  # the python session beside the console blocks: each waits on subprocesses
         session = pool.submit(pyblocks.run, examples)
         got = [(b, run(b)) for b in chosen]
         outputs = session.result()
