@@ -11,9 +11,12 @@ reads: a run is a folder holding ``WORKER.pt.trace.json[.gz]``), starts TensorBo
 plugin's own trace page (``trace_embedding.html``: the Chrome trace viewer the plugin's "Trace" view embeds)
 in headless Chromium over the DevTools protocol, hands it the trace as the plugin serves it (``/trace``), zooms
 to a window of steps, selects a span in it (by default the first MME kernel, so that the panel below shows its
-args: recipe, recipe id and ``"estimate": true``) and saves a PNG. The browser is offline: every request leaving loopback fails, except the
-polyfill, answered from the local file. The plugin's own page is not used: it draws nothing until Google's
-chart loader has loaded, which needs the network.
+args: recipe, recipe id and ``"estimate": true``) and saves a PNG. The browser is offline: every request
+leaving loopback fails, except the polyfill, answered from the local file. The plugin's own page is not used:
+it draws nothing until Google's chart loader has loaded, which needs the network; its trace frame is hosted in a
+page of the same shape instead (an iframe that is posted the trace, as the plugin's Trace view does).
+
+It prints the rows the viewer built for each process, with their span counts, so a row lost on loading shows.
 
     /tmp/tbvenv/bin/python bench/trace_screenshot.py TRACE.json OUT.png --polyfill webcomponents.min.js \\
         --tensorboard /tmp/tbvenv/bin/tensorboard --steps 30:33
@@ -227,7 +230,8 @@ def main() -> None:
     p.add_argument("--tensorboard", default="tensorboard", help="the tensorboard executable to start")
     p.add_argument("--chromium", default="chromium")
     p.add_argument("--run", default="hpu_trace", help="the run's name in TensorBoard (the viewer's title)")
-    p.add_argument("--steps", default="", help="zoom to steps A:B of the host's Steps row (their args' step; default: all)")
+    p.add_argument("--steps", default="",
+                   help="zoom to steps A:B of the host's Steps row (their args' step; default: all)")
     p.add_argument("--select", default="MME", help="select the window's first span of this row (its args "
                    "show below; default MME, a kernel), else the first step")
     p.add_argument("--size", default="1400,900", type=lambda s: tuple(int(x) for x in s.split(",")))
