@@ -80,8 +80,17 @@ def start_tensorboard(exe: str, trace: str, run: str, folder: str) -> tuple[subp
         body = json.load(urllib.request.urlopen(base + "runs", timeout=5))
         return run in body.get("runs", []) and not body.get("loading")
 
-    wait_for("TensorBoard to load the trace", loaded, 120)
+    try:
+        wait_for("TensorBoard to load the trace", loaded, 120)
+    except ShotError:
+        stop(proc)
+        raise
     return proc, base
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 def _exception(result: dict) -> str:
@@ -98,10 +107,14 @@ class Browser:
             [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={port}",
              f"--user-data-dir={os.path.join(folder, 'chromium')}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        tabs = wait_for("Chromium's DevTools endpoint",
-                        lambda: json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=5)), 60)
-        page = next(t for t in tabs if t["type"] == "page")
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True)
+        try:
+            tabs = wait_for("Chromium's DevTools endpoint",
+                            lambda: json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=5)), 60)
+            page = next(t for t in tabs if t["type"] == "page")
+            self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True)
+        except (ShotError, OSError, StopIteration):
+            stop(self.proc)
+            raise ShotError("Chromium's DevTools endpoint did not answer") from None
         self.ids, self.polyfill = itertools.count(1), polyfill
         self.call("Fetch.enable", patterns=[{"urlPattern": "*"}])
         self.call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1], deviceScaleFactor=1,
@@ -109,8 +122,7 @@ class Browser:
 
     def close(self) -> None:
         self.ws.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        stop(self.proc)
 
     def send(self, method: str, **params) -> int:
         i = next(self.ids)
@@ -218,8 +230,7 @@ def screenshot(ns: argparse.Namespace, folder: str) -> list[str]:
     finally:
         if browser:
             browser.close()
-        tb.terminate()
-        tb.wait(timeout=30)
+        stop(tb)
 
 
 def main() -> None:
