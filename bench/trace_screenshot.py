@@ -112,13 +112,13 @@ class Browser:
                             lambda: json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=5)), 60)
             page = next(t for t in tabs if t["type"] == "page")
             self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True)
-        except (ShotError, OSError, StopIteration):
+            self.ids, self.polyfill = itertools.count(1), polyfill
+            self.call("Fetch.enable", patterns=[{"urlPattern": "*"}])
+            self.call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1], deviceScaleFactor=1,
+                      mobile=False)
+        except (ShotError, OSError, StopIteration) as e:
             stop(self.proc)
-            raise ShotError("Chromium's DevTools endpoint did not answer") from None
-        self.ids, self.polyfill = itertools.count(1), polyfill
-        self.call("Fetch.enable", patterns=[{"urlPattern": "*"}])
-        self.call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1], deviceScaleFactor=1,
-                  mobile=False)
+            raise ShotError(f"Chromium's DevTools endpoint: {e or 'no page'}") from None
 
     def close(self) -> None:
         self.ws.close()
