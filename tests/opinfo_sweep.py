@@ -181,7 +181,7 @@ def main() -> None:
         res = sweep(samples=args.samples, cache_dir=f"{tmp}/recipes" if args.warm_cache else None)
     passed = sum(r[0].startswith("pass") for r in res.values())
     eligible = sum(r[0].startswith("pass") or r[1] == "pass" for r in res.values())
-    print(f"{len(res)} ops swept in {time.time() - start:.0f}s; hpu_backend passes {passed}; "
+    print(f"{len(res)} ops swept in {time.time() - start:.0f} s; hpu_backend passes {passed}; "
           f"aot_eager-passing ops: {eligible}; hpu_backend passes {passed}/{eligible} of them")
     if args.warm_cache:
         traced = sum(r[0] == "pass, traced" for r in res.values())
