@@ -90,9 +90,10 @@ def meta_constant(c: Constant) -> torch.Tensor:
 
 
 def signature(args: list) -> tuple:
-    """What a meta run of a recipe depends on in its inputs: each tensor's shape, strides and dtype, each other
-    value as it is (symbol values)."""
-    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+    """What a meta run of a recipe depends on in its inputs: each tensor's layout and dtype, each other
+    plain value as it is (symbol values), anything else by its type."""
+    return tuple((tuple(a.shape), a.stride(), a.storage_offset(), a.dtype) if isinstance(a, torch.Tensor)
+                 else a if isinstance(a, (int, float, str, type(None))) else type(a) for a in args)
 
 
 def check_call(recipe: Recipe, args: list) -> None:
@@ -126,9 +127,15 @@ def _symbol_values(recipe: Recipe, args: list) -> dict[str, int]:
 
 
 def _as_meta(a: Any) -> Any:
-    if isinstance(a, torch.Tensor):
+    """A meta tensor laid out as ``a`` in a storage of ``a``'s size (an ``as_strided`` node checks its bounds)."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    try:
+        elements = a.untyped_storage().nbytes() // a.element_size()
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass without a storage of its own
         return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
-    return a
+    storage = torch.empty(elements, dtype=a.dtype, device="meta")
+    return storage.as_strided(a.shape, a.stride(), a.storage_offset())
 
 
 def _compare(what: str, spec: ValueSpec, value: Any, env: dict[str, int]) -> None:
