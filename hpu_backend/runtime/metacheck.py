@@ -1,5 +1,5 @@
 """A recipe that came from outside this process, run on meta tensors at a call's real input signature before
-it runs for real: every op must have a meta kernel, and every node's result must be what the recipe declares.
+it runs for real: every meta kernel must accept what it is handed, and every node make what the recipe declares.
 
 Host kernels trust their callers' shapes (a kernel handed a matrix of the wrong size may read past its buffer
 and crash the process); their meta kernels check them and raise. A stored recipe is data, so its node specs
@@ -99,6 +99,8 @@ def signature(args: list) -> tuple:
 def check_call(recipe: Recipe, args: list) -> None:
     """RecipeLoadError unless the recipe, run on meta tensors shaped as ``args``, makes at every node what the node
     declares (a tensor of its dtype and shape), and every input tensor is what the recipe declares."""
+    if len(args) != len(recipe.inputs):
+        raise RecipeLoadError(f"takes {len(recipe.inputs)} inputs, the call passes {len(args)}")
     env = _symbol_values(recipe, args)
     metas = [_as_meta(a) for a in args]
     for name, spec, arg in zip(recipe.input_names, recipe.inputs, metas):
