@@ -43,9 +43,11 @@ A, B = {"r": "t0"}, {"r": "t1"}
 
 @pytest.mark.parametrize("nodes, words", [
     ([_node("mm", "aten::mm.default", [A, B], [2, 5])], "must have same reduction dim"),  # inner dims 4 and 3
-    ([_node("mm", "aten::mm.default", [A, {"r": "t2"}], [2, 9])], "declares float32[2, 9], makes float32[2, 5]"),
+    ([_node("mm", "aten::mm.default", [A, {"r": "t2"}], [2, 9]), _node("r", "aten::relu.default", [{"r": "mm"}],
+                                                                     [2, 9])], "declares float32[2, 9], makes"),
     ([_node("s", "aten::select.int", [A, 0, 7], [4])], "out of range"),
-    ([_node("c", "aten::_to_copy.default", [A], [2, 4])], "declares float32"),  # makes float32: fine ...
+    ([_node("c", "aten::_to_copy.default", [A], [2, 4]), _node("r", "aten::relu.default", [{"r": "c"}], [2, 4])],
+     "declares float32[2, 4], makes float64[2, 4]"),  # _to_copy keeps the dtype: float64 arrives
     ([_node("n", "aten::nonzero.default", [A], [3, 2], dtype="int64")], "nonzero"),  # the data decides its size
     # geqrf has no meta kernel: its declared results stand in, and the node reading them finds them wrong
     ([{**_node("q", "aten::geqrf.default", [{"r": "t2"}], [4, 5]), "out": [_spec([4, 5]), _spec([9])]},
@@ -55,7 +57,7 @@ A, B = {"r": "t0"}, {"r": "t1"}
 def test_a_recipe_that_does_not_fit_its_inputs_is_refused_on_meta_tensors(nodes, words):
     recipe = _recipe([[2, 4], [3, 5], [4, 5]], nodes)
     args = [torch.zeros(2, 4), torch.zeros(3, 5), torch.zeros(4, 5)]
-    if nodes[0]["name"] == "c":  # ... so the declaration is made wrong by the inputs: float64 arrives
+    if nodes[0]["name"] == "c":
         args[0] = args[0].double()
     with pytest.raises(RecipeLoadError, match=re.escape(words)) as e:
         check_call(recipe, args)

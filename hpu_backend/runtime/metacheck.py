@@ -7,10 +7,10 @@ and the shapes its ops would be handed are checked here, against the inputs of t
 refusal is a ``RecipeLoadError``, a cache miss like any other load failure. Recipes lowered in this process
 are not checked (their node specs are what tracing computed).
 
-What is compared: each tensor a node makes that something reads (another node, or the recipe's outputs), its
-dtype and its shape; a multi-output or list-returning op's items where ``getitem`` takes them. A value nothing
-reads flows into no kernel, and may be shaped differently by the meta and the host kernel (batch norm's saved
-statistics in eval mode). Strides are not compared: some meta kernels lay out a
+What is compared: each tensor a node makes that another node takes, its dtype and its shape; a multi-output or
+list-returning op's items where ``getitem`` takes them. A value that only leaves the recipe (or that nothing
+reads) flows into no kernel, and may be shaped differently by the meta and the host kernel (batch norm's saved
+statistics in eval mode are empty on the host). Strides are not compared: some meta kernels lay out a
 result differently from their host kernels (``_fft_r2c``, ``linalg_eig``), and the meta run already uses the
 call's real strides, so a kernel's own stride checks apply.
 
@@ -112,7 +112,7 @@ def check_call(recipe: Recipe, args: list) -> None:
         raise
     except Exception as e:  # a meta kernel's shape check, a missing meta kernel, a malformed argument
         raise RecipeLoadError(f"does not run on these inputs' shapes: {one_line(e, 160)}") from None
-    read = set(iter_refs([[n.args, list(n.kwargs.values())] for n in recipe.nodes])) | set(iter_refs(recipe.outputs))
+    read = set(iter_refs([[n.args, list(n.kwargs.values())] for n in recipe.nodes]))
     for node, value in zip(recipe.nodes, values):
         if node.out and node.name in read and not isinstance(value, (tuple, list)):  # items: where getitem reads
             _compare(f"node {node.name!r:.40} ({node.op})", node.out[0], value, env)
