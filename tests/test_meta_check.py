@@ -16,7 +16,10 @@ from conftest import run_python
 from hpu_backend import metrics
 from hpu_backend.formats.recipe import Recipe
 from hpu_backend.runtime import RecipeLoadError
+from hpu_backend.runtime import metacheck
 from hpu_backend.runtime.metacheck import check_call
+from hpu_backend.serve.session import Session
+from hpu_backend.settings import Settings
 from test_declared_writes import _compiled_run
 from test_programs import _keys, _rewrite
 
@@ -131,7 +134,7 @@ def test_a_stored_recipe_whose_shapes_disagree_is_a_quarantined_miss(warmed, cac
     assert len(list((cache / "quarantine").iterdir())) == 1
 
 
-def test_a_genuine_stored_recipe_is_checked_once_and_matches_eager(warmed, cache, caplog):
+def test_a_genuine_stored_recipe_is_checked_and_matches_eager(warmed, cache, caplog):
     _, model, x, expected = warmed
     before = metrics.phase_times().get("check", 0.0)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hpu_backend"):
@@ -139,6 +142,25 @@ def test_a_genuine_stored_recipe_is_checked_once_and_matches_eager(warmed, cache
     assert metrics.phase_times().get("check", 0.0) > before  # the stored recipe was checked ...
     assert not (cache / "quarantine").exists() or not any((cache / "quarantine").iterdir())
     assert not caplog.records, caplog.text  # ... and served
+
+
+def test_the_verdict_is_kept_per_input_signature(tmp_path, monkeypatch):
+    """One check per (recipe, signature): a size seen before is not checked again, a new size in the same bucket is."""
+    torch.manual_seed(0)
+    model = Mlp()
+    with torch.no_grad():
+        _compiled_run(tmp_path / "c", model, torch.randn(5, 8), dynamic=True)  # stores the bucket holding 5 and 6
+    checked = []
+    monkeypatch.setattr(metacheck, "check_call", lambda recipe, args: checked.append(  # the symbol value passed
+        [a for a in args if isinstance(a, int)]))
+    torch._dynamo.reset()
+    options = {"cache_config": f"{tmp_path / 'c'},false,64"}
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=True, options=options)
+    with Session.open(Settings.from_options(options)).use(), torch.no_grad():
+        for batch in (5, 5, 6, 5, 6):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert checked == [[5], [6]]
 
 
 def test_a_recipe_lowered_in_this_process_is_not_checked(tmp_path):
@@ -157,7 +179,10 @@ CHILD = """
 import torch
 from hpu_backend.formats.recipe import Recipe
 from hpu_backend.runtime import RecipeLoadError, build_callable, ops
+from hpu_backend.runtime import metacheck
 from hpu_backend.runtime.metacheck import check_call
+from hpu_backend.serve.session import Session
+from hpu_backend.settings import Settings
 ops.REQUIRED_LITERALS.clear()
 spec = lambda s: {"kind": "tensor", "dtype": "float32", "shape": s, "stride": [], "expr": None, "device": "cpu"}
 node = {"name": "n", "op": "aten::_native_batch_norm_legit.no_stats", "kwargs": {},
