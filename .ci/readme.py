@@ -10,7 +10,8 @@ To add a block, put a marker on the line right before its fence, then run --writ
     ```
 
 Options go in brackets before the colon, comma-separated: ``<!-- output [stderr, head=12]: COMMAND -->``
-``stdout`` / ``stderr`` keep one stream only; ``head=N`` keeps the first N lines of the output; ``sizes``
+``stdout`` / ``stderr`` keep one stream only; ``head=N`` keeps the first N lines of the output; ``grep=TEXT``
+the lines that hold TEXT (one line of a long report, say); ``sizes``
 compares byte sizes loosely (for files whose size follows the checkout's path, such as precompiled artifacts).
 Each command runs from the repository root in a fresh HOME and a fresh, empty recipe cache, with ``hpurecipe``
 and ``python`` meaning this checkout's, and must exit 0. Leading ``NAME=value`` words set the command's
@@ -18,9 +19,11 @@ environment, and a path under ``/tmp/`` lies in that run's own temporary directo
 checkout's own paths relative to it. ``--check`` compares with times, ages, key hashes and
 the temporary paths normalised (and graph numbers: see normalised), so it fails only when the commands, tables,
 counts or sizes differ from what a user sees (estimated sizes, batches and tokens/s are compared as printed).
-A ```console block without a marker fails the check: a session nobody reruns drifts.
+A ```console block without a marker fails the check: a session nobody reruns drifts. So does a ```python
+block: each has a marker too, and runs with the values it claims to print compared (see .ci/pyblocks.py).
 
     python .ci/readme.py --write [--only WORDS]   # rerun the blocks (those whose command holds WORDS)
+    python .ci/readme.py --write --python         # rerun the python blocks only, rewriting wrong claims
     python .ci/readme.py --check                  # exit 1 with a diff per block that is out of date
 """
 
@@ -28,19 +31,18 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import itertools
-import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import walkthrough  # noqa: E402  (a sibling script, not a package)
+import pyblocks  # noqa: E402  (sibling scripts, not a package)
+import walkthrough  # noqa: E402
 
 ROOT = walkthrough.ROOT
 README = walkthrough.README
@@ -81,7 +83,7 @@ def blocks(lines: list[str]) -> list[Block]:
 def _options(text: str | None) -> dict[str, str]:
     pairs = [o.strip().partition("=") for o in (text or "").split(",") if o.strip()]
     options = {k: v for k, _, v in pairs}
-    unknown = set(options) - {"stdout", "stderr", "head", "sizes"}
+    unknown = set(options) - {"stdout", "stderr", "head", "grep", "sizes"}
     if unknown:
         raise ValueError(f"unknown output marker option(s) {', '.join(sorted(unknown))}")
     return options
@@ -89,25 +91,26 @@ def _options(text: str | None) -> dict[str, str]:
 
 def run(block: Block) -> list[str]:
     """The block's lines from a real run: "$ COMMAND", then its output (as the options select)."""
-    words = shlex.split(block.command)
-    assignments = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w), words))
-    program = {"hpurecipe": [sys.executable, "-m", "hpurecipe.main"], "python": [sys.executable]}
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [w.replace("/tmp/", f"{tmp}/") for w in words[len(assignments):]]
-        env = dict(os.environ, HOME=tmp, COLUMNS="160", PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp}/recipes,false,4096",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")]))
-        env.update(a.split("=", 1) for a in assignments)
-        env.pop("HPU_RECIPE_CACHE_REMOTE", None)
+        assignments, argv = pyblocks.command_argv(block.command, tmp)
+        env = dict(pyblocks.session_env(tmp), **assignments)
         start = time.perf_counter()
-        proc = subprocess.run(program.get(argv[0], argv[:1]) + argv[1:], capture_output=True, text=True, env=env,
-                              cwd=ROOT, timeout=TIMEOUT_S)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=TIMEOUT_S)
         seconds = time.perf_counter() - start
         if proc.returncode != 0:
             raise RuntimeError(f"{block.command}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-        streams = [s for s in ("stdout", "stderr") if s in block.options] or ["stdout", "stderr"]
-        out = "".join(getattr(proc, s) for s in streams).replace(tmp, "/tmp").replace(f"{ROOT}/", "")
+        stdout, stderr = (out.replace(tmp, "/tmp").replace(f"{ROOT}/", "") for out in (proc.stdout, proc.stderr))
     print(f"{seconds:6.1f} s  {block.command}", file=sys.stderr)
+    return shown(block, stdout, stderr)
+
+
+def shown(block: Block, stdout: str, stderr: str) -> list[str]:
+    """What the block shows of a run that printed these: "$ COMMAND", then the streams its options keep."""
+    streams = [s for s in ("stdout", "stderr") if s in block.options] or ["stdout", "stderr"]
+    out = "".join({"stdout": stdout, "stderr": stderr}[s] for s in streams)
     lines = [line.rstrip() for line in out.rstrip("\n").splitlines()]
+    if "grep" in block.options:
+        lines = [line for line in lines if block.options["grep"] in line]
     if "head" in block.options:
         lines = lines[:int(block.options["head"])]
     return [f"$ {block.command}", *lines]
@@ -116,33 +119,45 @@ def run(block: Block) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="rewrite the blocks from real runs")
+    mode.add_argument("--write", action="store_true", help="rewrite the blocks (and python claims) from real runs")
     mode.add_argument("--check", action="store_true", help="exit 1 if a block is out of date")
-    parser.add_argument("--only", help="only the blocks whose command holds this text (and not the walk-through)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--only", help="only the console blocks whose command holds this text")
+    which.add_argument("--python", action="store_true", help="only the python blocks")
     args = parser.parse_args()
     lines = README.read_text().splitlines()
     try:
-        chosen = [b for b in blocks(lines) if args.only is None or args.only in b.command]
+        console = blocks(lines)
+        examples = pyblocks.python_blocks(lines, console) if args.only is None else []
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    stale = 0
-    for block in reversed(chosen):  # from the end, so that earlier blocks keep their line numbers
-        got = run(block)
-        if args.write:
-            lines[block.start:block.end] = got
-        elif _differs(lines[block.start:block.end], got, block):
-            stale += 1
+    in_sessions = {id(e.console): e for e in examples if e.console is not None}  # run there, not on their own
+    chosen = [] if args.python else [b for b in console if id(b) not in in_sessions
+                                     and (args.only is None or args.only in b.command)]
+    with ThreadPoolExecutor(1) as pool:  # the python session beside the console blocks: each waits on subprocesses
+        session = pool.submit(pyblocks.run, examples)
+        got = [(b, run(b)) for b in chosen]
+        outputs = session.result()
+    got += [(e.console, shown(e.console, *outputs[e.fence]["command"])) for e in in_sessions.values()]
+    edits = [(block.start, block.end, lines_got) for block, lines_got in got]
+    stale = sum(args.check and _differs(lines[b.start:b.end], lines_got, b) for b, lines_got in got)
+    wrong = pyblocks.stale(examples, outputs)
+    edits += [pyblocks.rewrite(lines, statement, output) for _, statement, output in wrong]
+    stale += 0 if args.write else len(wrong)
     if args.write:
+        for start, end, new in sorted(edits, reverse=True):  # from the end: earlier edits keep their lines
+            lines[start:end] = new
         README.write_text("\n".join(lines) + "\n")
-    if args.only is None:  # the walk-through: its own script, run the same way
+    if args.only is None and not args.python:  # the walk-through: its own script, run the same way
         stale += subprocess.run([sys.executable, str(Path(__file__).with_name("walkthrough.py")),
                                  "--write" if args.write else "--check"]).returncode != 0
     if stale:
-        print(f"{stale} README block(s) out of date: run python .ci/readme.py --write", file=sys.stderr)
+        print(f"{stale} README block(s) or claim(s) out of date: run python .ci/readme.py --write", file=sys.stderr)
         return 1
     done = "written from real runs" if args.write else "match a real run"
-    print(f"README: {len(chosen)} output blocks{'' if args.only else ' and the walk-through'} {done}")
+    walk = " and the walk-through" if args.only is None and not args.python else ""
+    print(f"README: {len(got)} output blocks, {len(examples)} python blocks{walk} {done}")
     return 0
 
 

@@ -237,9 +237,10 @@ def readable_source(name: str) -> str:
 
 def _compile_reason(settings: Settings) -> str:
     """"guard failure" when Dynamo recompiles a frame whose earlier graphs' guards failed (explained in
-    ``serve/recompiles.py``), else "new graph"."""
+    ``serve/recompiles.py``), else "new graph" (also for a second module through Dynamo's shared wrapper)."""
     compile_id = torch._guards.CompileContext.current_compile_id()
-    if compile_id is None or not compile_id.frame_compile_id:
+    first_of_callable = recompiles.another_callable(compile_id)  # records the callable on every compile
+    if compile_id is None or not compile_id.frame_compile_id or first_of_callable:
         return "new graph"
     recompiles.note(recompiles.explain(), settings.recompile_warn)
     return "guard failure"

@@ -124,3 +124,28 @@ def test_a_size_range_guard_is_an_input_shape_with_its_range_and_value():
     rec = classify("0/0: 2 <= L['args'][1].size()[1]", code, {"args": (0, torch.randn(2, 1))})
     assert (rec.cause, rec.variable, rec.change) == ("input shape", "L['args'][1]", "dim 1: 2.. -> 1")
     assert classify("0/0: 2 <= y.size()[0] <= 15", code, {}).change == "dim 0: 2..15 -> ?"
+
+
+def test_a_second_module_is_a_new_graph_not_a_recompile():
+    # torch.compile calls every module through one Dynamo wrapper frame: the second module fails the first one's
+    # guards there (the function mode stack, the wrapped callable, the backend), no recompile of the user's code
+    from hpu_backend.gaudi import autocast
+
+    first = torch.compile(torch.nn.Linear(8, 4), backend="hpu_backend", options=OPTIONS)
+    second = torch.compile(Doubled(), backend="hpu_backend", options={**OPTIONS, "target": "gaudi3"})
+    with autocast():
+        first(torch.randn(2, 8))
+    seen = len(metrics.recompiles())
+    with metrics.metric_localcontext("graph_compilation") as gc:
+        second(torch.randn(2, 8))
+    assert dict(gc.stats())["Reasons"] == {"new graph": 1} and _new(seen) == []
+    with metrics.metric_localcontext("graph_compilation") as gc:
+        second(torch.randn(3, 8))  # a real recompile of that module is still one
+    (rec,) = _new(seen)  # named by the module's own forward, not by Dynamo's wrapper
+    assert dict(gc.stats())["Reasons"] == {"guard failure": 1} and rec["cause"] == "input shape"
+    assert rec["function"].startswith("forward (test_recompiles.py:") and rec["library"] == ""
+
+
+class Doubled(torch.nn.Module):
+    def forward(self, x):
+        return x * 2

@@ -134,6 +134,46 @@ def test_the_trace_has_the_device_process_its_engine_rows_recipes_and_estimates(
     assert list(trace.events(str(path), chunk=64)) == doc["traceEvents"]  # streamed in small chunks: the same
 
 
+def _partial_overlaps(events: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of spans on one row that overlap without nesting, in whole nanoseconds as Perfetto reads the
+    microseconds (it drops the second of such a pair)."""
+    rows, bad = {}, []
+    for e in events:
+        if e["ph"] == "X":
+            begin = round(e["ts"] * 1000)
+            rows.setdefault((e["pid"], e["tid"]), []).append((begin, -(begin + round(e["dur"] * 1000)), e["name"]))
+    for spans in rows.values():
+        open_ = []  # the enclosing spans: (end, name)
+        for begin, neg_end, name in sorted(spans):
+            while open_ and open_[-1][0] <= begin:
+                open_.pop()
+            if open_ and -neg_end > open_[-1][0]:
+                bad.append((open_[-1][1], name))
+            else:
+                open_.append((-neg_end, name))
+    return bad
+
+
+def test_spans_on_a_row_nest_or_are_disjoint_to_the_nanosecond(tmp_path):
+    from hpu_backend.timeline.model import Span
+    from hpu_backend.timeline.training import TrainingStep, schedule
+
+    # back to back at 1000.6 ns, 2001.2 ns: the start and the length rounded apart overlapped the next by 1 ns
+    edges = [i * 1.0006e-6 for i in range(6)]
+    touching = [Span("device", "DMA", f"copy {i}", a, b - a, {}) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
+    step = TrainingStep(layers=3, forward_s=3e-6, backward_s=6.1e-6, accumulation=2, gather_s=0.7e-6,
+                        optimizer_s=0.4e-6, grads=(("reduce_scatter", 0.33e-6, 4, True),))
+    for name, spans in [("touching", touching), ("run", whatif.schedule(_events(), "gaudi2", spans=True).spans),
+                        ("training", schedule(step, spans=True)["spans"])]:
+        path = tmp_path / f"{name}.json"
+        trace.write(str(path), spans)
+        events = json.loads(path.read_text())["traceEvents"]
+        assert _partial_overlaps(events) == [], name
+    assert _partial_overlaps(list(trace.events(str(SAMPLE)))) == []  # the recorded run's, too
+    assert _partial_overlaps([{"ph": "X", "pid": 1, "tid": 1, "name": n, "ts": t, "dur": 1.0}
+                              for n, t in (("a", 0.0), ("b", 0.999))]) == [("a", "b")]  # the check can fail
+
+
 def test_a_trace_without_our_step_spans_is_read_by_its_rows(tmp_path):
     path = tmp_path / "t.json"
     spans = [s for s in whatif.schedule(_events(4), "gaudi2", spans=True).spans if s.row != "Steps"]

@@ -18,6 +18,7 @@ import dis
 import logging
 import re
 import threading
+import weakref
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
@@ -90,6 +91,7 @@ def _dynamo_state():
 
 def classify(text: str, code, f_locals: dict) -> Recompile:
     """A ``Recompile`` from Dynamo's reason text and the frame's code object and locals."""
+    code = _user_code(code, f_locals)
     first = text.split("\n", 1)[0]
     guard = re.sub(r"^\d+/\d+: ", "", first).split("  #", 1)[0].strip()
     function = f"{code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno})"
@@ -112,6 +114,35 @@ def classify(text: str, code, f_locals: dict) -> Recompile:
         cause = "module attribute" if "." in var and _is_module(var.split(".")[0], f_locals) else "constant"
         change = f"{m['old']} -> {value}" if value is not _UNKNOWN else ""
     return Recompile(function, guard, cause, var, change, _source(text, code, var), library_file(code.co_filename))
+
+
+# The callables torch.compile has wrapped so far, each with the compile that first met it (see another_callable).
+_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def another_callable(compile_id) -> bool:
+    """Whether this compile is the first of a callable that torch.compile wraps: every compiled module is called
+    through one wrapper function of Dynamo's (``external_utils.inner``), so the second module a process
+    compiles is a recompile of that shared frame to Dynamo, whatever guard it names first (the wrapped
+    callable, the backend, the torch function mode stack), but a new graph to the user. False when the frame
+    is not that wrapper or torch's internals cannot be read."""
+    try:
+        _, code, f_locals = _dynamo_state()
+        fn = f_locals.get("fn") if code.co_filename.endswith(("_dynamo/external_utils.py",
+                                                               "_dynamo\\external_utils.py")) else None
+        first = _WRAPPED.setdefault(fn, compile_id) if fn is not None else None
+    except Exception:  # noqa: BLE001 - torch internals moved, or a callable with no weak reference
+        return False
+    return first is not None and first == compile_id
+
+
+def _user_code(code, f_locals: dict):
+    """The code a recompile is about: for Dynamo's shared wrapper frame (``external_utils.inner``, through which
+    torch.compile calls a module or function), the wrapped module's ``forward`` or the function itself."""
+    if library_file(code.co_filename) != "torch/_dynamo/external_utils.py" or "fn" not in f_locals:
+        return code
+    target = getattr(f_locals["fn"], "forward", f_locals["fn"])
+    return getattr(getattr(target, "__func__", target), "__code__", code)
 
 
 _UNKNOWN = object()

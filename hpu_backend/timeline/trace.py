@@ -3,7 +3,8 @@ that streams one (a 100 MB trace is never loaded whole).
 
 Layout: a ``/device:HPU:N`` process with a row per engine (``Recipe``, ``MME``, ``TPC``, ``DMA``,
 ``Network``; each kernel names its recipe and recipe id), and a host process with the step spans and rows for
-the user's Python with the bridge's dispatch, launches, compiles and syncs. Times are microseconds. Every span
+the user's Python with the bridge's dispatch, launches, compiles and syncs. Times are microseconds, with both
+ends of a span on whole nanoseconds, so that spans on a row nest or are disjoint as Perfetto requires. Every span
 whose time comes from the cost model or a bridge constant carries ``"estimate": true`` in its args; measured
 time says so (``"measured"``). The writer puts one event per line inside the ``traceEvents`` array; the reader
 accepts any trace-event JSON (an object with ``traceEvents``, or a bare array), whatever its line breaks.
@@ -80,8 +81,16 @@ def _metadata(rank: int) -> list[dict]:
 
 def _event(s: Span) -> dict:
     pid, rows = (HOST_PID, HOST_ROWS) if s.process == "host" else (DEVICE_PID, DEVICE_ROWS)
+    # Both ends rounded to whole nanoseconds and the duration taken between them: rounding the start and the
+    # duration apart can push a span 1 ns past the start of the next one on its row, and Perfetto drops a span
+    # that partly overlaps another on its row (complete events must nest or be disjoint).
+    begin, end = _ns(s.start_s), _ns(s.start_s + s.dur_s)
     return {"ph": "X", "pid": pid, "tid": rows.index(s.row) + 1, "name": s.name, "cat": s.row,
-            "ts": round(s.start_s * 1e6, 3), "dur": round(s.dur_s * 1e6, 3), "args": s.args}
+            "ts": begin / 1000, "dur": (end - begin) / 1000, "args": s.args}
+
+
+def _ns(t_s: float) -> int:
+    return round(t_s * 1e9)
 
 
 # -- reading ------------------------------------------------------------------------------------------------
