@@ -67,7 +67,8 @@ print(json.dumps({"first_s": first, "phases": phases, "dynamo_imported": "torch.
 POINTS = {"gpt": (1, 32), "bert": (2, 32), "hf_gpt2": (2, 32)}  # (batch, seq) of the first call
 BENCH_KEY = "first-call-bench"
 
-PHASES = ("import_dynamo", "program_key", "program_load", "aot_trace", "capture", "key", "lowering", "load", "executor")
+PHASES = ("import_dynamo", "program_key", "program_load", "aot_trace", "capture", "key", "lowering", "load", "executor",
+          "check")
 
 
 def run(backend: str, name: str, mode: str, env: dict, package: str = "") -> dict:

@@ -145,14 +145,19 @@ class _Codegen:
         if node.op == "operator::getitem" and len(args) == 2:
             return f"{args[0]}[{args[1]}]"
         try:
-            fn = ops.fast_callable(node.op)
-            standard = ops.standard_callable(node.op)
+            fn = self.callable_for(node)
             collectives.check_runnable(node)
         except (ops.OpNotAllowed, collectives.CollectiveError) as e:
             raise RecipeLoadError(str(e)) from None
-        if fn is not standard:  # a fast path: the standard call is its fallback (see ``statement``)
-            self.standard[node.name] = self.bind(functools.partial(fast_path_failed, node.op, standard), "s")
         return f"{self.bind(fn, 'f')}({', '.join(args)})"
+
+    def callable_for(self, node) -> Callable:
+        """What runs a node's op: its fast path, with the standard call as its fallback (see ``statement``)."""
+        fn = ops.fast_callable(node.op)
+        standard = ops.standard_callable(node.op)
+        if fn is not standard:
+            self.standard[node.name] = self.bind(functools.partial(fast_path_failed, node.op, standard), "s")
+        return fn
 
     def statement(self, node, target: str, expr: str) -> list[str]:
         """``target = expr``; a fast-path call retries as the standard op call if it raises (one warning per op).

@@ -14,7 +14,6 @@ own memory plan's peak (``hpurecipe verify`` also runs each bucket there on meta
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -28,7 +27,8 @@ from ..formats import symexpr
 from ..formats.package import Package, PackageError, check_toolchain, read_package
 from ..formats.recipe import Constant, Recipe, ValueSpec
 from . import ops
-from .executor import RecipeLoadError, _Codegen, build_callable, dtype_from_name, load_constant
+from .executor import RecipeLoadError, build_callable, dtype_from_name, load_constant
+from .metacheck import meta_run
 from .symbolic import SymbolicError, symbolic_values
 from .symbols import symbol_reader
 from .writes import writes_anything
@@ -215,16 +215,6 @@ def _check_guards(recipe: Recipe, env: dict[str, int], where: str) -> None:
             raise PackageError(f"{where}: guard {symexpr.to_str(guard)[:60]}: {e}") from None
 
 
-class _MetaCodegen(_Codegen):
-    """The recipe's code with every device set to meta and every value kept: shapes, no storage."""
-
-    def tagged(self, tag: str, v: Any) -> str:
-        return self.bind(torch.device("meta")) if tag == "device" else super().tagged(tag, v)
-
-    def free(self, names) -> None:
-        pass
-
-
 def _check_sizes(recipe: Recipe, env: dict[str, int], where: str) -> None:
     """Run the recipe on meta tensors at ``env``: no value an op computes may exceed the recipe's memory plan.
 
@@ -254,20 +244,7 @@ def _is_view(name: str) -> bool:
 
 
 def _meta_run(recipe: Recipe, env: dict[str, int]) -> list:
-    consts = {name: _meta_constant(c) for name, c in recipe.constants.items()}
-    every = [{"r": n.name} for n in recipe.nodes]
-    gen = _MetaCodegen(dataclasses.replace(recipe, constants={}, outputs=every), consts)
-    source = gen.render()
-    namespace = dict(gen.bound)
-    exec(compile(source, f"<check {recipe.name}>", "exec"), namespace)  # generated from checked structure
-    args = [_meta_input(spec, env) for spec in recipe.inputs]
-    with torch.device("meta"), torch.no_grad():
-        return namespace["run"](args)
-
-
-def _meta_constant(c: Constant) -> torch.Tensor:
-    load_constant(Constant(c.dtype, c.shape, c.data))  # its bytes match its shape
-    return torch.empty(c.shape, dtype=dtype_from_name(c.dtype), device="meta")
+    return meta_run(recipe, [_meta_input(spec, env) for spec in recipe.inputs])
 
 
 def _meta_input(spec: ValueSpec, env: dict[str, int]) -> Any:

@@ -33,7 +33,7 @@ from ..formats import symexpr
 from .keys import GraphKey, graph_key
 from ..lowering import LoweringContext, LoweringError, lower
 from ..formats.recipe import Recipe
-from ..runtime import RecipeLoadError, build_callable, check_ops
+from ..runtime import RecipeLoadError, build_callable, check_ops, metacheck
 from ..runtime.dryrun import build_dry_run
 from ..runtime.symbols import symbol_reader
 from .session import EVERY_RUN, Event, Session, collect_recipes, emit, listen, listening
@@ -61,6 +61,7 @@ class Taken:
     fallbacks: tuple[str, ...] = ()  # its CPU-fallback ops, counted at every call
     compiled_for: str = ""  # why it was lowered ("" when it came from the store)
     proven: bool = True  # False for a recipe read from the store until it has run once
+    outside: bool = False  # read from the store: another process made it, so it is checked before it runs
 
 
 class CompiledGraph:
@@ -86,6 +87,7 @@ class CompiledGraph:
         self.fixed: Taken | None = None  # a graph without symbols, or one that fell back to eager
         self.program = program  # the key of the stored program this graph belongs to (once stored)
         self._executors: OrderedDict[bytes, Callable[[list], list]] = OrderedDict()  # digest of what runs
+        self._sound: set[tuple] = set()  # (digest of what runs, input signature) that passed the meta check
 
     @classmethod
     def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, session: Session,
@@ -153,18 +155,44 @@ class CompiledGraph:
         it is quarantined (here and in the fleet tier) and the bucket lowered again, stored, and run; if
         the fresh recipe fails too, the failure was the call's own and is raised."""
         kept = list(args)  # run() clears args
+        checked = self._checked(taken, args, values)
+        if checked is not taken:
+            return checked.run(kept)
         try:
             out = taken.run(args)
         except Exception as stored_error:
-            log.warning("hpu_backend: %s: stored recipe %s failed when run (%s); quarantined, compiling instead",
-                        self.ctx.name, taken.key, one_line(stored_error))
-            self.store.discard(taken.key)
-            bucket = self.bucket_of(values) if self.fixed is not taken else ()
-            fresh = self._compile({s: list(b) for s, b in zip(self.symbols, bucket)})
-            self._replace(taken, fresh, bucket)
-            return fresh.run(kept)
+            return self._recompiled(taken, values, f"failed when run ({one_line(stored_error)})").run(kept)
         taken.proven = True
         return out
+
+    def _checked(self, taken: Taken, args: list, values: tuple) -> Taken:
+        """``taken``, once its stored recipe has run on meta tensors shaped as ``args`` and made what it declares
+        (``runtime.metacheck``; once per input signature); a freshly lowered bucket if it did not."""
+        if not (taken.outside and self.ctx.settings.execute):
+            return taken
+        sound = (_executable(taken.recipe), metacheck.signature(args))
+        if sound in self._sound:
+            return taken
+        try:
+            with _phase("check"), unset_fake_temporarily():
+                metacheck.check_call(taken.recipe, args)
+        except RecipeLoadError as e:
+            return self._recompiled(taken, values, f"does not fit this call: {e}")
+        if len(self._sound) >= _VALUES_PER_BUCKET * self.store.capacity:
+            self._sound.clear()
+        self._sound.add(sound)
+        return taken
+
+    def _recompiled(self, taken: Taken, values: tuple, why: str) -> Taken:
+        """A stored recipe that cannot serve is a miss: quarantined (here and in the fleet tier), and its bucket
+        lowered again and stored; the fresh recipe takes its place."""
+        log.warning("hpu_backend: %s: stored recipe %s %s; quarantined, compiling instead", self.ctx.name,
+                    taken.key, why)
+        self.store.discard(taken.key)
+        bucket = self.bucket_of(values) if self.fixed is not taken else ()
+        fresh = self._compile({s: list(b) for s, b in zip(self.symbols, bucket)})
+        self._replace(taken, fresh, bucket)
+        return fresh
 
     def _replace(self, old: Taken, new: Taken, bucket: tuple) -> None:
         new.fallbacks = old.fallbacks
@@ -181,7 +209,11 @@ class CompiledGraph:
             return self.fixed, ()
         values = self.read_symbols(args)
         taken = self.known.get(values)
-        return (taken if taken is not None else self.on_new_values(values)), values
+        if taken is None:
+            taken = self.on_new_values(values)
+            if taken.outside and taken.proven:  # it ran at other sizes: these are checked before they run
+                taken = self._checked(taken, args, values)
+        return taken, values
 
     def bucket_of(self, values: tuple) -> tuple:
         bucket = []
@@ -257,7 +289,7 @@ class CompiledGraph:
         with _phase("load"):
             found = self.store.load(key, self._executor)
         metrics.record_cache(self.ctx.name, hit=found is not None)
-        return (None, False) if found is None else (Taken(*found, key, proven=False), True)
+        return (None, False) if found is None else (Taken(*found, key, proven=False, outside=True), True)
 
     def _compile(self, bucket: dict[str, list[int]]) -> Taken:
         reason = self.first_reason if not self.buckets else "new bucket"
