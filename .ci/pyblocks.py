@@ -271,7 +271,6 @@ def _run_step(step: dict, namespace: dict, tmp: str) -> dict:
         return done
     tree = ast.parse(step["code"])
     ast.increment_lineno(tree, step["line"])
-    outputs = []
     for statement in tree.body:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):

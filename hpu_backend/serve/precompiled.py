@@ -26,7 +26,7 @@ from ..formats.recipe import RecipeFormatError, unpack
 from ..settings import Settings, SettingsError
 from .compiled import CompiledGraph
 from .programs import program_call, program_graphs
-from .session import Event, Session, emit, session_for
+from .session import Event, emit, session_for
 from .store import RecipeStore
 
 FORMAT = "hpu_backend.precompiled"

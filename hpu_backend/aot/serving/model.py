@@ -23,7 +23,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ...lowering.values import nbytes
-from ...targets import device
 from ..capacity import CapacityError, LayeredStep, card_steps, step_graphs
 from ..modelfile import ModelSpec
 from . import fp8

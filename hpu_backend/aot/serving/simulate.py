@@ -12,7 +12,6 @@ Padding waste is counted in prompt tokens (batch × length against the prompts' 
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
