@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..gaudi.mixed_precision import op_lists
+from ..serve import device_memory as memory
 from . import tensor
 from .dispatch import is_pinned, pinned
 from .tensor import HPU, HpuTensor
@@ -27,19 +28,34 @@ _CASTABLE = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _device(device) -> torch.device | None:
+    """The card a request names. Index 0 is this process's current card: torch's C++ side resolves an index-less
+    ``hpu`` (``.to("hpu")``) through a Python backend's device guard, which always answers 0, while factories
+    pass it on index-less; both then land on ``torch.hpu.set_device``'s card, as on a Gaudi rank. A card past
+    ``device_count()`` is refused, as a real device refuses a nonexistent ordinal."""
     if device is None:
         return None
-    device = torch.device(device)
-    return device if device.index is not None else torch.device(HPU, torch.hpu.current_device())
+    return torch.hpu.resolve(torch.device(device))
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    device = _device(device)
+    memory.check_request(_nbytes(size, dtype))
     host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
-    return HpuTensor(host, _device(device))
+    return HpuTensor(host, device)
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), _device(device))
+    device = _device(device)
+    span = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    memory.check_request(_nbytes([span], dtype))
+    return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), device)
+
+
+def _nbytes(size, dtype) -> int:
+    count = 1
+    for n in size:
+        count *= int(n)
+    return count * (dtype or torch.get_default_dtype()).itemsize
 
 
 def _copy_from(src, dst, non_blocking=False):

@@ -18,7 +18,7 @@ from ..serve import device_memory as memory
 from ..serve.session import session_for
 from ..settings import Settings
 from ..timeline import trace, whatif
-from . import kernels, module, report as reporting, tensor
+from . import kernels, module, report as reporting, swap, tensor
 from .dispatch import Device
 
 MODES = ("lazy", "eager")
@@ -155,6 +155,7 @@ def _register() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch.serialization.register_package(15, _no_tag, _host_storage)
+    torch.utils.swap_tensors = swap.swap_tensors  # module.to("hpu") of weakly referenced parameters (swap.py)
     lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")
     kernels.register(lib, every_op)
     _state["lib"] = (lib, every_op)

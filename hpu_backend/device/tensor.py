@@ -57,6 +57,20 @@ class HpuTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, device, outer_size, outer_stride):
         return HpuTensor(inner["_traced_host"], device)
 
+    # -- what torch changes in place without an op ---------------------------------------------------------------
+
+    @property
+    def data(self) -> torch.Tensor:
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        """``p.data = t``: torch gives ``p`` the metadata of ``t``; ``p`` takes ``t``'s host tensor too, so that
+        it reads and writes the very memory ``t`` does (a parameter made a view of a flat buffer stays one)."""
+        _TENSOR_DATA.__set__(self, new)
+        if isinstance(new, HpuTensor):
+            self.host = new.host
+
     # -- host reads and serialization ---------------------------------------------------------------------------
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -71,8 +85,19 @@ class HpuTensor(torch.Tensor):
         return self.cpu().tolist()
 
     def numpy(self, *, force: bool = False):
+        if force:  # torch documents force=True as a copy to host memory first
+            return self.detach().cpu().resolve_conj().resolve_neg().numpy()
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. "
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
+
+    def __dlpack__(self, *args, **kwargs):
+        """DLPack knows no Gaudi device: refused in one line, as torch refuses a device DLPack cannot name."""
+        raise BufferError(f"a {self.device} tensor cannot be shared through DLPack (DLPack has no Gaudi device): "
+                          "copy it to host memory with .cpu() first")
+
+    def __dlpack_device__(self):
+        raise BufferError(f"a {self.device} tensor cannot be shared through DLPack (DLPack has no Gaudi device): "
+                          "copy it to host memory with .cpu() first")
 
     def __deepcopy__(self, memo):
         """A copy made by the device (a pending op in lazy mode, filled when its graph runs), never a copy of
@@ -94,6 +119,7 @@ class HpuTensor(torch.Tensor):
                 (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
 
+_TENSOR_DATA = torch.Tensor.data  # torch's own descriptor, which the property above extends
 DEFAULT_DEVICE = [torch.device(HPU, 0)]
 DISPATCH: list = [None]  # the device's dispatch function, set by enable()
 BEFORE_COMPILED: list = [lambda: None]  # what a compiled graph's read of a host tensor does first
