@@ -20,7 +20,7 @@ from ..gaudi.mixed_precision import op_lists
 from ..serve import device_memory as memory
 from . import tensor
 from .dispatch import is_pinned, pinned
-from .tensor import HPU, HpuTensor
+from .tensor import HPU, HpuTensor, untraced
 
 aten = torch.ops.aten
 _AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
@@ -100,18 +100,19 @@ def register(lib: torch.library.Library, every_op: torch.library.Library) -> Non
     """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library) and ``every_op`` (a ``_`` IMPL
     library, for the autocast key's fallthrough); the caller keeps both alive."""
     every_op.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")  # ops on no list: as they come
-    lib.impl("empty.memory_format", _empty, "PrivateUse1")
-    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
-    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("empty.memory_format", untraced(_empty), "PrivateUse1")
+    lib.impl("empty_strided", untraced(_empty_strided), "PrivateUse1")
+    lib.impl("_copy_from", untraced(_copy_from), "PrivateUse1")
     for name in HOST_FACTORIES:
         packet = getattr(aten, name)
         for overload in packet.overloads():
             op = getattr(packet, overload)
             if not op._schema.is_mutable and any(a.name == "device" for a in op._schema.arguments):
-                lib.impl(f"{name}.{overload}" if overload != "default" else name, _host_factory(op), "PrivateUse1")
+                lib.impl(f"{name}.{overload}" if overload != "default" else name, untraced(_host_factory(op)),
+                         "PrivateUse1")
     # DataLoader(pin_memory=True) pins for the current accelerator, now the hpu device: torch asks a C++
     # backend for a pinned-memory allocator, which a Python backend cannot give, so pinning is a host copy.
-    lib.impl("_pin_memory", _pin_memory, "CPU")
+    lib.impl("_pin_memory", untraced(_pin_memory), "CPU")
     lib.impl("is_pinned", _is_pinned, "CPU")
     lower, fp32 = op_lists()
     casts = {name: torch.float32 for name in fp32}
@@ -120,7 +121,8 @@ def register(lib: torch.library.Library, every_op: torch.library.Library) -> Non
         packet = getattr(aten, name, None)
         for overload in packet.overloads() if packet is not None else ():
             lib.impl(f"{name}.{overload}" if overload != "default" else name,
-                     _autocast_kernel(getattr(packet, overload), dtype), "AutocastPrivateUse1")
+                     untraced(_autocast_kernel(getattr(packet, overload), dtype)),
+                     "AutocastPrivateUse1")
 
 
 def _autocast_kernel(op, dtype: torch.dtype | None):
