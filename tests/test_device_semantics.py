@@ -149,3 +149,25 @@ def test_a_request_past_the_hbm_is_the_devices_out_of_memory_error():
         torch.empty(1 << 40, dtype=torch.uint8, device="hpu")
     with pytest.raises(torch.OutOfMemoryError, match="hpu out of memory"):
         torch.zeros(1 << 38, device="hpu")
+
+
+@pytest.mark.parametrize("release, lazy, mode", [
+    ("", "", "eager"), ("1.21", "", "eager"), ("1.20.0", "", "lazy"), ("1.22.0", "1", "lazy"), ("1.19", "0", "eager")])
+def test_the_mode_follows_the_simulated_release_unless_set(monkeypatch, release, lazy, mode):
+    from hpu_backend.device import release as releases
+
+    monkeypatch.setenv("HPU_SIM_RELEASE", release)
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy)
+    assert releases.mode_from_env() == mode
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("PT_HPU_LAZY_MODE", "2", "PT_HPU_LAZY_MODE='2': use 1 (lazy mode) or 0"),
+    ("PT_HPU_LAZY_MODE", "banana", "PT_HPU_LAZY_MODE='banana'"),
+    ("HPU_SIM_RELEASE", "2.0", "HPU_SIM_RELEASE='2.0': not a Gaudi software release"),
+])
+def test_a_bad_mode_or_release_is_one_line(monkeypatch, name, value, words):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(hd.DeviceSetupError) as e:
+        hd.enable()
+    assert words in str(e.value) and "\n" not in str(e.value)

@@ -33,14 +33,14 @@ DEVICE_RUNS = {
     "lazy": ("mnist.py", ["--hpu", "--use-lazy-mode", "--save-model", "{tmp}/ckpt.pt"], [], {}),
     "eager": ("mnist.py", ["--hpu"], [], {"PT_HPU_LAZY_MODE": "0"}),
     "autocast": ("mnist.py", ["--hpu", "--use-lazy-mode", "--autocast"], [], {}),
-    "compile": ("mnist.py", ["--hpu", "--use-torch-compile"], [], {"PT_HPU_LAZY_MODE": "0"}),
+    "compile": ("mnist.py", ["--hpu", "--use-torch-compile"], [], {}),  # eager: the default from software 1.21
     "ddp": ("mnist.py", ["--hpu", "--use-lazy-mode", "--distributed"], ["--cards", "2"], {}),
     "ddp_compile": ("mnist.py", ["--hpu", "--use-torch-compile", "--distributed"], ["--cards", "2"],
                     {"PT_HPU_LAZY_MODE": "0"}),
     "ddp_compile_lazy": ("mnist.py", ["--hpu", "--use-lazy-mode", "--use-torch-compile", "--distributed"],
                          ["--cards", "2"], {}),
-    "weights": ("weight_sharing.py", ["--hpu"], [], {}),
-    "sdpa": ("sdpa.py", ["--hpu"], [], {}),
+    "weights": ("weight_sharing.py", ["--hpu"], [], {"PT_HPU_LAZY_MODE": "1"}),
+    "sdpa": ("sdpa.py", ["--hpu"], [], {"PT_HPU_LAZY_MODE": "1"}),
 }
 DRIVER = """
 import json, runpy, sys
@@ -116,7 +116,7 @@ def test_a_gaudi_script_tracks_the_cpu(runs, name, reference, mode, rtol):
     got, want = losses(tmp / f"hpu_{name}.json"), losses(tmp / f"cpu_{reference}.json")
     assert len(got) == STEPS
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want[:STEPS]), rtol=rtol, atol=rtol)
-    assert report["mode"] == mode and report["exit_code"] == 0
+    assert report["mode"] == mode and report["exit_code"] == 0 and report["release"] == "1.22.0"
 
 
 @pytest.mark.parametrize("name, mode", [("ddp", "lazy"), ("ddp_compile", "eager"), ("ddp_compile_lazy", "lazy")])

@@ -49,8 +49,9 @@ class DeviceFallbackError(RuntimeError):
 class Device:
     """The process's hpu device: its mode, settings, placement decisions and what it saw."""
 
-    def __init__(self, mode: str, settings: Settings):
+    def __init__(self, mode: str, settings: Settings, release: str = ""):
         self.mode = mode
+        self.release = release
         self.settings = settings
         self.table = optable.shared_table()
         self.placed: dict = {}  # (op, dtypes) -> None (on the device) or the fallback's log line
