@@ -38,6 +38,7 @@ _target = ["gaudi2"]
 _capacity: list[int | None] = [None]  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
 _started = [False]
 CAPACITY_ENV = "HPU_BACKEND_HBM_BYTES"
+_LARGE = 1 << 26  # bytes: requests from this size up are checked before the host allocates them
 
 
 class DeviceOutOfMemoryError(torch.OutOfMemoryError):
@@ -84,8 +85,11 @@ def mem_get_info() -> tuple[int, int]:
 
 
 def check_request(nbytes: int) -> None:
-    """Refuse a device allocation of ``nbytes`` that cannot fit, before the host is asked for the memory (a 1 TiB
-    request is the device's out-of-memory error, not the host allocator's)."""
+    """Refuse a large device allocation of ``nbytes`` that cannot fit before the host is asked for the memory (a
+    1 TiB request is the device's out-of-memory error, not the host allocator's); a small one is checked by
+    ``allocate`` once made, as every allocation is."""
+    if nbytes < _LARGE:
+        return
     limit = capacity()
     if _stats["InUse"] + nbytes > limit:
         raise DeviceOutOfMemoryError(_oom_text(nbytes, limit))
