@@ -65,7 +65,7 @@ class _Rows:
         self.names: dict = {}  # (pid, tid) -> row name
         self.device_pids: set = set()
         self.busy: dict = {}  # row -> seconds
-        self.steps = _StepSums()
+        self.steps = _StepSums(path)
         self.launches = 0
         self.staging = 0.0
         self.lines: dict = {}
@@ -115,7 +115,7 @@ class _Rows:
                   sync_lines={k: v / n for k, v in self.lines.items()})
         p.engines = {k: self.busy.get("device:" + k, 0.0) / n for k in ENGINES}
         if self.steps.count:
-            _from_steps(p, self.steps.steady(path))
+            _from_steps(p, self.steps.steady())
         else:
             _from_rows(p, self.busy, max(self.end - self.begin, 0.0))
         return p
@@ -130,16 +130,14 @@ class _StepSums:
     """The step spans' numbers, summed as they stream by: over every step, over the steps past the warm-up, and
     over the steps past the warm-up and the last step that compiled (``steady`` of a list, in O(1) memory)."""
 
-    def __init__(self):
-        self.count = 0
+    def __init__(self, path: str):
+        self.path, self.count = path, 0
         self.all, self.warm, self.after = {}, {}, {}
-        self.bad: str | None = None
 
     def add(self, args: dict) -> None:
         numbers = _step_numbers(args)
         if numbers is None:
-            self.bad = self.bad or f"a step's args are not finite numbers: {str(args)[:80]}"
-            return
+            raise TraceError(f"{self.path}: not a trace (a step's args are not finite numbers: {str(args)[:80]})")
         index, self.count = self.count, self.count + 1
         _add(self.all, numbers)
         if numbers["compile_s"] > 0:
@@ -149,10 +147,8 @@ class _StepSums:
         if index >= SKIP:
             _add(self.warm, numbers)
 
-    def steady(self, path: str) -> dict:
-        """Mean of each number over the steady steps (TraceError for a step whose numbers are not numbers)."""
-        if self.bad:
-            raise TraceError(f"{path}: not a trace ({self.bad})")
+    def steady(self) -> dict:
+        """Mean of each number over the steady steps."""
         sums = next(s for s in (self.after, self.warm, self.all) if s)
         n = sums.pop("_n")
         return {k: v / n for k, v in sums.items()}
