@@ -6,6 +6,7 @@ scripts written for either find their rank. Ranks share our stdout; their stderr
 that keeps each rank's last line, so that a failure is named in one line: the first rank to fail (or every
 rank still running at ``--timeout``) stops the others, and ``RunError`` says which rank and why. With
 ``prefix``, every line a rank prints (stdout and stderr) starts ``[rankN]: ``, as torchrun's ``--tee`` shows.
+DDP's warning that it keeps no time stats for a device without a C++ timer (the simulated hpu) is dropped.
 
 The launcher owns its ranks (``group.py``): each leads its own process group, with its helpers, and dies with
 the launcher; SIGTERM or Ctrl-C to the launcher stops every group before it exits (143, 130).
@@ -29,6 +30,9 @@ from . import group, report as reports
 from .errors import RunError
 
 RANK_ENV = "HPU_BACKEND_RUN_RANK"  # set in every rank: a stop (SIGTERM) still writes the rank's report
+# DDP's reducer says this once per rank for any device without a C++ timer in c10d's TimerRegistry: Gaudi's bridge
+# registers one for hpu, a simulated device cannot (it has no C++ part), so the line is ours to drop.
+NO_TIMER_WARNING = b"Time stats are currently only collected for CPU and CUDA devices"
 GRACE_S = 3.0  # how long a stopped rank gets to exit after SIGTERM (or Ctrl-C) before it is killed
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding hpu_backend, for the ranks
 
@@ -153,6 +157,8 @@ def _start(rank: int, world: int, port: int, script: str, args: list[str], tmp: 
 def _relay(r: Rank, head: bytes) -> None:
     """Copy a rank's stderr to ours line by line, keeping its last non-empty line (its error, if it fails)."""
     for raw in r.proc.stderr:
+        if NO_TIMER_WARNING in raw:
+            continue
         sys.stderr.buffer.write(head + raw)
         sys.stderr.buffer.flush()
         if raw.strip():
