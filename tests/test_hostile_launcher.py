@@ -126,6 +126,19 @@ def test_a_failing_rank_takes_its_helpers_with_it(tmp_path, mark):
     assert "rank 1 failed (RuntimeError: rank one fails after forking a helper)" in err, err
 
 
+def test_a_failing_script_on_one_card_takes_its_helpers_with_it(tmp_path, mark):
+    path = script(tmp_path, """\
+        import subprocess, sys
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open(sys.argv[1], "w").write(str(helper.pid))
+        raise RuntimeError("fails after forking a helper")
+        """)
+    proc = start(tmp_path, mark, path, tmp_path / "helper.pid")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "RuntimeError: fails after forking a helper" in err, err
+    assert (tmp_path / "helper.pid").read_text().isdigit()  # it ran; the fixture checks it is gone
+
+
 def test_prefix_marks_every_line_and_ddp_ranks_print_no_timer_warning(tmp_path, mark):
     path = script(tmp_path, """\
         import os, sys, torch, torch.distributed as dist

@@ -9,7 +9,6 @@ group and is stopped with it, but outlives a launcher killed with SIGKILL.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -24,7 +23,7 @@ def follow_parent() -> bool:
     our fork and this call the kernel could not tell us)."""
     expected = os.environ.get(PARENT_ENV, "")
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's prctl, no library search
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     return not expected.isdigit() or os.getppid() == int(expected)
@@ -93,6 +92,48 @@ def stop_helpers(grace: float) -> None:
     for pid in helpers:
         if _group_of(pid) == me:
             _signal(pid, signal.SIGKILL)
+
+
+def children() -> set[int]:
+    """The live processes this one started and those they started (empty without ``/proc``)."""
+    if not os.path.isdir("/proc/self"):
+        return set()
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            parent = _parent_of(int(name))
+            if parent is not None:
+                parents.setdefault(parent, []).append(int(name))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:  # ended while we looked
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 and fields[0] not in ("Z", "X") else None
+
+
+def stop_new_children(before: set[int], grace: float) -> None:
+    """Stop the processes started since ``children()`` returned ``before`` (a failed script's helpers, when
+    it ran in this process), SIGTERM then SIGKILL after ``grace`` seconds."""
+    started = children() - before
+    for pid in started:
+        _signal(pid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and started & children():
+        time.sleep(0.05)
+    for pid in started & children():
+        _signal(pid, signal.SIGKILL)
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -43,12 +43,22 @@ def launch(script: str, args: list[str], cards: int = 1, report: str | None = No
     if trace is not None:
         _check_trace(trace, cards if in_ranks else 1)
     if not in_ranks:
-        from .script import run_script
-
-        return run_script(script, args, report, trace)
+        return _run_here(script, args, report, trace)
     from .ranks import run_ranks
 
     return run_ranks(script, args, cards, report, timeout, trace, prefix)
+
+
+def _run_here(script: str, args: list[str], report: str | None, trace: str | None) -> int:
+    """The script in this process; when it fails, the processes it started and left running go with it."""
+    from . import group
+    from .script import run_script
+
+    before = group.children()
+    code = run_script(script, args, report, trace)
+    if code:
+        group.stop_new_children(before, GRACE_HELPERS_S)
+    return code
 
 
 def _check_cards(cards: int, oversubscribe: bool) -> None:
