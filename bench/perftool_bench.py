@@ -35,9 +35,11 @@ def write_trace(path: str, steps: int) -> None:
 
 def peak_rss_mb(trace: str) -> float:
     """Peak resident MB of ``hpurecipe perf-tool --trace TRACE --json`` in a process of its own."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")])}
-    code = ("import resource, sys; from hpurecipe.main import app; sys.argv = ['hpurecipe', 'perf-tool', '--trace', "
-            f"{trace!r}, '--json']\ntry:\n    app(prog_name='hpurecipe')\nexcept SystemExit as e:\n    assert not e.code\n"
+    path = os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    code = ("import resource, sys; from hpurecipe.main import app\n"
+            f"sys.argv = ['hpurecipe', 'perf-tool', '--trace', {trace!r}, '--json']\n"
+            "try:\n    app(prog_name='hpurecipe')\nexcept SystemExit as e:\n    assert not e.code\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
