@@ -21,7 +21,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 def follow_parent() -> bool:
     """In a rank, first thing: SIGTERM to us when the launcher dies. False when it has died already (between
     our fork and this call the kernel could not tell us)."""
-    expected = os.environ.get(PARENT_ENV, "")
+    expected = os.environ.pop(PARENT_ENV, "")  # ours alone: a launcher the script starts is not a rank of ours
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's prctl, no library search
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
