@@ -27,7 +27,7 @@ def run(ctx: typer.Context,
             "--trace", help="Write the step timeline as a Chrome/Perfetto trace (one file per rank).",
             show_default=False)] = None,
         prefix: Annotated[bool, typer.Option(
-            "--prefix", help="Start each line a rank prints with [rankN]: (as torchrun --tee shows ranks).")] = False,
+            "--prefix", help="Start each line a rank prints with \\[rankN]: (as torchrun --tee shows ranks).")] = False,
         oversubscribe: Annotated[bool, typer.Option(
             "--oversubscribe", help="Start more ranks than this machine's memory holds (about 300 MB each).")]
         = False) -> None:
