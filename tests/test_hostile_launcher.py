@@ -288,6 +288,19 @@ def test_a_link_planted_at_a_ranks_trace_is_refused_and_a_late_one_replaced(tmp_
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".trace-")]  # no temporary file left
 
 
+@pytest.mark.parametrize("kind, what", [("fifo", "a FIFO"), ("directory", "a directory")])
+def test_the_trace_writer_refuses_what_is_not_a_regular_file(tmp_path, kind, what):
+    """What ``run`` and ``analyze --trace`` write through: never blocks on a FIFO, never writes into a folder."""
+    from hpu_backend.timeline import trace as traces
+    from hpu_backend.timeline.model import Span
+
+    path = tmp_path / "trace.json"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(traces.TraceError, match=f"--trace {path}: {what}, not a regular file"):
+        traces.write(str(path), [Span("host", "Steps", "step", 0.0, 1e-3, {})])
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+
+
 def test_perf_tool_refuses_a_fifo_without_waiting(tmp_path):
     fifo = tmp_path / "trace.json"
     os.mkfifo(fifo)
