@@ -72,9 +72,21 @@ def capacity() -> int:
     if _capacity[0] is not None:
         return _capacity[0]
     text = os.environ.get(CAPACITY_ENV, "").strip()
-    if text.isdigit():
-        return int(text)
+    if text:
+        return _env_capacity(text)
     return int(device(_target[0]).hbm_bytes)
+
+
+def _env_capacity(text: str) -> int:
+    """``HPU_BACKEND_HBM_BYTES`` with its units (``1GB``, ``16GiB``); a value that is not a size is an error
+    naming it, never a silent fall back to the target's HBM."""
+    from ..settings import SettingsError
+    from ..units import SIZE_FORMS, parse_size
+
+    nbytes = parse_size(text)
+    if nbytes is None:
+        raise SettingsError(f"environment variable {CAPACITY_ENV}={text!r} is not valid: use {SIZE_FORMS}")
+    return nbytes
 
 
 def mem_get_info() -> tuple[int, int]:
