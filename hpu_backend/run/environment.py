@@ -25,6 +25,7 @@ def check(env: Mapping[str, str] | None = None, ranks_started_here: bool = False
     _check(env, CARDS_ENV, lambda v: _whole(v, 1, MAX_CARDS), f"a whole number of cards from 1 to {MAX_CARDS}")
     _check(env, HBM_ENV, parse_size, SIZE_FORMS)
     _check_settings(env)
+    _check_mode(env)
 
 
 def _check(env: Mapping[str, str], name: str, parse: Callable[[str], object], allowed: str) -> None:
@@ -47,6 +48,16 @@ def _check_ranks(env: Mapping[str, str]) -> None:
     _check(env, "RANK", lambda v: _whole(v, 0, world - 1), f"a whole number from 0 to WORLD_SIZE - 1 ({world - 1})")
     _check(env, "LOCAL_RANK", lambda v: _whole(v, 0, local - 1),
            f"a whole number from 0 to LOCAL_WORLD_SIZE - 1 ({local - 1})")
+
+
+def _check_mode(env: Mapping[str, str]) -> None:
+    """``PT_HPU_LAZY_MODE`` and ``HPU_SIM_RELEASE``, as the device reads them when it starts."""
+    from ..device import release
+
+    try:
+        release.mode_from_env(env)
+    except release.ReleaseError as e:
+        raise RunError(f"environment variable {e}", 2) from None
 
 
 def _check_settings(env: Mapping[str, str]) -> None:
