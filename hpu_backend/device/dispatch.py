@@ -114,6 +114,8 @@ class Device:
             self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
             return func(*args, **kwargs)  # a host value or tensor: not wrapped
         self.ops += 1
+        if func.namespace == "c10d":
+            self._collective(func, hosts)
         if _upload(func, flat):
             self._copy_in(flat)
             self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
@@ -146,6 +148,16 @@ class Device:
         if key is not None and len(self.estimates) < _EAGER_KEYS:
             self.estimates[key] = (self.measure() - before, self.timeline.last)
         return out
+
+    def _collective(self, func, hosts: list) -> None:
+        """A collective on device tensors, on the step timeline's network row (DDP's bucket all-reduces)."""
+        import torch.distributed as dist
+
+        nbytes = sum(a.numel() * a.element_size() for a in hosts if isinstance(a, torch.Tensor))
+        group = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        kind = func._schema.name.removeprefix("c10d::").rstrip("_")
+        self.timeline.comm({"allreduce": "all_reduce", "allgather": "all_gather",
+                            "reduce_scatter": "reduce_scatter"}.get(kind, kind), nbytes, group)
 
     # -- host reads -----------------------------------------------------------------------------------------
 

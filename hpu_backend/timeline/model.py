@@ -22,7 +22,8 @@ the largest part bounds the step: ``host``, ``device`` or ``sync``.
 Events are plain tuples, cheap to record:
 ``("py", s)``, ``("op", "eager"|"lazy")``, ``("launch", kind, name, rid, Cost, compile_s)`` (kind ``lazy``,
 ``eager``, ``compiled`` or ``replay``), ``("copy", nbytes, to_device, pinned, non_blocking, source)``,
-``("sync", what, source)``, ``("step",)``.
+``("sync", what, source)``, ``("comm", kind, nbytes, group)`` (a collective issued outside every recipe, such as
+DDP's gradient all-reduces: on the network once the compute stream has produced its input), ``("step",)``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
-from ..targets import device as device_spec
+from ..targets import COLLECTIVES, device as device_spec, fabric
 from .host import HOST, HostCosts
 
 HOST_ROWS = ("Steps", "Host ops", "Launch", "Compile", "Sync")
@@ -133,6 +134,7 @@ class Schedule:
 
     def __init__(self, target: str = "gaudi2", host: HostCosts = HOST, spans: bool = False):
         self.host, self.link, self.keep = host, Link.of(target), spans
+        self.net = fabric(target)
         self.t = 0.0  # the host thread
         self.free = {"compute": 0.0, "DMA": 0.0, "Network": 0.0}
         self.landed = 0.0  # when the last host→device copy is on the device
@@ -272,6 +274,15 @@ class Schedule:
         self.step.device_s += seconds
         self._device("DMA", name, start, seconds, args)
         return start + seconds
+
+    def _comm(self, kind: str, nbytes: int, group: int) -> None:
+        known = kind if kind in COLLECTIVES else "all_gather"  # broadcast and the rest: one pass of the bytes
+        seconds = self.net.collective_s(known, nbytes, min(group, self.net.cards_per_server))
+        begin = max(self.t, self.free["compute"], self.free["Network"])
+        self.free["Network"] = begin + seconds
+        self.step.engines["Network"] += seconds
+        self.step.device_s += seconds
+        self._device("Network", f"{kind} ({nbytes} B)", begin, seconds, {"bytes": nbytes, "group": group})
 
     # -- copies and syncs ---------------------------------------------------------------------------------
 

@@ -112,6 +112,10 @@ class Recorder:
     def copy(self, nbytes: int, to_device: bool, pinned: bool, non_blocking: bool, source: str) -> None:
         self.add(("copy", int(nbytes), to_device, pinned, non_blocking, source))
 
+    def comm(self, kind: str, nbytes: int, group: int) -> None:
+        """A collective the host issued on device tensors (DDP's gradient all-reduces, outside every recipe)."""
+        self.add(("comm", kind, int(nbytes), int(group)))
+
     def sync(self, what: str, source: str) -> None:
         self.add(("sync", what, source))
 
