@@ -23,7 +23,9 @@ Events are plain tuples, cheap to record:
 ``("py", s)``, ``("op", "eager"|"lazy")``, ``("launch", kind, name, rid, Cost, compile_s)`` (kind ``lazy``,
 ``eager``, ``compiled`` or ``replay``), ``("copy", nbytes, to_device, pinned, non_blocking, source)``,
 ``("sync", what, source)``, ``("comm", kind, nbytes, group)`` (a collective issued outside every recipe, such as
-DDP's gradient all-reduces: on the network once the compute stream has produced its input), ``("step",)``.
+DDP's gradient all-reduces: on the network once the compute stream has produced its input), ``("step",)`` or
+``("step", simulator_s, clock_s)`` (a recorded step end: the simulator's own time in the step and the host's clock,
+both measured, so that a step's estimate stands next to what it took on this host).
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class StepTime:
     engines: dict = field(default_factory=lambda: {"MME": 0.0, "TPC": 0.0, "DMA": 0.0, "Network": 0.0})
     waits: dict = field(default_factory=lambda: {"sync": 0.0, "copy": 0.0, "queue": 0.0})
     syncs: list = field(default_factory=list)  # (what, source, waited seconds)
+    wall_s: float | None = None  # measured on this host: from the step end before to this one
+    simulator_s: float = 0.0  # measured: of that, the simulator's own work (lowering, dispatch, host kernels)
     copies: list = field(default_factory=list)  # (nbytes, pinned, non_blocking, seconds on DMA, source)
 
     @property
@@ -113,7 +117,8 @@ class StepTime:
                 "input_s": self.input_s, "dispatch_s": self.dispatch_s, "compile_s": self.compile_s,
                 "setup_s": self.setup_s, "device_s": self.device_s,
                 "sync_s": self.serial_s, "engines": dict(self.engines), "waits": dict(self.waits),
-                "bound": self.bound, "estimate": True}
+                "bound": self.bound, "estimate": True, "measured_wall_s": self.wall_s,
+                "measured_simulator_s": self.simulator_s}
 
 
 class Link(NamedTuple):
@@ -144,6 +149,7 @@ class Schedule:
         self._open: list | None = None  # the host-ops span being extended: [start, ops, python_s, dispatch_s]
         self._copied = False  # a host→device copy happened in this step (ends the input phase)
         self._started = False  # the first device call was scheduled
+        self._clock_at: float | None = None  # the host's clock at the last recorded step end
 
     def run(self, events: Iterable[tuple]) -> "Schedule":
         for e in events:
@@ -307,7 +313,12 @@ class Schedule:
         self._busy("Sync", f"read back ({what})", self.host.sync_s, {"source": source, "estimate": True})
         self.step.syncs.append((what, source, waited))
 
-    def _step(self) -> None:
+    def _step(self, simulator_s: float = 0.0, clock_s: float | None = None) -> None:
+        if clock_s is not None:
+            self.step.simulator_s = simulator_s
+            if self._clock_at is not None:
+                self.step.wall_s = clock_s - self._clock_at
+            self._clock_at = clock_s
         self._wait(self.prev_device_end, "queue", "device queue full (one step ahead)", {})
         self._close_ops()
         step = self.step
