@@ -103,21 +103,25 @@ def test_the_math_path_of_sdpa_runs_on_the_device_too(device_mode, device_attent
     assert "_safe_softmax" not in _fallback_ops()
 
 
+def _estimated_s() -> float:
+    """The device seconds the report has estimated so far (over every step)."""
+    return sum(step["estimated_device_s"] for step in hd.report()["steps"])
+
+
 def _step_estimates(names, shape) -> tuple[dict[str, float], dict[str, int]]:
     """The report's estimated device seconds of one lazy step (forward and backward) of each attention, and the
     peak device memory of each step."""
     hd.enable("lazy")
-    peaks = {}
+    estimates, peaks = {}, {}
     try:
-        first = max(len(hd.report()["steps"]) - 1, 0)  # the step under way, if any
         for name in names:
             gaudi.reset_peak_memory_stats()
+            before = _estimated_s()
             _attention_step(name, "hpu", shape, torch.bfloat16)
-            peaks[name] = gaudi.max_memory_allocated()
-        steps = hd.report()["steps"][first:first + len(names)]
+            estimates[name], peaks[name] = _estimated_s() - before, gaudi.max_memory_allocated()
     finally:
         hd.enable("eager")
-    return {name: step["estimated_device_s"] for name, step in zip(names, steps)}, peaks
+    return estimates, peaks
 
 
 def test_fused_attention_is_estimated_no_slower_and_no_larger_than_attention_by_hand(device_attention):
@@ -164,3 +168,23 @@ def test_fused_adamw_takes_its_step_values_as_device_tensors_and_stops_compiling
     steady = steps[4:12]  # loop iterations 3 to 6 (a step ends at each of their two mark_step calls)
     assert len(steady) == 8 and all(s["graphs"] for s in steady), steps
     assert [g for s in steady for g in s["new_graphs"]] == [] and sum(s["recipes_compiled"] for s in steady) == 0
+
+
+def test_fused_sdpa_recompute_choice_reaches_the_device_recipe():
+    """recompute_mode=False saves the probabilities for the backward (HBM traffic the estimate charges);
+    None takes the process-wide default, recompute, as on Gaudi."""
+    estimates = {}
+    hd.enable("lazy")
+    try:
+        for recompute in (True, False, None):
+            before = _estimated_s()
+            g = torch.Generator().manual_seed(0)
+            q, k, v = (torch.randn(2, 4, 256, 64, generator=g, dtype=torch.bfloat16).to("hpu").requires_grad_()
+                       for _ in range(3))
+            gaudi.FusedSDPA.apply(q, k, v, None, 0.0, True, None, "None", recompute).float().sum().backward()
+            gaudi.mark_step()
+            estimates[recompute] = _estimated_s() - before
+    finally:
+        hd.enable("eager")
+    assert estimates[False] > 1.05 * estimates[True] > 0, estimates  # differences of running sums: not exact
+    assert estimates[None] == pytest.approx(estimates[True], rel=1e-9), estimates

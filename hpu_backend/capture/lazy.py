@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
@@ -259,6 +260,9 @@ class LazyRecorder(TorchDispatchMode):
         node.meta["val"] = fakes
         node.meta["source"] = line = user_line()  # "file:line", for reports
         node.meta["stack_trace"] = _trace(line)  # where capture reads a recipe node's source
+        custom = fx_traceback.current_meta.get("custom")
+        if custom:  # the user's annotations (FusedSDPA's recompute choice), as a tracer records them
+            node.meta["custom"] = dict(custom)
         g.ops += 1
         g.seeded = g.seeded or torch.Tag.nondeterministic_seeded in func.tags
         if func._schema.is_mutable:

@@ -194,12 +194,14 @@ class _FusedAttention(torch.autograd.Function):
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
         ctx.save_for_backward(query, key, value, attn_mask, out, logsumexp)
         ctx.options = (dropout_p, is_causal, scale)
+        ctx.annotations = dict(fx_traceback.current_meta.get("custom") or {})  # FusedSDPA's, for the backward
         return out
 
     @staticmethod
     def backward(ctx, grad):
         query, key, value, attn_mask, out, logsumexp = ctx.saved_tensors
         dropout_p, is_causal, scale = ctx.options
-        grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        with fx_traceback.annotate(ctx.annotations):
+            grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
         return (*grads, None, None, None, None)
