@@ -93,6 +93,25 @@ def test_attention_on_the_device_is_the_cpu_fused_kernel_exactly(device_mode, de
     assert not _fallback_ops() & {"_safe_softmax", "_scaled_dot_product_flash_attention_for_cpu"}
 
 
+@pytest.mark.parametrize("boolean", [False, True])
+def test_masked_attention_on_the_device_is_the_cpu_fused_kernel_exactly(device_mode, device_attention, boolean):
+    """A boolean mask is made additive as torch makes it for the CPU's fused kernel."""
+    g = torch.Generator().manual_seed(0)
+    mask = torch.randn(16, 16, generator=g)
+    mask = mask > 0 if boolean else mask
+
+    def run(device):
+        leaves = [torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(i)).to(device).requires_grad_()
+                  for i in range(3)]
+        out = F.scaled_dot_product_attention(*leaves, attn_mask=mask.to(device))
+        out.sum().backward()
+        gaudi.mark_step()
+        return [t.detach().cpu() for t in (out, *(x.grad for x in leaves))]
+
+    for want, have in zip(run("cpu"), run("hpu")):
+        torch.testing.assert_close(have, want, rtol=0, atol=0)
+
+
 def test_the_math_path_of_sdpa_runs_on_the_device_too(device_mode, device_attention):
     """Where the CPU takes torch's math path (3-d inputs), so does the device: its _safe_softmax on the device."""
     q = torch.randn(2, 8, 4)

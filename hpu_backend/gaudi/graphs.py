@@ -16,8 +16,9 @@ signature (``inspect.signature``), which ``generate()`` reads to pass ``attentio
 Caveats, as on Gaudi: what the capture saw is what replays — Python control flow and side effects
 run once, at capture; non-tensor arguments (and train/eval mode) are part of the signature, so each
 new value captures again (an unhashable one runs the module eagerly); a parameter replaced by a new object
-(rather than updated in place) is not seen; a replay runs without autograd (HPU graphs serve inference). Unlike Gaudi, outputs are fresh tensors, not
-buffers the next replay overwrites: a script correct on Gaudi is correct here, not the reverse.
+(rather than updated in place) is not seen; a replay runs without autograd (HPU graphs serve inference).
+Unlike Gaudi, outputs are fresh tensors, not buffers the next replay overwrites: a script correct on Gaudi is
+correct here, not the reverse.
 """
 
 from __future__ import annotations

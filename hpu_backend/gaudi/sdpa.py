@@ -22,7 +22,8 @@ one fused kernel. ``device_attention`` is the device's kernel for it (``register
 the dispatcher's AutogradPrivateUse1 key), and ``FusedSDPA.apply`` on device tensors calls it directly: the
 fused op the CPU itself would pick for the same inputs (``_scaled_dot_product_flash_attention_for_cpu`` and its
 backward, one node each in the recipe, placed on the device and fused by ``fuse_attention``), so the numbers
-are the CPU's; where the CPU would take the math path (dropout, 3-d inputs) the device does too.
+are the CPU's; where the CPU would take the math path (dropout, 3-d inputs) the device does too, and so do
+grouped K/V heads (``enable_gqa``).
 """
 
 from __future__ import annotations
@@ -157,9 +158,11 @@ def device_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      enable_gqa: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` of device tensors: the fused op where the CPU would run its fused
     kernel, else torch's math path (differentiable either way)."""
+    # Grouped K/V heads take the math path: the fused CPU op here is called with as many K/V heads as Q's.
     grouped = enable_gqa and key.dim() >= 3 and key.shape[-3] != query.shape[-3]
     if not grouped and _cpu_choice(query, key, value, attn_mask, dropout_p, is_causal, scale) == _FLASH:
-        return _FusedAttention.apply(query, key, value, attn_mask, dropout_p, is_causal, scale)
+        return _FusedAttention.apply(query, key, value, _additive(attn_mask, query.dtype), dropout_p, is_causal,
+                                     scale)
     return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                                    enable_gqa=enable_gqa)[0]
 
@@ -171,6 +174,13 @@ def register_device_attention(lib: torch.library.Library) -> None:
 
 
 _FLASH = SDPBackend.FLASH_ATTENTION.value
+
+
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask (True: attend) as the additive mask the fused op takes, as torch converts it on the CPU."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(), float("-inf"))
 
 
 def _cpu_choice(query, key, value, attn_mask, dropout_p, is_causal, scale) -> int:
