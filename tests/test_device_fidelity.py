@@ -152,11 +152,15 @@ def test_fused_attention_is_estimated_no_slower_and_no_larger_than_attention_by_
     assert peaks["sdpa"] + scores <= peaks["by_hand"] and peaks["fused_sdpa"] + scores <= peaks["by_hand"], peaks
 
 
-def _train(device: str, steps: int = 6) -> tuple[list[float], list[torch.Tensor]]:
-    """A Gaudi-style loop with hpex FusedAdamW: mark_step after backward and after the optimizer step."""
+OPTIMIZERS = {"FusedAdamW": lambda params: gaudi.FusedAdamW(params, lr=0.01, weight_decay=0.01),
+              "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01)}
+
+
+def _train(device: str, optimizer: str, steps: int = 6) -> tuple[list[float], list[torch.Tensor]]:
+    """A Gaudi-style loop: mark_step after backward and after the optimizer step."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
-    opt = gaudi.FusedAdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    opt = OPTIMIZERS[optimizer](model.parameters())
     g = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(steps):
@@ -171,13 +175,16 @@ def _train(device: str, steps: int = 6) -> tuple[list[float], list[torch.Tensor]
     return losses, [p.detach().cpu() for p in model.parameters()]
 
 
-def test_fused_adamw_takes_its_step_values_as_device_tensors_and_stops_compiling():
-    """With the step size and bias corrections as Python floats, every optimizer step was a new lazy graph."""
-    losses, weights = _train("cpu")
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_adamw_step_values_are_device_tensors_and_the_lazy_step_stops_compiling(optimizer):
+    """With the step size and bias corrections as Python floats, every optimizer step was a new lazy graph:
+    FusedAdamW takes them as device tensors (torch's capturable step); torch's AdamW passes floats, which the
+    lazy recorder makes graph inputs once they change from one step to the next."""
+    losses, weights = _train("cpu", optimizer)
     hd.enable("lazy")
     try:
         before = len(hd.report()["lazy_graph_steps"])
-        got_losses, got_weights = _train("hpu")
+        got_losses, got_weights = _train("hpu", optimizer)
         steps = hd.report()["lazy_graph_steps"][before:]
     finally:
         hd.enable("eager")
