@@ -21,15 +21,20 @@ KINDS = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer",
          InputKind.CONSTANT_TENSOR: "constant", InputKind.USER_INPUT: "user"}
 
 
-def decompose(ep: ExportedProgram, training: bool = False) -> ExportedProgram:
+def decompose(ep: ExportedProgram, training: bool = False, in_place: bool = False) -> ExportedProgram:
     """The exported program in the HPU op set (the table torch.compile's AOTAutograd uses);
     PackageError if it mutates inputs or buffers (it would not be a pure inference graph). ``training``: the
-    module was in train mode, where the usual cause is a layer that updates its statistics (batch norm)."""
+    module was in train mode, where the usual cause is a layer that updates its statistics (batch norm).
+    ``in_place``: the caller writes mutated inputs and buffers back (an HPU graph's KV-cache update), so in
+    eval mode they are allowed; a train-mode buffer update is still refused."""
     with warnings.catch_warnings():  # torch's own deepcopy of pytree specs, not something the user can act on
         warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
         ep = ep.run_decompositions(hpu_decompositions())
     kinds = {s.kind for s in ep.graph_signature.output_specs}
-    if kinds - {OutputKind.USER_OUTPUT}:
+    allowed = {OutputKind.USER_OUTPUT}
+    if in_place:
+        allowed |= {OutputKind.USER_INPUT_MUTATION} | ({OutputKind.BUFFER_MUTATION} if not training else set())
+    if kinds - allowed:
         what = sorted(k.name for k in kinds)
         if training:
             raise PackageError(f"the model is in train mode and updates its buffers ({what}, e.g. batch-norm "

@@ -14,6 +14,9 @@ by the caller: lowered, cached and executed as a recipe) and writes each result 
   accumulation) lands in the real tensor.
 - An in-place op is recorded as its functional twin (``add_`` → ``add``); views are taken for real on
   the unfilled tensors (so they alias what the flush fills) and recorded too.
+- A Python float argument that changes between calls from the same user line (an optimizer's bias corrections
+  and step size, a scheduled learning rate) becomes a 0-d float32 input of the graph from its second value on,
+  so the graph keeps one structure from step to step instead of compiling again for each new constant.
 - Whatever cannot go in a recipe (data-dependent shapes, ops outside the runtime allowlist, a
   generator argument, a write through a view) cuts the graph if it touches it and runs eagerly.
 - A TorchFunctionMode sees host reads (``item``, ``tolist``, printing, ``bool()`` in control flow,
@@ -34,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
@@ -120,6 +124,7 @@ class LazyRecorder(TorchDispatchMode):
         self.g = _Graph()
         self._fake_mode = None  # made at the first recorded op: making one imports Dynamo (≈1 s)
         self.layouts: dict = {}  # op and input layouts -> its fake outputs
+        self.scalars = _VaryingScalars()
         self.host = _HostReads(self)
 
     @property
@@ -175,6 +180,9 @@ class LazyRecorder(TorchDispatchMode):
             raise _Unrecordable("outside the runtime allowlist")
         if target is not func:  # the twin may default an argument differently (bernoulli_'s p): pass all
             args, kwargs = _positional(schema, args, kwargs)
+        varying = self.scalars.varying(target, args, kwargs)
+        if varying:
+            args, kwargs = self._as_inputs(target, args, kwargs, varying)
         flat, spec = pytree.tree_flatten((args, kwargs))
         if any(isinstance(a, (torch.Generator, torch.SymInt, torch.SymFloat, torch.UntypedStorage)) for a in flat):
             raise _Unrecordable("takes a generator, storage or symbolic value")
@@ -187,10 +195,37 @@ class LazyRecorder(TorchDispatchMode):
         if any(t._is_view() or not self.g.fresh.get(t, True) for t in mutated):
             raise _Unrecordable("writes through a view")
         fakes = self._fake_out(target, flat, spec)
+        if not schema.returns and not writes:  # a check (``_assert_tensor_metadata``): it ran on the fakes
+            return None
         stale = next((why for t in tensors if (why := self._stale(t))), "")
         if stale:
             self.flush(f"{func} reads {stale}", user_line())
         return self._add(func, target, flat, spec, fakes, mutated, viewing)
+
+    def _as_inputs(self, target, args: tuple, kwargs: dict, varying: dict[str, float]) -> tuple[tuple, dict]:
+        """The call with its varying floats as 0-d float32 tensors, which the graph takes as inputs. A varying
+        ``value`` of addcdiv/addcmul multiplies ``tensor1`` first (the kernel's own order of operations)."""
+        names = [a.name for a in target._schema.arguments]
+        args, kwargs = list(args), dict(kwargs)
+
+        def put(name: str, value) -> None:
+            i = names.index(name)
+            if i < len(args):
+                args[i] = value
+            else:
+                kwargs[name] = value
+
+        for name, value in varying.items():
+            with no_dispatch():
+                scalar = torch.tensor(value, dtype=torch.float32)
+            self._node_for(scalar)  # an input now: its address may be a freed pending storage's, not its value
+            if name == "value":
+                i = names.index("tensor1")
+                put("tensor1", self._record(aten.mul.Tensor, (args[i], scalar), {}))
+                put("value", 1.0)
+            else:
+                put(name, scalar)
+        return tuple(args), kwargs
 
     def _stale(self, t: torch.Tensor) -> str:
         """Why, read in this graph, ``t`` would miss a value the graph has not written yet ("": it would not)."""
@@ -257,6 +292,9 @@ class LazyRecorder(TorchDispatchMode):
         node.meta["val"] = fakes
         node.meta["source"] = line = user_line()  # "file:line", for reports
         node.meta["stack_trace"] = _trace(line)  # where capture reads a recipe node's source
+        custom = fx_traceback.current_meta.get("custom")
+        if custom:  # the user's annotations (FusedSDPA's recompute choice), as a tracer records them
+            node.meta["custom"] = dict(custom)
         g.ops += 1
         g.seeded = g.seeded or torch.Tag.nondeterministic_seeded in func.tags
         if func._schema.is_mutable:
@@ -358,6 +396,50 @@ def _outputs(g: _Graph) -> tuple[list[torch.Tensor], list[torch.fx.Node]]:
 
 
 _LAYOUTS = 50_000  # remembered op layouts; the table is cleared when it holds this many
+
+
+class _VaryingScalars:
+    """Python floats that changed between two calls of an op from the same user line (an optimizer's bias
+    corrections and step size, a scheduled learning rate). From the second value on, such an argument is a 0-d
+    float32 input of the graph, so the graph keeps one structure from step to step, as Gaudi's optimizers take
+    these values as device tensors; a float that never changes stays a constant of the graph."""
+
+    def __init__(self):
+        self.last: dict = {}  # (op, user line, argument name) -> the value seen last
+        self.lifted: set = set()
+
+    def varying(self, target, args: tuple, kwargs: dict) -> dict[str, float]:
+        """The arguments of this call to pass as tensors, by name (none when no float argument can be one)."""
+        named = _named(target._schema, args, kwargs)
+        floats = {a.name: v for a, v in named if type(v) is float and _liftable(target, a)}
+        # A 0-d float32 tensor promotes as a Python number does only beside a tensor with dimensions.
+        if not floats or not any(isinstance(v, torch.Tensor) and v.dim() for _, v in named):
+            return {}
+        line, out = user_line(), {}
+        if len(self.last) >= _LAYOUTS:
+            self.last.clear()
+        for name, value in floats.items():
+            key = (target, line, name)
+            if key not in self.lifted and self.last.get(key, value) != value:
+                self.lifted.add(key)
+            self.last[key] = value
+            if key in self.lifted:
+                out[name] = value
+        return out
+
+
+def _named(schema, args: tuple, kwargs: dict) -> list:
+    """(schema argument, value) of each argument given."""
+    given = list(zip(schema.arguments, args))
+    return given + [(a, kwargs[a.name]) for a in schema.arguments[len(args):] if a.name in kwargs]
+
+
+def _liftable(target, argument) -> bool:
+    """Whether a float can be passed as a 0-d tensor: a Tensor argument given a number (``t / 0.5``), or the
+    ``value`` of addcdiv/addcmul (folded into ``tensor1``)."""
+    if isinstance(argument.type, torch.TensorType):
+        return True
+    return argument.name == "value" and target in (aten.addcdiv.default, aten.addcmul.default)
 
 
 def _layout_key(target, flat: list, spec) -> tuple | None:

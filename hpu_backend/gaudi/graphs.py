@@ -8,23 +8,31 @@ module's parameters, buffers and constants once (views of them, such as transpos
 taken once too); a replay copies the call's tensors into the static buffers and runs that executor:
 no Dynamo, no guards, no AOTAutograd wrapper, no module tree walk.
 
+A call that updates its inputs or the module's buffers in place (a decode step writing its new keys and
+values into a KV cache) is captured with those writes: after a replay, the updated values are in the
+caller's tensors and the module's buffers, as after a Gaudi graph replay. The wrapper keeps the forward's
+signature (``inspect.signature``), which ``generate()`` reads to pass ``attention_mask`` and the cache.
+
 Caveats, as on Gaudi: what the capture saw is what replays — Python control flow and side effects
 run once, at capture; non-tensor arguments (and train/eval mode) are part of the signature, so each
-new value captures again (an unhashable one runs the module eagerly); a parameter replaced by a new object (rather than updated in place) is not seen; a replay
-runs without autograd (HPU graphs serve inference). Unlike Gaudi, outputs are fresh tensors, not
-buffers the next replay overwrites: a script correct on Gaudi is correct here, not the reverse.
+new value captures again (an unhashable one runs the module eagerly); a parameter replaced by a new object
+(rather than updated in place) is not seen; a replay runs without autograd (HPU graphs serve inference).
+Unlike Gaudi, outputs are fresh tensors, not buffers the next replay overwrites: a script correct on Gaudi is
+correct here, not the reverse.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import logging
 import time
 from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
+from torch.export.graph_signature import OutputKind
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import metrics
@@ -62,6 +70,7 @@ class HPUGraphForward:
         self.module = module
         self.module_name = type(module).__name__
         self.forward = forward  # the module's own forward: captured, and the fallback
+        self.__signature__ = _signature(forward)  # what callers inspect (generate() looks for attention_mask)
         self.unwrapped = _Unwrapped(module, forward)  # what export traces (module.forward is this object)
         self.max_graphs = max_graphs
         self.graphs: collections.OrderedDict[tuple, CapturedGraph | None] = collections.OrderedDict()
@@ -114,8 +123,9 @@ class CapturedGraph:
     """One captured call: static input buffers, the executor with the module's state bound, the output layout."""
 
     def __init__(self, run: Callable[[list], list], static: list[torch.Tensor], out_spec: pytree.TreeSpec,
-                 trainable: bool, fallbacks: tuple[str, ...] = (), recipe=None):
+                 trainable: bool, fallbacks: tuple[str, ...] = (), recipe=None, writes: Writes | None = None):
         self.run = run
+        self.writes = writes or Writes([], [], None)
         self.recipe = recipe  # what a replay reports to the run observers (the device's timeline and times)
         self.fallbacks = fallbacks  # CPU-fallback ops, counted at every replay as the bridge does
         self.static = static
@@ -137,7 +147,32 @@ class CapturedGraph:
         with launching("replay"):  # the timeline charges one replay, not the bridge's per-op dispatch
             for observe in process_observers():
                 observe(self.recipe, self.static, outs)
+        outs = self.writes.apply(outs, tensors)
         return outs[0] if self.single else pytree.tree_unflatten(outs, self.out_spec)
+
+
+class Writes:
+    """Where a replay puts the values the captured call wrote in place: ``(output, argument)`` pairs for the
+    call's tensors (their position among them), ``(output, tensor)`` pairs for the module's buffers, and the
+    positions of the call's own outputs among the recipe's (``None``: all of them, nothing written)."""
+
+    def __init__(self, to_args: list[tuple[int, int]], to_buffers: list[tuple[int, torch.Tensor]],
+                 returned: list[int] | None):
+        self.to_args = to_args
+        self.to_buffers = to_buffers
+        self.returned = returned
+
+    def apply(self, outs: list, tensors) -> list:
+        """Copy the written values into their tensors; the call's outputs."""
+        if self.returned is None:
+            return outs
+        tensors = list(tensors)
+        with torch.no_grad():
+            for out, arg in self.to_args:
+                tensors[arg].copy_(outs[out])
+            for out, buffer in self.to_buffers:
+                buffer.copy_(outs[out])
+        return [outs[i] for i in self.returned]
 
 
 class _Unwrapped(torch.nn.Module):
@@ -162,17 +197,42 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict, name: str, train
                 ep = torch.export.export(module, args, kwargs, strict=False)
         except Exception as e:  # export reports unsupported Python and data-dependent control flow
             raise PackageError(f"torch.export cannot capture the call: {one_line(e)}") from None
-        ep = decompose(ep, training)
+        ep = decompose(ep, training, in_place=True)
         session = Session(Settings.from_options({}))  # a captured graph is bound to its module: nothing stored
         template, ctx = lower_exported(ep, session.settings, name)
         if template.symbols:
             raise PackageError(f"the captured graph has symbolic sizes {template.symbols}")
         (recipe,) = session.recipes(template, ctx, [{}])
         fallbacks = fallback.report(recipe)
-        fixed, static = _bind(ep, module, recipe.input_names, args, kwargs)
+        fixed, static, position = _bind(ep, module, recipe.input_names, args, kwargs)
         run = build_callable(recipe, fixed)
     trainable = any(p.requires_grad for p in module.parameters())
-    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks, recipe)
+    writes = _writes(ep, position, module)
+    return CapturedGraph(run, static, ep.call_spec.out_spec, trainable, fallbacks, recipe, writes)
+
+
+def _signature(forward: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(forward)
+    except (TypeError, ValueError):  # a builtin or C forward has none to show
+        return None
+
+
+def _writes(ep, position: dict[str, int], module: torch.nn.Module) -> Writes:
+    """Where each value the call wrote in place goes: a call's tensor (``position``: by its graph input's
+    name) or one of ``module``'s buffers."""
+    specs = ep.graph_signature.output_specs
+    if all(s.kind == OutputKind.USER_OUTPUT for s in specs):
+        return Writes([], [], None)
+    to_args, to_buffers, returned = [], [], []
+    for i, s in enumerate(specs):
+        if s.kind == OutputKind.USER_INPUT_MUTATION:
+            to_args.append((i, position[s.target]))
+        elif s.kind == OutputKind.BUFFER_MUTATION:
+            to_buffers.append((i, module.get_buffer(s.target)))
+        else:
+            returned.append(i)
+    return Writes(to_args, to_buffers, returned)
 
 
 @contextlib.contextmanager
@@ -202,18 +262,20 @@ def _inner(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: dict
-          ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
-    """The recipe's inputs that are the module's state (by input name), and static buffers for the rest."""
+          ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], dict[str, int]]:
+    """The recipe's inputs that are the module's state (by input name), static buffers for the call's tensors,
+    and each of those tensors' position among them (by the graph input's name)."""
     state = {**dict(module.named_parameters(remove_duplicate=False)),
              **dict(module.named_buffers(remove_duplicate=False)), **ep.constants}
     user = pytree.tree_leaves((args, kwargs))
-    fixed, static = {}, []
+    fixed, static, position = {}, [], {}
     for name, gi in zip(names, graph_inputs(ep)):
         if gi.kind == "user" and isinstance(user[gi.index], torch.Tensor):
             value = user[gi.index]
+            position[gi.target] = len(static)
             static.append(static_buffer(value).copy_(value))
         elif gi.kind == "user":
             fixed[name] = user[gi.index]  # a non-tensor argument: part of the signature, fixed per graph
         else:
             fixed[name] = state[gi.target].detach()
-    return fixed, static
+    return fixed, static, position

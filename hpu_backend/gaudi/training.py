@@ -30,11 +30,25 @@ from . import lazy_mode
 
 
 class FusedAdamW(torch.optim.AdamW):
-    """AdamW with Gaudi's defaults (``eps=1e-6``), stepping with torch's foreach kernels."""
+    """AdamW with Gaudi's defaults (``eps=1e-6``), stepping with torch's foreach kernels. On the hpu device its
+    step counts, step sizes and bias corrections are device tensors, as Gaudi's FusedAdamW takes them: a lazy
+    graph of the step is the same graph every step (with Python floats it would hold new constants each step,
+    and compile again)."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, amsgrad: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, foreach=True)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            group["capturable"] = _on_device(group["params"])
+        return super().step(closure)
+
+
+def _on_device(params: list[torch.Tensor]) -> bool:
+    """Whether a parameter group lives on the hpu device (torch's capturable step: its values as device tensors)."""
+    return bool(params) and all(p.device.type == "hpu" for p in params)
 
 
 class FusedSGD(torch.optim.SGD):

@@ -62,11 +62,17 @@ def sdpa_scores_bytes(node: Node, specs: Mapping[str, list[ValueSpec]], env: Map
     packet = packet_name(node.op)
     if packet not in SDPA_FORWARD | SDPA_BACKWARD:
         return 0
-    refs = node_refs(node)
-    offset = 1 if packet in SDPA_BACKWARD else 0  # backward starts with grad_out
-    q, k = (specs[r][0] for r in refs[offset:offset + 2])
+    q, k = sdpa_operands(node, specs)[:2]
     scores = ValueSpec(kind="tensor", dtype=q.dtype, shape=[*q.shape[:-1], k.shape[-2]])
     return nbytes(scores, env)
+
+
+def sdpa_operands(node: Node, specs: Mapping[str, list[ValueSpec]]) -> list[ValueSpec]:
+    """The query, key and value of an sdpa op, by argument position: self-attention may pass one value
+    three times, which the node's (deduplicated) reads list once."""
+    offset = 1 if packet_name(node.op) in SDPA_BACKWARD else 0  # backward starts with grad_out
+    refs = [a.get("r") if isinstance(a, dict) else None for a in node.args[offset:offset + 3]]
+    return [specs[r][0] for r in refs if r is not None]
 
 
 def sdpa_workspace_bytes(node: Node, specs, env) -> int:

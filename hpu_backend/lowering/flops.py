@@ -11,7 +11,7 @@ from .buffers import SDPA_BACKWARD, SDPA_FORWARD
 from .optable import packet_name
 
 # TPC FLOPs per element by op kind (transcendentals and normalizations take several).
-PER_ELEMENT = {"elementwise": 1, "foreach": 1, "reduction": 1, "softmax": 5, "norm": 8, "index": 1, "random": 4,
+PER_ELEMENT = {"elementwise": 1, "foreach": 1, "reduction": 1, "softmax": 5, "norm": 8, "index": 1, "random": 4, "loss": 4,
                "factory": 0, "layout": 0, "sync": 0, "view": 0}
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv"}
 
@@ -39,9 +39,8 @@ def mme_flops(node: Node, ins: list[ValueSpec], env: Mapping[str, int], recomput
     if packet == "convolution_backward":
         w = dims(ins[2], env)
         return 4.0 * math.prod(dims(ins[0], env)) * math.prod(w[1:])
-    if packet in SDPA_FORWARD | SDPA_BACKWARD:
-        off = 1 if packet in SDPA_BACKWARD else 0
-        q, k = dims(ins[off], env), dims(ins[off + 1], env)
+    if packet in SDPA_FORWARD | SDPA_BACKWARD:  # ``ins``: the query, key and value (``buffers.sdpa_operands``)
+        q, k = dims(ins[0], env), dims(ins[1], env)
         fw = 4.0 * math.prod(q) * k[-2]  # QKᵀ and PV
         return fw * (SDPA_BACKWARD_FACTOR[recompute] if packet in SDPA_BACKWARD else 1.0)
     return 2.0 * out

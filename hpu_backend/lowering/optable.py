@@ -117,7 +117,11 @@ def _group(engine: str, kind: str, dtypes: frozenset, names: str) -> list[OpSupp
 
 
 def default_table() -> OpTable:
-    """The device's op support, as documented for the Gaudi PyTorch bridge (a fresh table)."""
+    """The device's op support, as documented for the Gaudi PyTorch bridge (a fresh table): Intel's "PyTorch
+    Operators" support summary (docs.habana.ai, Pytorch_Operators), by the aten ops the listed torch functions
+    reach (``torch.stack`` → ``stack``, ``F.mse_loss`` → ``mse_loss`` and its backward, ``torch.unique`` →
+    ``_unique2``), plus what autograd and tensor creation issue on the device (``select_backward``, ``zero_``,
+    ``lift_fresh``)."""
     return OpTable([
         *_group("mme", "matmul", FLOAT | FP8, "mm bmm addmm baddbmm addbmm addmv"),
         *_group("mme", "conv", FLOAT, "convolution convolution_backward"),
@@ -132,7 +136,8 @@ def default_table() -> OpTable:
         # Multi-tensor kernels of the optimizers and gradient clipping (Gaudi's fused optimizers).
         *_group("tpc", "foreach", FLOAT, FOREACH),
         *_group("tpc", "softmax", FLOAT, "_softmax _log_softmax _softmax_backward_data "
-                "_log_softmax_backward_data"),
+                "_log_softmax_backward_data _safe_softmax"),
+        *_group("tpc", "loss", FLOAT, LOSSES),
         *_group("tpc", "norm", FLOAT | {"uint8"}, NORMS),  # uint8: batch norm's reserve buffer
         *_group("tpc", "index", FLOAT | INT | BOOL, INDEXING),
         *_group("tpc", "random", FLOAT | INT | BOOL, RANDOM),
@@ -188,7 +193,7 @@ adaptive_max_pool2d_backward adaptive_max_pool3d_backward _adaptive_avg_pool3d_b
 max_pool3d_with_indices_backward grid_sampler_2d_backward grid_sampler_3d_backward replication_pad1d_backward
 replication_pad2d_backward replication_pad3d_backward reflection_pad1d_backward reflection_pad2d_backward
 reflection_pad3d_backward _upsample_bilinear2d_aa_backward fractional_max_pool2d_backward
-fractional_max_pool3d_backward
+fractional_max_pool3d_backward _unique2 unique_dim unique_consecutive _unique
 """
 FOREACH = """
 _foreach_add _foreach_sub _foreach_mul _foreach_div _foreach_addcmul _foreach_addcdiv _foreach_sqrt
@@ -196,21 +201,26 @@ _foreach_rsqrt _foreach_norm _foreach_pow _foreach_lerp _foreach_neg _foreach_ma
 _foreach_clamp_min _foreach_clamp_max _foreach_reciprocal _foreach_sign _foreach_abs _foreach_exp
 _foreach_copy _foreach_zero
 """
+LOSSES = """
+mse_loss mse_loss_backward smooth_l1_loss smooth_l1_loss_backward huber_loss huber_loss_backward l1_loss
+binary_cross_entropy binary_cross_entropy_backward binary_cross_entropy_with_logits
+"""
 COLLECTIVES = "all_reduce all_gather_into_tensor reduce_scatter_tensor all_to_all_single"
 RANDOM = """rand randn rand_like randn_like randint randint_like bernoulli native_dropout uniform normal
-rrelu_with_noise_functional"""
+rrelu_with_noise_functional multinomial"""
 FACTORIES = """
 full full_like zeros zeros_like ones ones_like new_zeros new_ones new_full scalar_tensor arange fill
-empty empty_like empty_strided empty_permuted new_empty new_empty_strided _efficientzerotensor
+empty empty_like empty_strided empty_permuted new_empty new_empty_strided _efficientzerotensor zero
 """
 LAYOUT_COPIES = """
 clone copy copy_ contiguous cat repeat constant_pad_nd lift_fresh_copy slice_scatter
 select_scatter diagonal_scatter as_strided_scatter view_copy permute_copy narrow_copy unbind_copy
 as_strided_copy expand_copy t_copy transpose_copy unsqueeze_copy squeeze_copy select_copy slice_copy
-split_copy split_with_sizes_copy diagonal_copy alias_copy detach_copy unfold_copy
+split_copy split_with_sizes_copy diagonal_copy alias_copy detach_copy unfold_copy stack
+select_backward slice_backward
 """
 VIEWS = """
 view _unsafe_view reshape alias permute t transpose expand squeeze unsqueeze slice select
 split_with_sizes split unbind as_strided diagonal narrow unflatten flatten detach movedim chunk
-tensor_split unfold
+tensor_split unfold lift_fresh
 """

@@ -25,12 +25,16 @@ import dataclasses
 import heapq
 
 from ...formats.recipe import Recipe
-from ..buffers import alias_roots, internal_values, recompute_choice, saved_probs_bytes, sdpa_workspace_bytes
+from ..buffers import (SDPA_BACKWARD, SDPA_FORWARD, alias_roots, internal_values, recompute_choice,
+                       saved_probs_bytes, sdpa_operands, sdpa_workspace_bytes)
 from ..context import LoweringContext
 from ...targets import HOST_BYTES_PER_S, HOST_FLOPS, DeviceSpec, Fabric, device, fabric
 from ..flops import mme_flops, tpc_flops
-from ..optable import shared_table
+from ..optable import packet_name, shared_table
 from ..values import nbytes, node_refs, spec_map, with_fields
+
+
+SDPA_OPS = SDPA_FORWARD | SDPA_BACKWARD
 
 
 def estimate_cost(recipe: Recipe, ctx: LoweringContext) -> Recipe:
@@ -199,7 +203,8 @@ class _Work:
 
     def flops(self, node) -> float:
         if node.engine == "mme":
-            return mme_flops(node, self.inputs(node), self.env, recompute_choice(self.recipe, node))
+            ins = sdpa_operands(node, self.specs) if packet_name(node.op) in SDPA_OPS else self.inputs(node)
+            return mme_flops(node, ins, self.env, recompute_choice(self.recipe, node))
         record = self.table.lookup(node.op)
         return tpc_flops(record.kind if record else "elementwise", self.inputs(node), node, self.env)
 
