@@ -11,7 +11,12 @@ in bf16 the compiler sees the first layer with the embedding, one layer graph sh
 (the two-layer lowering's work); in fp8 each layer's graph carries its own scales and is compiled on its own, and
 carries the quantize and dequantize nodes Intel Neural Compressor adds (``fp8.py``). The surrogates are least
 squares over features of the shape (prefill: 1, batch, tokens, batch·length²; decode: 1, batch, KV tokens),
-non-negative; their largest relative error on held-out shapes is reported with the plan.
+non-negative; their largest relative error on held-out shapes is reported with the plan. A prompt bucket with
+context blocks (prefix caching, chunked prefill) is valued with its attention term over query × (query + context)
+and its other terms over the query alone (``bucket_value``): the prefill steps are lowered without a context.
+A decode bucket's activations are those of vLLM-Gaudi's flat paged attention where they grow with the KV blocks
+referenced: one layer's keys and values gathered for every referenced token (the lowered step's own attention,
+transformers' with its grouped-query copies, would count them more than once); the rest is the surrogate's.
 """
 
 from __future__ import annotations
@@ -128,9 +133,28 @@ class ServingModel:
         model.fit(shapes, rows)  # the reported error is the held-out one; the final fit uses every shape
         return model
 
+    @property
+    def layers(self) -> int | None:
+        """Decoder layers of a step lowered per layer (None when the model file gives a whole step)."""
+        return self.prefill.layers if isinstance(self.prefill, LayeredStep) else None
+
     def value(self, phase: str, quantity: str, batch: int, x: int) -> float:
         """A surrogate's value at a bucket: x is the prompt length, or the decode bucket's KV tokens."""
         return max(0.0, self.surrogates[phase](quantity, batch, x))
+
+    def bucket_value(self, phase: str, quantity: str, bucket: tuple[int, int, int], block_size: int) -> float:
+        """A surrogate's value at a vLLM-Gaudi bucket: prompt (batch, query, context blocks), decode (batch, 1,
+        blocks)."""
+        batch, query, blocks = bucket
+        if phase == "decode" and quantity == "activation_bytes" and self.layers:
+            coef = self.surrogates["decode"].coef[quantity]  # (1, batch, KV tokens): the KV term replaced
+            gathered = blocks * block_size * self.kv_bytes_per_token / self.layers
+            return max(0.0, float(coef[0] + coef[1] * batch)) + gathered
+        if phase == "decode":
+            return self.value("decode", quantity, batch, blocks * block_size)
+        coef = self.surrogates["prompt"].coef[quantity]
+        context = blocks * block_size
+        return max(0.0, float(np.dot(coef, [1.0, batch, batch * query, batch * query * (query + context)])))
 
 
 def _design(batch: int, length: int, block: int) -> list[tuple[int, int]]:
