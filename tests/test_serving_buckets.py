@@ -65,6 +65,10 @@ def test_the_issue_counts_as_the_plugin_gives_them_today(tmp_path):
     pr762 = _grid(ROWS["pr762_exp_pc0"], tmp_path)
     assert len(pr762.prompt) == 120
     assert ROWS["pr762_lin_pc0"]["prompt"]["count"] == 16_321
+    # PR #1160's Llama-4-Maverick (21 seqs, 131072 max-model-len): its cap was reverted, and with contiguous PA
+    # (prefix caching off) today's grid has the 126 decode buckets that PR counted
+    maverick = _grid(ROWS["maverick_exp_pc0_45000"], tmp_path)
+    assert len(maverick.decode) == 126
 
 
 def test_pr_1700_top_decode_bucket(tmp_path):
