@@ -85,7 +85,7 @@ def serving_plan(
 
     with _progress(json) as say:
         say("lowering the prefill and decode steps")
-        served = sm.load(load_model_file(model), target, dtype, cards)
+        served = sm.load(load_model_file(model), target, dtype, cards, _scale_patching(env))
         try:
             doc = plan(served, engine, variables, reqs, warmup_budget, say)
         except (bk.BucketSettingError, tr.TraceError) as e:
@@ -130,6 +130,7 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
         raise UsageError(f"--requests {requests}: expected 1 to {tr.MAX_REQUESTS:,}")
     if warmup_budget is not None and trace is None and requests is None:
         raise UsageError("--warmup-budget recommends settings for a trace: give --trace or --requests")
+    _scale_patching(env)  # checked with the rest, before lowering
     engine = bk.Engine(max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
                        graph_reserved_mem=_reserved(env), enable_prefix_caching=prefix_caching,
@@ -154,9 +155,18 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
 
 def _pair(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
-    if not sep or not name.strip().startswith("VLLM_"):
-        raise UsageError(f"--env {text!r}: expected VLLM_NAME=VALUE, e.g. VLLM_PROMPT_QUERY_BUCKET_MAX=2048")
+    if not sep or not (name.strip().startswith("VLLM_") or name.strip() == "RUNTIME_SCALE_PATCHING"):
+        raise UsageError(f"--env {text!r}: expected VLLM_NAME=VALUE or RUNTIME_SCALE_PATCHING=0|1, e.g. "
+                         "VLLM_PROMPT_QUERY_BUCKET_MAX=2048")
     return name.strip(), value.strip()
+
+
+def _scale_patching(env: list[str] | None) -> bool:
+    """RUNTIME_SCALE_PATCHING from --env, else the process environment (0 or 1, vLLM-Gaudi's reading)."""
+    raw = dict(_pair(e) for e in env or []).get("RUNTIME_SCALE_PATCHING", os.environ.get("RUNTIME_SCALE_PATCHING", "0"))
+    if raw.strip() not in ("0", "1"):
+        raise UsageError(f"RUNTIME_SCALE_PATCHING={raw!r}: expected 0 or 1")
+    return raw.strip() == "1"
 
 
 def _reserved(env: list[str] | None) -> float:

@@ -96,6 +96,7 @@ class ServingModel:
     ops: dict[str, int] = field(default_factory=dict)
     surrogates: dict[str, Surrogate] = field(default_factory=dict)
     measured: int = 0
+    runtime_scale_patching: bool = False  # RUNTIME_SCALE_PATCHING=1: fp8 scales are inputs, layers share graphs
 
     @property
     def sram_bytes(self) -> int:
@@ -111,7 +112,7 @@ class ServingModel:
             a, b = _measure_graph(step.one, point, self.sram_bytes), _measure_graph(step.two, point, self.sram_bytes)
             out = {k: a[k] + (step.layers - 1) * (b[k] - a[k]) for k in a}
             out["activation_bytes"] = b["activation_bytes"]  # the arena does not grow with depth
-            if fp8.LAYERS_SHARE_GRAPHS[self.dtype]:  # the first layer's graph (with the embedding) and one more
+            if fp8.layers_share_graphs(self.dtype, self.runtime_scale_patching):  # the first layer's and one more
                 out["slices"] = b["slices"]
             return out
         return _measure_graph(step, point, self.sram_bytes)
@@ -175,7 +176,8 @@ def _measure_graph(step, point: dict[str, int], sram: int) -> dict[str, float]:
             "weights_bytes": weights, "input_bytes": memory["input_bytes"], "ops": len(recipe.nodes)}
 
 
-def load(spec: ModelSpec, target: str, dtype: str, cards: int) -> ServingModel:
+def load(spec: ModelSpec, target: str, dtype: str, cards: int, runtime_scale_patching: bool = False
+         ) -> ServingModel:
     """Lower the model's steps for one card of ``cards`` (one- and two-layer shards when it has LAYERS)."""
     if spec.per_card is not None:
         prefill, decode = card_steps(spec, target, dtype, cards)
@@ -184,7 +186,8 @@ def load(spec: ModelSpec, target: str, dtype: str, cards: int) -> ServingModel:
     else:
         raise CapacityError(f"{spec.path}: planning across cards needs PER_CARD(cards, group, layers) in the "
                             "model file, or a Hugging Face config.json")
-    model = ServingModel(spec.name, target, dtype, cards, prefill, decode)
+    model = ServingModel(spec.name, target, dtype, cards, prefill, decode,
+                         runtime_scale_patching=runtime_scale_patching)
     a, b = model.measure("decode", 1, 64), model.measure("decode", 1, 128)
     model.weights_bytes = round(a["weights_bytes"])
     model.kv_bytes_per_token = (b["input_bytes"] - a["input_bytes"]) / 64

@@ -233,6 +233,7 @@ def plan(model: ServingModel, engine: bk.Engine, env: Mapping[str, str], request
     rows = bucket_rows(model, grid, engine)
     release = bk.RELEASES[engine.release]
     doc = {"model": model.name, "target": model.target, "dtype": model.dtype, "cards": model.cards,
+           "runtime_scale_patching": model.runtime_scale_patching,
            "estimate": True, "vllm_gaudi": {"release": release.name, "commit": release.commit, "date": release.date,
                                             "repository": "https://github.com/vllm-project/vllm-gaudi"},
            "engine": engine.__dict__ | {"max_num_batched_tokens": engine.batched_tokens,
