@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from . import bucketfile, ranges
@@ -98,8 +98,6 @@ class Engine:
 def resolve(engine: Engine, env: Mapping[str, str]) -> Engine:
     """The engine with what vLLM-Gaudi reads from the environment filled in: max_num_prefill_seqs from
     ``VLLM_PROMPT_BS_BUCKET_MAX`` (else 1) and contiguous PA from ``VLLM_CONTIGUOUS_PA``."""
-    from dataclasses import replace
-
     prefill = engine.max_num_prefill_seqs
     if prefill is None:
         raw = env.get("VLLM_PROMPT_BS_BUCKET_MAX")

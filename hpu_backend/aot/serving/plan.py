@@ -25,7 +25,7 @@ per node, which runs from a recipe cache too. Both factors are fitted on the one
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
