@@ -264,7 +264,8 @@ def validate(env: Mapping[str, str]) -> None:
 # -- the strategies' settings per dimension ------------------------------------------------------------------
 
 def _exp_prompt(e: Engine, env: Mapping[str, str]) -> tuple[list[int], list[int], list[int]]:
-    query_min = 1 if env.get("VLLM_PROMPT_QUERY_BUCKET_MIN", "").strip() == "1" else e.block_size
+    raw_min = env.get("VLLM_PROMPT_QUERY_BUCKET_MIN")  # exp reads this one variable: 1 serves P/D decode instances
+    query_min = 1 if raw_min is not None and _int("VLLM_PROMPT_QUERY_BUCKET_MIN", raw_min) == 1 else e.block_size
     pf, tokens = e.prefill_seqs, e.batched_tokens
     reserved = tokens if e.max_model_len >= LONG_CONTEXT else query_min  # long context: ctx set per query later
     max_ctx = max(1, (e.max_model_len - reserved) // e.block_size)
