@@ -144,6 +144,9 @@ def test_plan_of_a_config(config, tmp_path, capsys):
     print_plan(doc, buckets=True)
     text = capsys.readouterr().out
     assert "recompile after warm-up: prompt 1x448x0" in text and "export VLLM_BUCKETING_STRATEGY=lin" in text
+    auto = doc["autocalc"]  # Intel's rules beside the plan: they estimate graphs, the plan lists them
+    assert "Intel's autocalc" in text and auto["graphs"] != grid["graphs"]
+    assert any(n.startswith("graphs: the autocalc estimates") for n in auto["differences"])
     rows = re.findall(r"^prompt +\d+ +\d+ +\d+ .*(?:KiB|MiB|GiB| B) ", text, re.M)  # with an activation size
     assert len(rows) == len(grid["prompt"])  # one row per prompt bucket
 

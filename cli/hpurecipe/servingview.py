@@ -41,10 +41,24 @@ def print_plan(doc: dict[str, Any], buckets: bool = False) -> None:
                                                      render.duration(warm["cached_s"])]],
                  title="Warm-up (compile-time model calibrated on one published row; see README)",
                  right=("graphs", "warm-up cold", "from a recipe cache"))
+    print_autocalc(doc)
     if buckets:
         print_buckets(doc["buckets"])
     if "trace" in doc:
         print_trace(doc["trace"])
+
+
+def print_autocalc(doc: dict[str, Any]) -> None:
+    """Intel's autocalc (vllm-gaudi .cd/server/vllm_autocalc_rules.py) beside the plan."""
+    auto, warm = doc["autocalc"], doc["warmup"]
+    render.table(["", "autocalc", "this plan"], [
+        ["graphs", f"{auto['graphs']:.0f}", warm["graphs"]],
+        ["graph memory", render.size(auto["graph_memory_bytes"]), render.size(warm["graph_bytes"])],
+        ["VLLM_GRAPH_RESERVED_MEM", f"{auto['VLLM_GRAPH_RESERVED_MEM']:g}", f"{doc['engine']['graph_reserved_mem']:g}"],
+        ["max_num_seqs", auto["max_num_seqs"], doc["engine"]["max_num_seqs"]]],
+        title="Intel's autocalc (vllm_autocalc_rules.py) beside this plan", right=("autocalc", "this plan"))
+    for note in auto["differences"]:
+        render.note("{}.", note)
 
 
 def print_oom(steps: dict[str, Any]) -> None:

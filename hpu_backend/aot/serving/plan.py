@@ -32,6 +32,7 @@ import numpy as np
 
 from ..analyze import hbm_bytes
 from ..capacity import CapacityError
+from . import autocalc
 from . import buckets as bk
 from .model import ServingModel
 from .simulate import Costs, replay
@@ -242,12 +243,22 @@ def plan(model: ServingModel, engine: bk.Engine, env: Mapping[str, str], request
            "grid": _grid_doc(grid), "memory": mem.to_dict(),
            "max_concurrent_seqs": min(engine.max_num_seqs, mem.blocks // engine.blocks_per_seq(engine.max_model_len)),
            "buckets": rows, "warmup": warmup(rows, mem) | {"steps": warmup_steps(rows, mem, grid, engine)}}
+    doc["autocalc"] = _autocalc(model, engine, mem, grid, doc["max_concurrent_seqs"])
     doc["fit"] = {"held_out_error": {p: model.surrogates[p].error for p in PHASES},
                   "shapes_measured": model.measured, "calibration": CALIBRATION}
     if requests:
         say(f"replaying {len(requests):,} requests on the grid")
         doc["trace"] = _serve(requests, grid, engine, mem, model, warmup_budget, say)
     return doc
+
+
+def _autocalc(model: ServingModel, engine: bk.Engine, mem: Memory, grid: bk.Grid, concurrent: int) -> dict[str, Any]:
+    """Intel's autocalc for the same deployment, and where it differs from the plan."""
+    auto = autocalc.estimate(mem.hbm, mem.weights, model.kv_bytes_per_token, model.cards, engine.max_model_len,
+                             engine.block_size, engine.batched_tokens, engine.prefill_seqs,
+                             engine.gpu_memory_utilization, engine.contiguous)
+    return auto | {"differences": autocalc.compare(auto, grid.graphs, engine.graph_reserved_mem, engine.max_num_seqs,
+                                                   concurrent)}
 
 
 def _trace_max(requests: list[Request] | None, what: str) -> int:
