@@ -164,7 +164,8 @@ def compile_s(model: ServingModel, phase: str, bucket: bk.Bucket, engine: bk.Eng
 
 
 def warmup(rows: list[dict[str, Any]], mem: Memory) -> dict[str, Any]:
-    per = {p: {"graphs": sum(r["phase"] == p for r in rows), "cold_s": sum(r["cold_s"] for r in rows if r["phase"] == p),
+    per = {p: {"graphs": sum(r["phase"] == p for r in rows),
+               "cold_s": sum(r["cold_s"] for r in rows if r["phase"] == p),
                "cached_s": sum(r["cached_s"] for r in rows if r["phase"] == p)} for p in PHASES}
     peak = max((r["activation_bytes"] for r in rows), default=0)
     graphs = len(rows) * GRAPH_BYTES
@@ -279,7 +280,8 @@ def _grid_doc(grid: bk.Grid) -> dict[str, Any]:
 def _serve(requests, grid, engine, mem, model, budget, say) -> dict[str, Any]:
     cost = costs(model, engine)
     base = replay(requests, grid, engine, mem.blocks, cost)
-    out = {"requests": len(requests), "default": _explained(base.summary(), grid, engine), "histogram": _histogram(requests),
+    out = {"requests": len(requests), "default": _explained(base.summary(), grid, engine),
+           "histogram": _histogram(requests),
            "decode_blocks": _blocks(base.shapes["decode"])}
     if budget is not None:
         say("searching bucket settings within the warm-up budget")
@@ -359,8 +361,10 @@ def recommend(shapes: Mapping[str, Mapping[tuple[int, int], int]], model: Servin
     """The linear grid with the least device time over the trace's batch shapes (padding waste and the compiles
     of unwarmed shapes) whose cold warm-up fits ``budget`` seconds; (its variables, the grid) or None."""
     best, best_cost = None, math.inf
-    prompts = [(c, _cold(model, engine, mem, "prompt", c)) for c in _candidates("prompt", shapes["prompt"], engine, mem)]
-    decodes = [(c, _cold(model, engine, mem, "decode", c)) for c in _candidates("decode", shapes["decode"], engine, mem)]
+    prompts = [(c, _cold(model, engine, mem, "prompt", c))
+               for c in _candidates("prompt", shapes["prompt"], engine, mem)]
+    decodes = [(c, _cold(model, engine, mem, "decode", c))
+               for c in _candidates("decode", shapes["decode"], engine, mem)]
     p_cost = {c: _trace_cost(model, engine, mem, "prompt", c, shapes["prompt"]) for c, _ in prompts}
     d_cost = {c: _trace_cost(model, engine, mem, "decode", c, shapes["decode"]) for c, _ in decodes}
     for pc, p_warm in prompts:
