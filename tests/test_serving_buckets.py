@@ -1,121 +1,137 @@
-"""vLLM-Gaudi's bucket grid: every expected grid below is written out by hand from vLLM-Gaudi's documented rules
-(docs/features/bucketing_mechanism.md, docs/features/warmup.md, docs/configuration/warm-up/managing_warm-up.md
-and the strategies' docstrings), not produced by this code."""
+"""vLLM-Gaudi's bucket grid against the plugin's own generator: tests/data/vllm_gaudi_grids.json holds the grids
+vllm-gaudi's ``HPUBucketingManager`` produced (its provenance is in the file: repository, commits, files, settings,
+date); the range examples below are the ones the plugin's docstrings write out."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import pytest
 
-from hpu_backend.aot.serving.buckets import (BucketSettingError, Engine, exponential_range, generate,
-                                              linear_range, strategy_of)
+from hpu_backend.aot.serving import bucketfile, ranges
+from hpu_backend.aot.serving.buckets import RELEASES, BucketSettingError, Engine, Grid, generate, validate
 
-LIN = {"VLLM_BUCKETING_STRATEGY": "lin"}
-SEQS_128_1024 = [128, 256, 384, 512, 640, 768, 896, 1024]
-
-
-def test_linear_range_with_ramp_up():  # bucketing_mechanism.md, "Example with ramp-up"
-    assert linear_range(2, 32, 64) == [2, 4, 8, 16, 32, 64]
+DATA = json.loads((Path(__file__).parent / "data" / "vllm_gaudi_grids.json").read_text())
+ROWS = {row["name"]: row for row in DATA["grids"]}
 
 
-def test_linear_range_without_ramp_up():  # bucketing_mechanism.md, "Example without ramp-up"
-    assert linear_range(128, 128, 512) == [128, 256, 384, 512]
+def _engine(row: dict) -> Engine:
+    s = row["settings"]
+    return Engine(max_model_len=s["max_model_len"], block_size=s["block_size"], max_num_seqs=s["max_num_seqs"],
+                  max_num_prefill_seqs=s["max_num_prefill_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
+                  enable_prefix_caching=s["enable_prefix_caching"], release=row["release"])
 
 
-def test_exponential_range_docstring_example():  # warmup_range_with_limit's docstring: duplicates removed
-    assert exponential_range(128, 128, 2048, 10) == [128, 256, 384, 512, 640, 896, 1152, 1536, 2048]
+def _grid(row: dict, tmp_path: Path) -> Grid:
+    env = dict(row["env"])
+    if row["bucket_file"]:
+        path = tmp_path / "buckets.txt"
+        path.write_text(row["bucket_file"])
+        env["VLLM_BUCKETING_FROM_FILE"] = str(path)
+    return generate(_engine(row), row["settings"]["num_hpu_blocks"], env)
 
 
-def test_exponential_prompt_lengths_of_the_documented_log():
-    # bucketing_mechanism.md: "seq:[128, 128, 1024, 11]" gives query lengths 128, 256, ..., 1024
-    assert exponential_range(128, 128, 1024, 11) == SEQS_128_1024
-    assert exponential_range(1, 1, 1, 1) == [1]
+def _digest(buckets) -> str:
+    return hashlib.sha256(json.dumps([list(b) for b in buckets], separators=(",", ":")).encode()).hexdigest()
 
 
-def test_warmup_doc_grid_is_72_graphs():
-    # warmup.md: prompt bs [1, 32, 4] x seq [128, 128, 1024] = 24; decode bs [1, 128, 4] x 16 lengths = 48
-    env = {**LIN, "VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024",
-           "VLLM_DECODE_BS_BUCKET_STEP": "128", "VLLM_DECODE_BS_BUCKET_MAX": "4", "VLLM_DECODE_BLOCK_BUCKET_MAX": "2048"}
-    grid = generate(Engine(max_model_len=4096, max_num_seqs=4), cache_blocks=10_000, env=env)
-    assert sorted(grid.prompt) == [(b, s) for b in (1, 2, 4) for s in SEQS_128_1024]
-    assert sorted(grid.decode) == [(b, k) for b in (1, 2, 4) for k in range(128, 2049, 128)]
-    assert grid.graphs == 72
+def test_the_data_names_its_source():
+    prov = DATA["provenance"]
+    assert prov["repository"] == "https://github.com/vllm-project/vllm-gaudi"
+    assert {RELEASES[r].commit for r in prov["commits"]} == set(prov["commits"].values())
+    assert len(ROWS) >= 12 and {r["env"].get("VLLM_BUCKETING_STRATEGY", "exp") for r in ROWS.values()} == {
+        "exp", "lin", "pad"}
 
 
-def test_calibration_grid_of_the_recipe_cache_doc():
-    # managing_warm-up.md (LLaMA 3.1 8B, --max-model-len 8192): prompt bs 1..256 (ramp 1-16, then 32-steps),
-    # lengths 128..1024, kept where bs x length <= 8192 tokens; decode bs 128 x blocks 128..1024
-    env = {**LIN, "VLLM_PROMPT_BS_BUCKET_MAX": "256", "VLLM_DECODE_BS_BUCKET_MIN": "128",
-           "VLLM_DECODE_BS_BUCKET_STEP": "128", "VLLM_DECODE_BS_BUCKET_MAX": "128",
-           "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024", "VLLM_DECODE_BLOCK_BUCKET_MAX": "1024"}
-    grid = generate(Engine(max_model_len=8192), cache_blocks=4000, env=env)
-    full = [(b, s) for b in (1, 2, 4, 8) for s in SEQS_128_1024]
-    assert sorted(grid.prompt) == sorted(full + [(16, 128), (16, 256), (16, 384), (16, 512), (32, 128), (32, 256),
-                                                 (64, 128)])
-    assert grid.decode == tuple((128, k) for k in range(128, 1025, 128))
-    assert grid.graphs == 47 and grid.omitted == 13 * 8 - 39
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_grid_is_the_plugins(name, tmp_path):
+    row = ROWS[name]
+    grid = _grid(row, tmp_path)
+    for phase in ("prompt", "decode"):
+        want, got = row[phase], getattr(grid, phase)
+        if "buckets" in want:  # listed in full: the first difference is the message
+            assert [list(b) for b in got] == want["buckets"], phase
+        assert (len(got), _digest(got)) == (want["count"], want["sha256"]), phase
 
 
-def test_linear_decode_blocks_capped_at_the_cache():
-    env = {**LIN, "VLLM_DECODE_BS_BUCKET_MAX": "4", "VLLM_DECODE_BLOCK_BUCKET_MAX": "1024"}
-    grid = generate(Engine(max_model_len=1024, max_num_seqs=4), cache_blocks=500, env=env)
-    assert sorted(grid.decode) == [(b, k) for b in (1, 2, 4) for k in (128, 256, 384, 500)]
+def test_the_issue_counts_as_the_plugin_gives_them_today(tmp_path):
+    # LLaMA 3.1 8B, max-model-len 4096, 128 seqs, 2048 tokens, 4096 blocks, prefix caching off (16 prefill seqs)
+    llama = _grid(ROWS["llama8b_exp_pc0"], tmp_path)
+    assert (len(llama.prompt), len(llama.decode)) == (161, 117)
+    # PR #762's setting (8192 tokens, 32768 max-model-len, 256 seqs, 4127 blocks): exp 120 prompt as published;
+    # linear today gives 16,321 prompt buckets, not the 14,368 published (its ranges have changed since)
+    pr762 = _grid(ROWS["pr762_exp_pc0"], tmp_path)
+    assert len(pr762.prompt) == 120
+    assert ROWS["pr762_lin_pc0"]["prompt"]["count"] == 16_321
+    # PR #1160's Llama-4-Maverick (21 seqs, 131072 max-model-len): its cap was reverted, and with contiguous PA
+    # (prefix caching off) today's grid has the 126 decode buckets that PR counted
+    maverick = _grid(ROWS["maverick_exp_pc0_45000"], tmp_path)
+    assert len(maverick.decode) == 126
 
 
-def test_linear_decode_skips_more_sequences_than_blocks():
-    env = {**LIN, "VLLM_DECODE_BLOCK_BUCKET_MIN": "1", "VLLM_DECODE_BLOCK_BUCKET_STEP": "2",
-           "VLLM_DECODE_BLOCK_BUCKET_MAX": "4"}
-    grid = generate(Engine(max_model_len=512, max_num_seqs=4), cache_blocks=1000, env=env)
-    assert sorted(grid.decode) == [(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (4, 4)]
+def test_pr_1700_top_decode_bucket(tmp_path):
+    # Qwen3-0.6B by default (prefix caching on, 256 seqs, 40960 max-model-len, 7593 blocks): before PR #1700 the
+    # top decode bucket wants 81,920 blocks; main caps it at 3 x 7593
+    before = _grid(ROWS["qwen3_exp_pc1_v0.27.0rc0"], tmp_path)
+    after = _grid(ROWS["qwen3_exp_pc1"], tmp_path)
+    assert before.decode[-1] == (256, 1, 81_920) and after.decode[-1] == (256, 1, 3 * 7593)
 
 
-def test_prompt_budget_ignored_when_no_bucket_fits():
-    env = {**LIN, "VLLM_PROMPT_BS_BUCKET_MIN": "4", "VLLM_PROMPT_BS_BUCKET_MAX": "4",
-           "VLLM_PROMPT_SEQ_BUCKET_MIN": "1024", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}
-    grid = generate(Engine(max_model_len=1024, max_num_batched_tokens=2048), cache_blocks=1000, env=env)
-    assert grid.prompt == ((4, 1024),)
+def test_plugin_docstring_ranges():
+    assert ranges.exponential(128, 128, 2048, 10) == [128, 256, 384, 512, 640, 896, 1152, 1536, 2048]
+    assert ranges.linear(2, 32, 64) == [2, 4, 8, 16, 32, 64]
+    assert ranges.padding_aware(0, 8, 64, 64, 0) == [0, 1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert ranges.padding_aware(0, 8, 64, 64, 50) == [0, 1, 2, 4, 8, 16, 32, 64]
+    assert ranges.padding_aware(0, 8, 64, 16, 50) == [0, 1, 2, 4, 8, 16, 32, 48, 64]
+    assert ranges.padding_aware(16, 16, 128, 32, 25) == [16, 32, 48, 64, 80, 96, 128]
 
 
-def test_exponential_grid():
-    # max_num_seqs 6: batch cfg [1, 2, 6, 4] -> 6^(i/3) = 1, 1.82, 3.30, 6 rounded up to 2 -> 2, 4, 6.
-    # lengths [128, 128, 512, 10] -> 128 * 4^(i/9) rounded up to 128 -> 128, 256, 384, 512; budget 2048 tokens
-    # drops (6, 384) and (6, 512). Blocks [1, 6, min(512 // 128 * 6, 100) = 24, 8] -> 24^(i/7) = 1, 1.6, 2.5, 3.9,
-    # 6.2, 9.7, 15.2, 24 rounded up to 6 -> 6, 12, 18, 24; per batch up to the largest <= 4 * batch.
-    grid = generate(Engine(max_model_len=512, max_num_seqs=6), cache_blocks=100, env={})
-    assert grid.strategy == "exponential"
-    assert sorted(grid.prompt) == sorted([(b, s) for b in (2, 4) for s in (128, 256, 384, 512)]
-                                         + [(6, 128), (6, 256)])
-    assert grid.omitted == 2
-    assert list(grid.decode) == [(2, 6), (4, 6), (6, 6), (4, 12), (6, 12), (6, 18), (6, 24)]
+def test_lookup_and_fallback(tmp_path):
+    grid = _grid(ROWS["llama8b_exp_pc0"], tmp_path)
+    assert grid.prompt_bucket(1, 100) == (1, 128, 0)
+    assert grid.decode_bucket(3, 40) in grid.decode and grid.decode_bucket(3, 40) >= (3, 1, 40)
+    # no bucket has 4000 query tokens: the fallback rounds up to a multiple of ceil(4000^(1/3)) x 32 = 512
+    # (the plugin's calc_fallback_value docstring: 4001 -> 4096), capped at max_num_batched_tokens
+    assert grid.prompt_bucket(1, 4000) == (1, 2048, 0)
+    # 40 context blocks are past the largest (31): query 100 -> a multiple of 5 x 32, context 40 -> 128, capped
+    # at ceil((4096 - 1) / 128) = 32; a bucket warm-up did not compile
+    assert grid.prompt_bucket(1, 100, 40) == (1, 160, 32)
+    assert not grid.warmed("prompt", (1, 160, 32))
+    assert grid.decode_bucket(1, 10**6)[2] == grid.max_decode_blocks  # capped to the largest decode bucket
 
 
-def test_exponential_ignores_the_linear_variables():
-    grid = generate(Engine(max_model_len=512, max_num_seqs=6), cache_blocks=100,
-                    env={"VLLM_PROMPT_BS_BUCKET_MAX": "64"})
-    assert grid.ignored == ("VLLM_PROMPT_BS_BUCKET_MAX",) and max(b for b, _ in grid.prompt) == 6
-
-
-def test_strategy_selection():
-    assert strategy_of({}) == "exponential"
-    assert strategy_of({"VLLM_BUCKETING_STRATEGY": "lin"}) == "linear"
-    assert strategy_of({"VLLM_BUCKETING_STRATEGY": "exp", "VLLM_EXPONENTIAL_BUCKETING": "false"}) == "linear"
+def test_bucket_file_lines():
+    listed = bucketfile.parse("# c\n(1, [256, 512], [0, 4])\n(2, 1, range(8, 32, 8))\n(1, 2)\nnonsense\n")
+    assert listed.prompt == ((1, 256, 0), (1, 256, 4), (1, 512, 0), (1, 512, 4))
+    assert listed.decode == ((2, 1, 8), (2, 1, 16), (2, 1, 24))
+    assert listed.skipped == (4, 5)
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"VLLM_PROMPT_BS_BUCKET_MIN": "8", "VLLM_PROMPT_BS_BUCKET_MAX": "4"},
-     "VLLM_PROMPT_BS_BUCKET_MIN=8 is above VLLM_PROMPT_BS_BUCKET_MAX=4"),
-    ({"VLLM_DECODE_BLOCK_BUCKET_STEP": "0"}, "VLLM_DECODE_BLOCK_BUCKET_STEP=0: expected a positive integer"),
-    ({"VLLM_PROMPT_SEQ_BUCKET_MAX": "lots"}, "VLLM_PROMPT_SEQ_BUCKET_MAX='lots': expected an integer"),
-    ({"VLLM_BUCKETING_STRATEGY": "zigzag"}, "VLLM_BUCKETING_STRATEGY='zigzag'"),
+    ({"VLLM_BUCKETING_STRATEGY": "fast"}, "VLLM_BUCKETING_STRATEGY='fast': expected exp, lin or pad"),
+    ({"VLLM_DECODE_BS_BUCKET_MIN": "64", "VLLM_DECODE_BS_BUCKET_MAX": "8"},
+     "VLLM_DECODE_BS_BUCKET_MIN=64 is above VLLM_DECODE_BS_BUCKET_MAX=8"),
+    ({"VLLM_PROMPT_QUERY_BUCKET_STEP": "0"}, "VLLM_PROMPT_QUERY_BUCKET_STEP=0: expected an integer from 1"),
+    ({"VLLM_DECODE_BLOCK_BUCKET_PAD_PERCENT": "60"}, "VLLM_DECODE_BLOCK_BUCKET_PAD_PERCENT=60: expected 0 to 50"),
+    ({"VLLM_PROMPT_BS_BUCKET_MAX": "many"}, "VLLM_PROMPT_BS_BUCKET_MAX='many': expected an integer"),
 ])
-def test_contradicting_settings_are_one_line(env, message):
-    with pytest.raises(BucketSettingError, match="^" + message.replace("(", r"\(").replace("[", r"\[")) as e:
-        generate(Engine(max_model_len=1024), cache_blocks=1000, env={**LIN, **env})
-    assert "\n" not in str(e.value)
+def test_bad_settings_are_one_line(env, message):
+    with pytest.raises(BucketSettingError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        validate(env)
 
 
-def test_padding_maps_each_dimension_to_its_next_bucket():
-    # bucketing_mechanism.md: 3 sequences of at most 412 tokens run as a (4, 512) prompt bucket
-    env = {**LIN, "VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}
-    grid = generate(Engine(max_model_len=1024, max_num_seqs=4), cache_blocks=1000, env=env)
-    assert grid.prompt_bucket(3, 412) == (4, 512)
-    assert grid.prompt_bucket(3, 2000) == (4, 2000)  # past the largest bucket: unpadded (a compile)
+def test_a_grid_of_weeks_is_refused():
+    lin = {"VLLM_BUCKETING_STRATEGY": "lin"}  # every query and context value: 512 x 511 + 1 (the plugin gives 261,633)
+    with pytest.raises(BucketSettingError, match=r"^prompt: 261,633 buckets, over 100,000 \(weeks of warm-up\)"):
+        generate(Engine(max_model_len=8192, block_size=16, max_num_batched_tokens=8192), None, lin)
+    with pytest.raises(BucketSettingError, match=r"^prompt: 1 x 4096 x 4096 = 16,777,216 combinations"):
+        generate(Engine(max_model_len=65536, block_size=16, max_num_batched_tokens=65536), None, lin)
+
+
+def test_exponential_names_the_variables_it_overwrites():
+    grid = generate(Engine(max_model_len=2048), 1000, {"VLLM_DECODE_BS_BUCKET_STEP": "8",
+                                                      "VLLM_PROMPT_BS_BUCKET_MAX": "4"})
+    assert grid.ignored == ("VLLM_DECODE_BS_BUCKET_STEP",)  # BS_BUCKET_MAX sets max_num_prefill_seqs
+    assert max(b for b, _, _ in grid.prompt) == 4

@@ -60,3 +60,18 @@ def test_layers_share_a_compiled_graph_in_bf16_and_not_in_fp8(monkeypatch):
     assert measured["bf16"]["slices"] == 160  # the first layer's graph and the one the other 31 share
     assert measured["fp8"]["slices"] == 100 + 31 * 60  # every layer compiled on its own
     assert measured["bf16"]["nodes"] == measured["fp8"]["nodes"] == 50 + 31 * 30  # the bridge builds every layer
+
+
+def test_runtime_scale_patching_lets_fp8_layers_share_a_graph(monkeypatch):
+    from hpu_backend.aot.capacity import LayeredStep
+    from hpu_backend.aot.serving import model as sm
+
+    one = {"time_s": 1.0, "activation_bytes": 10, "slices": 100, "nodes": 50, "weights_bytes": 4, "input_bytes": 5,
+           "ops": 50}
+    two = {**one, "time_s": 1.5, "slices": 160, "nodes": 80, "ops": 80}
+    monkeypatch.setattr(sm, "_measure_graph", lambda step, point, sram: step)
+    layered = LayeredStep(one, two, 32, 1 << 30)
+    patched = sm.ServingModel("m", "gaudi2", "fp8", 1, layered, layered, runtime_scale_patching=True)
+    # RUNTIME_SCALE_PATCHING=1: the scales are inputs, so fp8 compiles as bf16 does; the bridge still builds all
+    assert patched.measure("prompt", 1, 128)["slices"] == 160
+    assert patched.measure("prompt", 1, 128)["nodes"] == 50 + 31 * 30

@@ -34,11 +34,20 @@ def serving_plan(
         block_size: Annotated[int, typer.Option("--block-size", help="KV-cache block size in tokens.")] = 128,
         max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Most sequences running at once.")] = 256,
         max_num_batched_tokens: Annotated[Optional[int], typer.Option(
-            "--max-num-batched-tokens", help="Prompt tokens per step (default: max(max-model-len, 2048)).",
+            "--max-num-batched-tokens", help="Prompt tokens per step (default: 2048, vllm serve's on HPU).",
             show_default=False)] = None,
         gpu_memory_utilization: Annotated[float, typer.Option(
-            "--gpu-memory-utilization", help="Share of the memory free after weights and profiling that is used.")
+            "--gpu-memory-utilization", help="Share of the memory free after the weights that is used.")
         ] = 0.9,
+        enable_prefix_caching: Annotated[bool, typer.Option(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            help="vLLM's prefix caching (on by default; off turns vLLM-Gaudi's contiguous PA on).")] = True,
+        num_gpu_blocks_override: Annotated[Optional[int], typer.Option(
+            "--num-gpu-blocks-override", help="KV-cache blocks, instead of those the memory gives.",
+            show_default=False)] = None,
+        vllm_gaudi: Annotated[str, typer.Option(
+            "--vllm-gaudi", help="The vllm-gaudi release whose bucketing to follow: main (091bbad) or v0.27.0rc0.")
+        ] = "main",
         env: Annotated[Optional[list[str]], typer.Option(
             "--env", "-e", help="A bucket variable VAR=VALUE (repeatable; over the process environment's VLLM_*), "
             "e.g. VLLM_BUCKETING_STRATEGY=lin.", show_default=False)] = None,
@@ -68,14 +77,15 @@ def serving_plan(
 
     engine, variables, reqs, context = _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seqs,
                                                 max_num_batched_tokens, gpu_memory_utilization, env, trace, requests,
-                                                rate, prompt_len, output_len, warmup_budget)
+                                                rate, prompt_len, output_len, warmup_budget,
+                                                (enable_prefix_caching, num_gpu_blocks_override, vllm_gaudi))
     from hpu_backend.aot.modelfile import load_model_file
     from hpu_backend.aot.serving import model as sm
     from hpu_backend.aot.serving.plan import plan
 
     with _progress(json) as say:
         say("lowering the prefill and decode steps")
-        served = sm.load(load_model_file(model), target, dtype, cards)
+        served = sm.load(load_model_file(model), target, dtype, cards, _scale_patching(env))
         try:
             doc = plan(served, engine, variables, reqs, warmup_budget, say)
         except (bk.BucketSettingError, tr.TraceError) as e:
@@ -92,7 +102,7 @@ def serving_plan(
 
 
 def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seqs, max_num_batched_tokens,
-             gpu_memory_utilization, env, trace, requests, rate, prompt_len, output_len, warmup_budget):
+             gpu_memory_utilization, env, trace, requests, rate, prompt_len, output_len, warmup_budget, cache):
     """Every input checked, cheaply, before any lowering: (engine, bucket variables, requests, context length)."""
     from hpu_backend.aot.serving import buckets as bk
     from hpu_backend.aot.serving import trace as tr
@@ -105,8 +115,11 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
         raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPES)}")
     if not 1 <= cards <= 8:
         raise UsageError(f"--cards {cards}: a server joins 1 to 8 cards")
-    for name, value, high in (("--max-model-len", max_model_len, 1 << 24), ("--block-size", block_size, 1 << 16), ("--max-num-seqs", max_num_seqs, 1 << 16),
-                              ("--max-num-batched-tokens", max_num_batched_tokens, 1 << 24)):
+    prefix_caching, blocks_override, release = cache
+    for name, value, high in (("--max-model-len", max_model_len, 1 << 24), ("--block-size", block_size, 1 << 16),
+                              ("--max-num-seqs", max_num_seqs, 1 << 16),
+                              ("--max-num-batched-tokens", max_num_batched_tokens, 1 << 24),
+                              ("--num-gpu-blocks-override", blocks_override, 1 << 28)):
         if value is not None and not 1 <= value <= high:
             raise UsageError(f"{name} {value}: expected an integer from 1 to {high:,}")
     if warmup_budget is not None and not 0 < warmup_budget <= 1e7:
@@ -117,9 +130,11 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
         raise UsageError(f"--requests {requests}: expected 1 to {tr.MAX_REQUESTS:,}")
     if warmup_budget is not None and trace is None and requests is None:
         raise UsageError("--warmup-budget recommends settings for a trace: give --trace or --requests")
+    _scale_patching(env)  # checked with the rest, before lowering
     engine = bk.Engine(max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
-                       graph_reserved_mem=_reserved(env), contiguous_pa=_flag(env, "VLLM_CONTIGUOUS_PA"))
+                       graph_reserved_mem=_reserved(env), enable_prefix_caching=prefix_caching,
+                       num_gpu_blocks_override=blocks_override, release=release)
     config = _config(model)
     context = None if config is None else context_length(config)
     try:
@@ -127,7 +142,9 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
         if config is not None:  # the model's size against the cards, from the config alone
             check_fits(model, target, cards, *card_bytes(config, cards, 1 if dtype == "fp8" else 2), engine)
         variables = {**bk.bucket_env(os.environ), **dict(_pair(e) for e in env or [])}
-        bk.validate(engine, variables)
+        bk.validate(variables)
+        engine = bk.resolve(engine, variables)
+        bk.generate(engine, None, variables)  # the prompt grid, built once here to check it before lowering
         reqs = _requests(trace, requests, rate, prompt_len, output_len)
         if reqs is not None:
             tr.check(reqs, max_model_len, context)
@@ -138,9 +155,18 @@ def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seq
 
 def _pair(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
-    if not sep or not name.strip().startswith("VLLM_"):
-        raise UsageError(f"--env {text!r}: expected VLLM_NAME=VALUE, e.g. VLLM_PROMPT_SEQ_BUCKET_MAX=2048")
+    if not sep or not (name.strip().startswith("VLLM_") or name.strip() == "RUNTIME_SCALE_PATCHING"):
+        raise UsageError(f"--env {text!r}: expected VLLM_NAME=VALUE or RUNTIME_SCALE_PATCHING=0|1, e.g. "
+                         "VLLM_PROMPT_QUERY_BUCKET_MAX=2048")
     return name.strip(), value.strip()
+
+
+def _scale_patching(env: list[str] | None) -> bool:
+    """RUNTIME_SCALE_PATCHING from --env, else the process environment (0 or 1, vLLM-Gaudi's reading)."""
+    raw = dict(_pair(e) for e in env or []).get("RUNTIME_SCALE_PATCHING", os.environ.get("RUNTIME_SCALE_PATCHING", "0"))
+    if raw.strip() not in ("0", "1"):
+        raise UsageError(f"RUNTIME_SCALE_PATCHING={raw!r}: expected 0 or 1")
+    return raw.strip() == "1"
 
 
 def _reserved(env: list[str] | None) -> float:
@@ -151,13 +177,6 @@ def _reserved(env: list[str] | None) -> float:
         return float(raw)
     except ValueError:
         raise UsageError(f"VLLM_GRAPH_RESERVED_MEM={raw!r}: expected a fraction from 0 to below 1") from None
-
-
-def _flag(env: list[str] | None, name: str) -> bool:
-    raw = dict(_pair(e) for e in env or []).get(name, os.environ.get(name, "false"))
-    if raw.strip().lower() not in ("true", "false", "1", "0"):
-        raise UsageError(f"{name}={raw!r}: expected true or false")
-    return raw.strip().lower() in ("true", "1")
 
 
 def _config(model: str):
@@ -210,13 +229,13 @@ def _plot(doc: dict, reqs, path: Path) -> None:
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'hpu_backend[bench]'") from None
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5))
-    lengths = sorted({s for _, s in doc["grid"]["prompt"]})
+    lengths = sorted({q for _, q, _ in doc["grid"]["prompt"]})
     if reqs:
         top.hist([r.prompt for r in reqs], bins=60, color="tab:gray", label="trace prompts")
     for x in lengths:
         top.axvline(x, color="tab:blue", lw=0.8)
-    top.set(xlabel="prompt tokens", ylabel="requests", title=f"{doc['model']}: prompt length buckets (blue)")
-    blocks = sorted({k for _, k in doc["grid"]["decode"]})
+    top.set(xlabel="prompt tokens", ylabel="requests", title=f"{doc['model']}: prompt query buckets (blue)")
+    blocks = sorted({k for _, _, k in doc["grid"]["decode"]})
     seen = doc.get("trace", {}).get("decode_blocks", {})
     if seen.get("blocks"):
         bottom.hist(seen["blocks"], weights=seen["steps"], bins=60, color="tab:gray", label="decode steps")

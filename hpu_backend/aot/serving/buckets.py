@@ -1,36 +1,62 @@
-"""vLLM-Gaudi's bucket grid, generated from the same environment variables, defaults and strategies; and the
-padding rule that maps a batch onto it (torch-free).
+"""vLLM-Gaudi's bucket grid, as its plugin generates it, from the same engine arguments and environment variables;
+and the lookup that maps a batch onto it (torch-free).
 
-Two strategies, as vLLM-Gaudi's bucketing modules generate them (prefix caching off, so every prompt bucket
-has no context blocks):
+Follows vllm-project/vllm-gaudi ``vllm_gaudi/extension/bucketing`` at the release named by ``Engine.release``
+(``RELEASES``; the default is the newest read). Prompt buckets are ``(batch, query tokens, context blocks)``,
+decode buckets ``(batch, 1, blocks)``, exactly as the plugin lists them in its "Generated N prompt buckets" log:
 
-- ``linear`` (vllm-hpu-extension ``bucketing/linear.py``): per dimension a range from
-  ``VLLM_{PROMPT,DECODE}_{BS,SEQ,BLOCK}_BUCKET_{MIN,STEP,MAX}``: MIN doubled while below STEP (the ramp-up),
-  then STEP, 2·STEP, ... up to MAX. Defaults: prompt batch (1, 32, max_num_prefill_seqs), prompt length
-  (block_size, block_size, max_model_len), decode batch (1, 32, max_num_seqs), decode blocks (block_size,
-  block_size, the KV cache's blocks). Prompt buckets are every (batch, length) pair whose batch × length fits
-  ``max_num_batched_tokens`` (all pairs, if none does); decode buckets every (batch, blocks) with batch ≤
-  blocks, the blocks capped at the cache's block count.
-- ``exponential`` (vllm-gaudi ``bucketing/exponential.py``, the default): ranges fixed by the engine limits
-  (the variables are ignored), ``limit`` values spaced exponentially from MIN to MAX and rounded up to STEP;
-  from max_model_len 8192 on, the prompt length range spends half its buckets exponentially up to
-  MAX / limit and half linearly beyond. Prompt filtering as above plus length ≤ max_model_len; decode buckets per batch every block count
-  from the batch up to the first at or above batch × ceil(max_model_len / block_size) (capped at the cache).
+- per dimension a range of values (``ranges.py``) from the strategy (``VLLM_BUCKETING_STRATEGY``: exp, the
+  default, lin or pad; the older ``VLLM_EXPONENTIAL_BUCKETING`` overrides it with exp or lin) and its settings:
+  exp derives them from the engine (``VLLM_PROMPT_QUERY_BUCKET_MIN=1`` is the one it reads), lin and pad read
+  ``VLLM_{PROMPT,DECODE}_{BS,QUERY,CTX,BLOCK}_BUCKET_{MIN,STEP,MAX}`` (pad also ``_PAD_MAX``, ``_PAD_PERCENT``;
+  the older ``VLLM_PROMPT_SEQ_BUCKET_*`` stand in for an unset QUERY one), or a bucket file
+  (``VLLM_BUCKETING_FROM_FILE``, ``bucketfile.py``) lists them;
+- prompt buckets are every (batch, query, context) whose query is within max_model_len, whose context blocks
+  leave a query token (at most ceil((max_model_len - 1) / block_size)) and whose batch × query fits
+  max_num_batched_tokens; from max_model_len 8192 on, the largest context value is replaced per query by the
+  most context that query leaves room for (below ``VLLM_PROMPT_CTX_BUCKET_MAX`` when set);
+- decode buckets are every (batch, blocks); without contiguous paged attention a batch needs as many blocks as
+  sequences and its blocks are capped at batch × ceil(max_model_len / block_size); with it the cache's block
+  count is always a bucket. Contiguous PA (``VLLM_CONTIGUOUS_PA``) is on exactly when prefix caching is off;
+- max_num_prefill_seqs is the model runner's: ``VLLM_PROMPT_BS_BUCKET_MAX``, else 1.
+
+Not modelled: merged prefill, speculative decoding's extra buckets, sliding-window slicing, mamba chunks, and
+the hybrid models (GDN, mamba, interleaved sliding window) that skip the decode clamp.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-STRATEGIES = ("exponential", "linear")
-PHASE_DIMS = {"prompt": ("bs", "seq"), "decode": ("bs", "block")}
-PARAMS = ("min", "step", "max")
-LONG_CONTEXT = 8192  # exponential prompt lengths from this max_model_len on: half exponential, half linear
-MAX_VALUE = 1 << 24  # a bucket bound past this is not a serving setting
-MAX_GRAPHS = 20_000  # a grid past this many buckets would warm for days; refused before it is built
+from . import bucketfile, ranges
+
+Bucket = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    commit: str
+    date: str
+    decode_clamp: bool  # vllm-gaudi PR #1700: non-contiguous decode blocks capped at 3x the cache's blocks
+
+
+RELEASES = {
+    "main": Release("main@091bbad (v0.27.0rc0+51)", "091bbadda10bee4fd3f6d0efc1844d2610dd2707", "2026-08-21", True),
+    "v0.27.0rc0": Release("v0.27.0rc0", "d01a3caecd8d818c29c06af56591e40eb4e3dcca", "2026-08-04", False),
+}
+STRATEGIES = {"exp": "exponential", "lin": "linear", "pad": "padding_aware"}
+LONG_CONTEXT = 8192  # from this max_model_len on, the largest prompt context is set per query
+MAX_VALUE = 1 << 24  # a bucket setting past this is not a serving setting
+MAX_GRAPHS = 100_000  # a grid past this many buckets would warm for weeks; refused
+MAX_CANDIDATES = 4_000_000  # the combinations filtered into a grid; past this, refused before they are built
+DEFAULT_BATCHED_TOKENS = 2048  # vllm serve's default on HPU (vLLM's batch defaults for a device without memory)
+SETTING_VARS = ("VLLM_BUCKETING_STRATEGY", "VLLM_EXPONENTIAL_BUCKETING", "VLLM_BUCKETING_FROM_FILE",
+                "VLLM_CONTIGUOUS_PA")
 
 
 class BucketSettingError(ValueError):
@@ -44,254 +70,420 @@ class Engine:
     max_model_len: int
     block_size: int = 128
     max_num_seqs: int = 256
-    max_num_prefill_seqs: int | None = None  # None: max_num_seqs
-    max_num_batched_tokens: int | None = None  # None: max(max_model_len, 2048), vLLM's without chunked prefill
+    max_num_prefill_seqs: int | None = None  # None: VLLM_PROMPT_BS_BUCKET_MAX, else 1 (vLLM-Gaudi's model runner)
+    max_num_batched_tokens: int | None = None  # None: DEFAULT_BATCHED_TOKENS
     gpu_memory_utilization: float = 0.9
     graph_reserved_mem: float = 0.1  # VLLM_GRAPH_RESERVED_MEM: the share of usable memory kept for graphs
-    contiguous_pa: bool = False
+    contiguous_pa: bool | None = None  # VLLM_CONTIGUOUS_PA; None: on exactly when prefix caching is off
+    enable_prefix_caching: bool = True  # vLLM V1's default
+    num_gpu_blocks_override: int | None = None
+    release: str = "main"
 
     @property
     def prefill_seqs(self) -> int:
-        return self.max_num_prefill_seqs or self.max_num_seqs
+        return self.max_num_prefill_seqs or 1
 
     @property
     def batched_tokens(self) -> int:
-        return self.max_num_batched_tokens or max(self.max_model_len, 2048)
+        return self.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
+
+    @property
+    def contiguous(self) -> bool:
+        return (not self.enable_prefix_caching) if self.contiguous_pa is None else self.contiguous_pa
 
     def blocks_per_seq(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
 
+def resolve(engine: Engine, env: Mapping[str, str]) -> Engine:
+    """The engine with what vLLM-Gaudi reads from the environment filled in: max_num_prefill_seqs from
+    ``VLLM_PROMPT_BS_BUCKET_MAX`` (else 1) and contiguous PA from ``VLLM_CONTIGUOUS_PA``."""
+    prefill = engine.max_num_prefill_seqs
+    if prefill is None:
+        raw = env.get("VLLM_PROMPT_BS_BUCKET_MAX")
+        prefill = 1 if raw is None else _int("VLLM_PROMPT_BS_BUCKET_MAX", raw, low=1)
+    contiguous = engine.contiguous_pa
+    if contiguous is None and env.get("VLLM_CONTIGUOUS_PA") is not None:
+        contiguous = _boolean(env["VLLM_CONTIGUOUS_PA"])
+    return replace(engine, max_num_prefill_seqs=prefill, contiguous_pa=contiguous)
+
+
 @dataclass(frozen=True)
 class Grid:
-    """The buckets to warm: prompt (batch, length) and decode (batch, blocks), and the settings behind them."""
+    """The buckets vLLM-Gaudi warms, the settings behind them, and its lookup of a batch's bucket."""
 
     strategy: str
-    prompt: tuple[tuple[int, int], ...]
-    decode: tuple[tuple[int, int], ...]
-    ranges: dict[str, tuple[int, ...]] = field(default_factory=dict)  # "prompt_bs" -> (min, step, max[, limit])
-    env: dict[str, str] = field(default_factory=dict)  # the variables that select it
-    ignored: tuple[str, ...] = ()  # variables set but overridden (exponential)
-    omitted: int = 0  # prompt pairs dropped by the token budget
+    prompt: tuple[Bucket, ...]
+    decode: tuple[Bucket, ...]
+    engine: Engine | None = None
+    cache_blocks: int | None = None
+    ranges: dict[str, tuple[int, ...]] = field(default_factory=dict)  # "prompt_bs" -> the logged cfg
+    values: dict[str, tuple[int, ...]] = field(default_factory=dict)  # "prompt_bs" -> its values
+    env: dict[str, str] = field(default_factory=dict)  # the variables read
+    ignored: tuple[str, ...] = ()  # variables set but overwritten (exponential)
+    omitted: dict[str, int] = field(default_factory=dict)  # candidate buckets the filters dropped, per phase
+    skipped_lines: tuple[int, ...] = ()  # bucket-file lines vLLM-Gaudi skips
 
     @property
     def graphs(self) -> int:
         return len(self.prompt) + len(self.decode)
 
-    def prompt_bucket(self, batch: int, length: int) -> tuple[int, int]:
-        """The shape a prompt batch runs at: each dimension padded to the smallest bucket value at or above it,
-        or left unpadded past the largest (vLLM-Gaudi pads each dimension on its own)."""
-        return (_pad([b for b, _ in self.prompt], batch), _pad([s for _, s in self.prompt], length))
+    @property
+    def max_decode_blocks(self) -> int:
+        return max((k for _, _, k in self.decode), default=0)
 
-    def decode_bucket(self, batch: int, blocks: int, cache_blocks: int) -> tuple[int, int]:
-        """The shape a decode batch runs at: padded as a prompt batch is, the blocks capped at the cache's."""
-        return (_pad([b for b, _ in self.decode], batch),
-                min(_pad([k for _, k in self.decode], blocks), max(cache_blocks, blocks)))
+    def prompt_bucket(self, batch: int, query: int, ctx: int = 0) -> Bucket:
+        """The bucket a prefill of ``batch`` sequences, ``query`` tokens and ``ctx`` context blocks runs at: the
+        first listed bucket at least as large in every dimension, else vLLM-Gaudi's fallback (compiled then)."""
+        return _closest(self.prompt, (batch, query, ctx)) or self._fallback(batch, query, ctx, True)
 
-    def warmed(self, phase: str, shape: tuple[int, int]) -> bool:
-        return shape in (self.prompt_set if phase == "prompt" else self.decode_set)
+    def decode_bucket(self, batch: int, blocks: int) -> Bucket:
+        """The bucket a decode of ``batch`` sequences holding ``blocks`` KV blocks runs at (blocks past the
+        largest decode bucket are capped to it, as vLLM-Gaudi caps them)."""
+        top = self.max_decode_blocks
+        blocks = min(blocks, top) if top else blocks
+        return _closest(self.decode, (batch, 1, blocks)) or self._fallback(batch, 1, blocks, False)
+
+    def _fallback(self, batch: int, query: int, ctx: int, prompt: bool) -> Bucket:
+        e = self.engine
+        if e is None:
+            return batch, query, ctx
+        b = min(_fallback_value(batch, 2), e.max_num_seqs)
+        q = min(_fallback_value(query, 32), e.batched_tokens)
+        if self.cache_blocks is None:
+            return b, q, 0
+        c = _fallback_value(ctx, 32)
+        if prompt:
+            c = min(c, math.ceil((e.max_model_len - 1) / e.block_size))
+        elif self.max_decode_blocks:
+            c = min(c, self.max_decode_blocks)
+        return b, q, c
+
+    def warmed(self, phase: str, shape: Bucket) -> bool:
+        return shape in (self._sets[0] if phase == "prompt" else self._sets[1])
 
     @property
-    def prompt_set(self) -> frozenset:
-        return frozenset(self.prompt)
-
-    @property
-    def decode_set(self) -> frozenset:
-        return frozenset(self.decode)
-
-
-def _pad(values: list[int], value: int) -> int:
-    return min((v for v in values if v >= value), default=value)
+    def _sets(self) -> tuple[frozenset, frozenset]:
+        cached = self.__dict__.get("_cached_sets")
+        if cached is None:
+            cached = (frozenset(self.prompt), frozenset(self.decode))
+            object.__setattr__(self, "_cached_sets", cached)  # a frozen dataclass's derived value, built once
+        return cached
 
 
-# -- ranges ---------------------------------------------------------------------------------------------------
+def _closest(buckets: tuple[Bucket, ...], target: Bucket) -> Bucket | None:
+    """vLLM-Gaudi's lookup: from the target's place in the sorted list, the first bucket that covers it."""
+    for bucket in itertools.islice(buckets, bisect.bisect_left(buckets, target), None):
+        if bucket[0] >= target[0] and bucket[1] >= target[1] and bucket[2] >= target[2]:
+            return bucket
+    return None
 
-def read_range(env: Mapping[str, str], phase: str, dim: str, **defaults: int) -> tuple[int, int, int]:
-    """(min, step, max) from ``VLLM_{PHASE}_{DIM}_BUCKET_{MIN,STEP,MAX}`` over the defaults, checked."""
-    values = []
-    for p in PARAMS:
-        name = var(phase, dim, p)
-        raw = env.get(name)
-        values.append(defaults[p] if raw is None else _int(name, raw))
-    lo, step, hi = values
-    if step < 1:
-        raise BucketSettingError(f"{var(phase, dim, 'step')}={step}: expected a positive integer")
-    if lo < 1 or hi < 1:
-        raise BucketSettingError(f"{var(phase, dim, 'min' if lo < 1 else 'max')}={lo if lo < 1 else hi}: expected "
-                                 f"a positive integer")
-    if lo > hi:
-        raise BucketSettingError(f"{var(phase, dim, 'min')}={lo} is above {var(phase, dim, 'max')}={hi}: "
-                                 "MIN must be at most MAX")
-    if hi // step > MAX_GRAPHS:
-        raise BucketSettingError(f"{var(phase, dim, 'step')}={step} with {var(phase, dim, 'max')}={hi}: "
-                                 f"{hi // step:,} buckets; at most {MAX_GRAPHS:,} (raise STEP or lower MAX)")
-    return lo, step, hi
+
+def _fallback_value(n: int, base: int) -> int:
+    """The next value for a shape no bucket covers: rounded up to a multiple of ceil(n^(1/3)) × base."""
+    if n <= 1:
+        return n
+    size = math.ceil(math.pow(n, 1 / 3)) * base
+    return math.ceil(n / size) * size
+
+
+# -- settings ------------------------------------------------------------------------------------------------
+
+def bucket_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that shape the grid."""
+    return {k: str(v) for k, v in env.items() if k.startswith("VLLM_") and ("_BUCKET_" in k or k in SETTING_VARS)}
+
+
+def strategy_of(env: Mapping[str, str]) -> str:
+    """``VLLM_BUCKETING_STRATEGY`` (exp, lin or pad), overridden by the older ``VLLM_EXPONENTIAL_BUCKETING``."""
+    chosen = env.get("VLLM_BUCKETING_STRATEGY", "exp")
+    if chosen not in STRATEGIES:
+        raise BucketSettingError(f"VLLM_BUCKETING_STRATEGY={chosen!r}: expected exp, lin or pad")
+    legacy = env.get("VLLM_EXPONENTIAL_BUCKETING")
+    if legacy is not None:
+        return "exponential" if _boolean(legacy) else "linear"
+    return STRATEGIES[chosen]
+
+
+def _boolean(raw: str) -> bool:
+    """vLLM-Gaudi's reading of a flag: true, t, 1, yes, y or on (any case) is true, anything else false."""
+    return str(raw).strip().lower() in ("true", "t", "1", "yes", "y", "on")
 
 
 def var(phase: str, dim: str, param: str) -> str:
     return f"VLLM_{phase}_{dim}_BUCKET_{param}".upper()
 
 
-def _int(name: str, raw: str) -> int:
+def _int(name: str, raw: str, low: int = 0) -> int:
     try:
         value = int(str(raw).strip())
     except ValueError:
         raise BucketSettingError(f"{name}={raw!r}: expected an integer") from None
-    if not -MAX_VALUE <= value <= MAX_VALUE:
-        raise BucketSettingError(f"{name}={value}: expected an integer from 1 to {MAX_VALUE:,}")
+    if not low <= value <= MAX_VALUE:
+        raise BucketSettingError(f"{name}={value}: expected an integer from {low} to {MAX_VALUE:,}")
     return value
 
 
-def linear_range(lo: int, step: int, hi: int) -> list[int]:
-    """MIN doubled while below STEP (and within MAX), then every multiple of STEP up to MAX; values below MIN
-    dropped (vLLM-Gaudi's ``warmup_range``)."""
-    ramp = itertools.takewhile(lambda x: x < step and x <= hi, (lo << i for i in itertools.count()))
-    return [b for b in [*ramp, *range(step, hi + 1, step)] if b >= lo]
+def read_dim(env: Mapping[str, str], phase: str, dim: str, **defaults: int) -> list[int]:
+    """A dimension's settings from its variables over ``defaults`` (min, step, max[, pad_max, pad_percent]); an
+    unset prompt QUERY variable takes the older SEQ one. Checked as vLLM-Gaudi's asserts check them."""
+    values = []
+    for param, default in defaults.items():
+        name = var(phase, dim, param)
+        raw = env.get(name)
+        if raw is None and dim == "query":
+            name = var(phase, "seq", param)
+            raw = env.get(name)
+        values.append(default if raw is None else _int(name, raw, low=1 if param == "step" else 0))
+    lo, _, hi = values[:3]
+    if lo > hi:
+        raise BucketSettingError(f"{var(phase, dim, 'min')}={lo} is above {var(phase, dim, 'max')}={hi}: MIN must "
+                                 "be at most MAX")
+    if len(values) == 5 and values[4] > 50:
+        raise BucketSettingError(f"{var(phase, dim, 'pad_percent')}={values[4]}: expected 0 to 50")
+    return values
 
 
-def exponential_range(lo: int, step: int, hi: int, limit: int, long_context: bool = False,
-                      contiguous_pa: bool = False) -> list[int]:
-    """``limit`` values from MIN to MAX spaced exponentially, rounded up to STEP, duplicates dropped; with
-    ``long_context`` half of them exponential up to MAX / limit and the rest linear beyond
-    (vLLM-Gaudi's ``warmup_range_with_limit``)."""
-    if limit < 1:
-        raise BucketSettingError(f"bucket limit {limit}: expected a positive integer")
-    if limit == 1:
-        return [hi]
-    n_exp, first = (limit // 2, hi / limit) if long_context else (limit, hi)
-    out = set()
-    for i in range(n_exp):
-        value = lo * math.pow(first / lo, (1.0 / (n_exp - 1)) * i) if n_exp > 1 else lo
-        out.add(hi if i == limit - 1 and contiguous_pa else math.ceil(value / step) * step)
-    if long_context:
-        n_lin = limit - n_exp
-        part = (hi - first) / n_lin
-        for i in range(1, n_lin + 1):
-            value = first + i * part
-            out.add(hi if i == limit and contiguous_pa else math.ceil(value / step) * step)
-    return sorted(out)
+def validate(env: Mapping[str, str]) -> None:
+    """BucketSettingError, before any work, for a bucket variable that is not an integer, a MIN above its MAX, a
+    PAD_PERCENT past 50 or an unknown strategy (the decode ones are otherwise read only once the cache is known)."""
+    env = bucket_env(env)
+    strategy_of(env)
+    for name, raw in env.items():
+        if name.endswith(("_MIN", "_MAX", "_PAD_MAX", "_PAD_PERCENT")) and "_BUCKET_" in name:
+            _int(name, raw)
+        elif name.endswith("_STEP") and "_BUCKET_" in name:
+            _int(name, raw, low=1)
+        if name.endswith("_PAD_PERCENT") and _int(name, raw) > 50:
+            raise BucketSettingError(f"{name}={raw}: expected 0 to 50")
+        low = name[:-4] + "_MIN" if name.endswith("_BUCKET_MAX") else None
+        if low in env and _int(low, env[low]) > _int(name, raw):
+            raise BucketSettingError(f"{low}={env[low]} is above {name}={raw}: MIN must be at most MAX")
 
 
-# -- grids ----------------------------------------------------------------------------------------------------
+# -- the strategies' settings per dimension ------------------------------------------------------------------
 
-def strategy_of(env: Mapping[str, str]) -> str:
-    """``VLLM_BUCKETING_STRATEGY`` (exp | lin), overridden by the older ``VLLM_EXPONENTIAL_BUCKETING``."""
-    legacy = env.get("VLLM_EXPONENTIAL_BUCKETING")
-    if legacy is not None:
-        if legacy.strip().lower() not in ("true", "false", "1", "0"):
-            raise BucketSettingError(f"VLLM_EXPONENTIAL_BUCKETING={legacy!r}: expected true or false")
-        return "exponential" if legacy.strip().lower() in ("true", "1") else "linear"
-    chosen = env.get("VLLM_BUCKETING_STRATEGY", "exp").strip().lower()
-    names = {"exp": "exponential", "exponential": "exponential", "lin": "linear", "linear": "linear"}
-    if chosen not in names:
-        raise BucketSettingError(f"VLLM_BUCKETING_STRATEGY={chosen!r}: expected exp or lin")
-    return names[chosen]
+def _exp_prompt(e: Engine, env: Mapping[str, str]) -> tuple[list[int], list[int], list[int]]:
+    raw_min = env.get("VLLM_PROMPT_QUERY_BUCKET_MIN")  # exp reads this one variable: 1 serves P/D decode instances
+    query_min = 1 if raw_min is not None and _int("VLLM_PROMPT_QUERY_BUCKET_MIN", raw_min) == 1 else e.block_size
+    pf, tokens = e.prefill_seqs, e.batched_tokens
+    reserved = tokens if e.max_model_len >= LONG_CONTEXT else query_min  # long context: ctx set per query later
+    max_ctx = max(1, (e.max_model_len - reserved) // e.block_size)
+    ctx_limit = 2 if max_ctx == 1 else math.ceil(math.log2(max_ctx)) + 1
+    return ([1, 2, pf, math.ceil(math.log2(pf)) + 1], [query_min, e.block_size, tokens, math.ceil(math.log2(tokens))],
+            [0, 1, max_ctx, ctx_limit])
 
 
-def bucket_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that shape the grid."""
-    return {k: str(v) for k, v in env.items() if k.startswith("VLLM_") and ("_BUCKET" in k or k in (
-        "VLLM_BUCKETING_STRATEGY", "VLLM_EXPONENTIAL_BUCKETING"))}
+def _exp_decode(e: Engine, blocks: int, clamp: bool) -> tuple[list[int], list[int]]:
+    worst = math.ceil(e.max_model_len / e.block_size) * e.max_num_seqs  # every sequence at max_model_len
+    top = min(blocks, worst) if e.contiguous else (min(worst, 3 * blocks) if clamp else worst)
+    limit = math.ceil(math.log2(top)) + 1
+    if not e.contiguous and blocks > 0 and top > 3 * blocks:  # denser buckets over a range past the cache
+        limit += math.ceil(math.log2(top / (3 * blocks))) + 1
+    return [1, 2, e.max_num_seqs, math.ceil(math.log2(e.max_num_seqs)) + 1], [1, e.max_num_seqs, top, limit]
+
+
+def _lin_prompt(e: Engine, env: Mapping[str, str]) -> tuple[list[int], list[int], list[int]]:
+    bs = read_dim(env, "prompt", "bs", min=1, step=1, max=e.prefill_seqs)
+    query = read_dim(env, "prompt", "query", min=e.block_size, step=e.block_size, max=e.batched_tokens)
+    ctx = read_dim(env, "prompt", "ctx", min=0, step=1, max=(e.max_model_len - query[0]) // e.block_size)
+    return bs, query, ctx
+
+
+def _lin_decode(e: Engine, env: Mapping[str, str], blocks: int) -> tuple[list[int], list[int]]:
+    bs = read_dim(env, "decode", "bs", min=1, step=32, max=e.max_num_seqs)
+    top = blocks if e.contiguous else max(e.max_model_len * e.max_num_seqs // e.block_size, e.block_size)
+    block = _read_unchecked(env, "decode", "block", [1, e.block_size, top])
+    if e.contiguous and block[2] > blocks:
+        block[2] = blocks
+    if block[0] > block[2]:
+        block[0] = max(1, block[2] - block[1])
+    return bs, _checked(block, "decode", "block")
+
+
+def _pad_prompt(e: Engine, env: Mapping[str, str]) -> tuple[list[int], list[int], list[int]]:
+    pf, tokens, size = e.prefill_seqs, e.batched_tokens, e.block_size
+    bs = read_dim(env, "prompt", "bs", min=1, step=1, max=pf, pad_max=-(-pf // 4), pad_percent=25)
+    query = read_dim(env, "prompt", "query", min=size, step=size, max=tokens, pad_max=-(-tokens // 4), pad_percent=25)
+    max_ctx = math.ceil((e.max_model_len - query[0]) / size)
+    ctx = read_dim(env, "prompt", "ctx", min=0, step=2, max=max_ctx, pad_max=-(-tokens // size), pad_percent=25)
+    return bs, query, ctx
+
+
+def _pad_decode(e: Engine, env: Mapping[str, str], blocks: int) -> tuple[list[int], list[int]]:
+    seqs = e.max_num_seqs
+    bs = read_dim(env, "decode", "bs", min=1, step=2, max=seqs, pad_max=-(-seqs // 4), pad_percent=25)
+    top = blocks if e.contiguous else max(math.ceil(e.max_model_len * seqs / e.block_size), e.block_size)
+    block = _read_unchecked(env, "decode", "block", [e.block_size, e.block_size, top, -(-top // 4), 25])
+    if e.contiguous and block[2] > blocks:
+        block[2] = blocks
+    if block[0] > blocks:
+        block[0] = max(1, blocks - block[1])
+    return bs, _checked(block, "decode", "block")
+
+
+def _read_unchecked(env: Mapping[str, str], phase: str, dim: str, defaults: list[int]) -> list[int]:
+    """A dimension's settings before the corrections vLLM-Gaudi applies ahead of its checks (decode blocks)."""
+    params = ("min", "step", "max", "pad_max", "pad_percent")[:len(defaults)]
+    return [d if env.get(var(phase, dim, p)) is None else _int(var(phase, dim, p), env[var(phase, dim, p)],
+                                                                 low=1 if p == "step" else 0)
+            for p, d in zip(params, defaults)]
+
+
+def _checked(cfg: list[int], phase: str, dim: str) -> list[int]:
+    if cfg[0] > cfg[2]:
+        raise BucketSettingError(f"{var(phase, dim, 'min')}={cfg[0]} is above {var(phase, dim, 'max')}={cfg[2]}: "
+                                 "MIN must be at most MAX")
+    if len(cfg) == 5 and cfg[4] > 50:
+        raise BucketSettingError(f"{var(phase, dim, 'pad_percent')}={cfg[4]}: expected 0 to 50")
+    return cfg
+
+
+def _values(strategy: str, cfg: list[int], contiguous: bool, name: str) -> list[int]:
+    if cfg[1] and (cfg[2] - cfg[0]) // cfg[1] > MAX_GRAPHS:
+        raise BucketSettingError(f"{name}: {cfg[0]} to {cfg[2]} by {cfg[1]} is over {MAX_GRAPHS:,} buckets; raise "
+                                 "its STEP or lower its MAX")
+    if strategy == "exponential":
+        return ranges.exponential(*cfg, contiguous_pa=contiguous)
+    return sorted(ranges.linear(*cfg) if strategy == "linear" else ranges.padding_aware(*cfg))
+
+
+# -- the grid ------------------------------------------------------------------------------------------------
+
+EXP_OVERWRITTEN = tuple(var(p, d, x) for p, dims in (("prompt", ("bs", "seq")), ("decode", ("bs", "block")))
+                        for d in dims for x in ("min", "step", "max"))
 
 
 def generate(engine: Engine, cache_blocks: int | None, env: Mapping[str, str] | None = None) -> Grid:
     """The grid vLLM-Gaudi warms for ``engine`` with a KV cache of ``cache_blocks`` blocks under ``env``
     (None: the prompt buckets only, which do not depend on the cache)."""
     env = bucket_env(env or {})
+    engine = resolve(engine, env)
     strategy = strategy_of(env)
-    if strategy == "linear":
-        return _linear(engine, cache_blocks, env)
-    return _exponential(engine, cache_blocks, env)
+    if env.get("VLLM_BUCKETING_FROM_FILE"):
+        return _from_file(engine, cache_blocks, env, strategy)
+    cfg, values = {}, {}
+    for key, dim_cfg in zip(("prompt_bs", "prompt_query", "prompt_ctx"), _prompt_cfgs(strategy, engine, env)):
+        cfg[key], values[key] = dim_cfg, _values(strategy, dim_cfg, engine.contiguous, key)
+    _check_size("prompt", values["prompt_bs"], values["prompt_query"], values["prompt_ctx"])
+    prompt, omitted = _prompt(engine, env, values["prompt_bs"], values["prompt_query"], values["prompt_ctx"])
+    decode: list[Bucket] = []
+    if cache_blocks is not None:
+        for key, dim_cfg in zip(("decode_bs", "decode_block"), _decode_cfgs(strategy, engine, env, cache_blocks)):
+            cfg[key], values[key] = dim_cfg, _values(strategy, dim_cfg, engine.contiguous, key)
+        if engine.contiguous and values["decode_block"][-1] < cache_blocks:
+            values["decode_block"].append(cache_blocks)
+        _check_size("decode", values["decode_bs"], values["decode_block"])
+        decode, omitted["decode"] = _decode(engine, values["decode_bs"], values["decode_block"])
+    ignored = ()
+    if strategy == "exponential":  # the runner still takes max_num_prefill_seqs from VLLM_PROMPT_BS_BUCKET_MAX
+        ignored = tuple(k for k in EXP_OVERWRITTEN if k in env and k != "VLLM_PROMPT_BS_BUCKET_MAX")
+    return Grid(strategy, tuple(prompt), tuple(decode), engine, cache_blocks, {k: tuple(v) for k, v in cfg.items()},
+                {k: tuple(v) for k, v in values.items()}, env, ignored, omitted)
 
 
-def validate(engine: Engine, env: Mapping[str, str]) -> None:
-    """BucketSettingError for a variable that is not an integer or contradicts another (before any work): the
-    set ones are read over placeholder defaults, so that only what the user gave is judged."""
-    env = bucket_env(env)
-    if strategy_of(env) != "linear":
-        return
-    for phase, dims in PHASE_DIMS.items():
-        for dim in dims:
-            given = {p: _int(var(phase, dim, p), env[var(phase, dim, p)]) for p in PARAMS if var(phase, dim, p) in env}
-            lo, hi = given.get("min", 1), given.get("max", max(1, given.get("min", 1)))
-            read_range(env, phase, dim, min=lo, step=1, max=hi)
+def _prompt_cfgs(strategy: str, e: Engine, env: Mapping[str, str]):
+    if strategy == "exponential":
+        return _exp_prompt(e, env)
+    return _lin_prompt(e, env) if strategy == "linear" else _pad_prompt(e, env)
 
 
-def _linear(e: Engine, cache_blocks: int, env: dict[str, str]) -> Grid:
-    pbs = read_range(env, "prompt", "bs", min=1, step=32, max=e.prefill_seqs)
-    pseq = read_range(env, "prompt", "seq", min=e.block_size, step=e.block_size, max=e.max_model_len)
-    dbs = read_range(env, "decode", "bs", min=1, step=32, max=e.max_num_seqs)
-    prompt, omitted = _filter_prompt(linear_range(*pbs), linear_range(*pseq), e.batched_tokens, None)
-    if cache_blocks is None:
-        return Grid("linear", tuple(prompt), (), {"prompt_bs": pbs, "prompt_seq": pseq}, env, (), omitted)
-    block_max = cache_blocks if e.contiguous_pa and var("decode", "block", "max") not in env else None
-    dblk = read_range(env, "decode", "block", min=e.block_size, step=e.block_size, max=block_max or cache_blocks)
-    blocks = linear_range(*dblk)
-    if len(blocks) * len(linear_range(*dbs)) > MAX_GRAPHS:
-        raise BucketSettingError(f"decode: {len(linear_range(*dbs))} batch sizes x {len(blocks)} block counts; at most "
-                                 f"{MAX_GRAPHS:,} buckets (raise VLLM_DECODE_BLOCK_BUCKET_STEP)")
-    if block_max and cache_blocks not in blocks:
-        blocks.append(cache_blocks)
-    decode = []
-    for bs in linear_range(*dbs):
-        for k in blocks:
-            if bs > k:
-                continue  # more sequences than blocks cannot occur
-            if k >= cache_blocks:
-                decode.append((bs, cache_blocks))
-                break
-            decode.append((bs, k))
-    ranges = {"prompt_bs": pbs, "prompt_seq": pseq, "decode_bs": dbs, "decode_block": dblk}
-    return Grid("linear", tuple(prompt), tuple(_sorted(decode)), ranges, env, (), omitted)
+def _decode_cfgs(strategy: str, e: Engine, env: Mapping[str, str], blocks: int):
+    if strategy == "exponential":
+        return _exp_decode(e, blocks, RELEASES[e.release].decode_clamp)
+    return _lin_decode(e, env, blocks) if strategy == "linear" else _pad_decode(e, env, blocks)
 
 
-def _exponential(e: Engine, cache_blocks: int, env: dict[str, str]) -> Grid:
-    bs_limit = math.ceil(math.log2(e.prefill_seqs)) + 1
-    seq_limit = math.ceil(math.log2(e.max_model_len)) + 1
-    pbs, pseq = (1, 2, e.prefill_seqs, bs_limit), (e.block_size, e.block_size, e.max_model_len, seq_limit)
-    long_context = e.max_model_len >= LONG_CONTEXT  # half the length buckets linear past MAX / limit
-    prompt, omitted = _filter_prompt(exponential_range(*pbs), exponential_range(*pseq, long_context=long_context),
-                                     e.batched_tokens, e.max_model_len)
-    if cache_blocks is None:
-        return Grid("exponential", tuple(prompt), (), {"prompt_bs": pbs, "prompt_seq": pseq}, env, (), omitted)
-    dbs = (1, 2, e.max_num_seqs, math.ceil(math.log2(e.max_num_seqs)) + 1)
-    top = cache_blocks if e.contiguous_pa else min(e.max_model_len // e.block_size * e.max_num_seqs, cache_blocks)
-    dblk = (1, e.max_num_seqs, top, math.ceil(math.log2(max(cache_blocks, 2))) + 1)
-    blocks = exponential_range(*dblk, contiguous_pa=e.contiguous_pa)
-    decode = []
-    for bs in exponential_range(*dbs, contiguous_pa=e.contiguous_pa):
-        most = min(bs * e.blocks_per_seq(e.max_model_len), cache_blocks)
-        upper = max((k for k in blocks if k <= most), default=None)
-        if upper is not None:
-            decode += [(bs, k) for k in blocks if bs <= k <= upper]
-    ranges = {"prompt_bs": pbs, "prompt_seq": pseq, "decode_bs": dbs, "decode_block": dblk}
-    ignored = tuple(sorted(k for k in env if k.endswith(("_MIN", "_STEP", "_MAX", "_LIMIT"))))
-    return Grid("exponential", tuple(prompt), tuple(_sorted(decode)), ranges, env, ignored, omitted)
+def _check_size(phase: str, *dims: list[int]) -> None:
+    count = math.prod(len(d) for d in dims)
+    if count > MAX_CANDIDATES:
+        raise BucketSettingError(f"{phase}: {' x '.join(str(len(d)) for d in dims)} = {count:,} combinations of "
+                                 f"bucket values, over {MAX_CANDIDATES:,}; raise the STEP of a {phase} dimension or "
+                                 "lower its MAX")
 
 
-def _filter_prompt(batches: list[int], lengths: list[int], tokens: int, max_len: int | None
-                   ) -> tuple[list[tuple[int, int]], int]:
-    """The (batch, length) pairs within the token budget (and max_model_len), sorted as vLLM-Gaudi sorts
-    them; every pair when none fits (vLLM-Gaudi then ignores the budget, warning of out-of-memory)."""
-    pairs = list(itertools.product(batches, lengths))
-    kept = [(b, s) for b, s in pairs if b * s <= tokens and (max_len is None or s <= max_len)]
+def _check_count(phase: str, buckets: list[Bucket]) -> list[Bucket]:
+    if len(buckets) > MAX_GRAPHS:
+        raise BucketSettingError(f"{phase}: {len(buckets):,} buckets, over {MAX_GRAPHS:,} (weeks of warm-up); raise "
+                                 f"the STEP of a {phase} dimension or lower its MAX")
+    return buckets
+
+
+def _prompt_ok(e: Engine, bs: int, query: int, ctx: int) -> bool:
+    """vLLM-Gaudi's prompt filters: the query within max_model_len, the context leaving room for one query token,
+    batch × query within the token budget."""
+    return (ctx <= math.ceil((e.max_model_len - 1) / e.block_size) and query <= e.max_model_len
+            and bs * query <= e.batched_tokens)
+
+
+def _prompt(e: Engine, env: Mapping[str, str], batches: list[int], queries: list[int], contexts: list[int]
+            ) -> tuple[list[Bucket], dict[str, int]]:
+    ctx_cap = env.get("VLLM_PROMPT_CTX_BUCKET_MAX")
+    ctx_cap = None if ctx_cap is None else _int("VLLM_PROMPT_CTX_BUCKET_MAX", ctx_cap)
+    top, edge = max(contexts), e.max_model_len >= LONG_CONTEXT
+    out, dropped = set(), set()
+    for bs, first_ctx in itertools.product(batches, contexts):
+        ctx = first_ctx  # kept from one query to the next, as vLLM-Gaudi's loop keeps it
+        for query in queries:
+            if edge and first_ctx == top:  # the most context this query leaves room for
+                room = (e.max_model_len - query) // e.block_size
+                if room >= 0 and (ctx_cap is None or room < ctx_cap):
+                    ctx = room
+            (out if _prompt_ok(e, bs, query, ctx) else dropped).add((bs, query, ctx))
+    if not out:
+        raise BucketSettingError(f"no prompt bucket fits: every batch x query is over --max-num-batched-tokens "
+                                 f"{e.batched_tokens} or past --max-model-len {e.max_model_len}; raise "
+                                 "--max-num-batched-tokens or lower the prompt MIN settings")
+    return _check_count("prompt", sorted(out)), {"prompt": len(dropped - out)}
+
+
+def _decode(e: Engine, batches: list[int], blocks: list[int]) -> tuple[list[Bucket], int]:
+    """Every (batch, 1, blocks); without contiguous PA a batch has at least a block a sequence and at most
+    max_model_len's blocks a sequence."""
+    if e.contiguous:
+        return _check_count("decode", sorted({(bs, 1, k) for bs in batches for k in blocks})), 0
+    per_seq = math.ceil(e.max_model_len / e.block_size)
+    kept = {(bs, 1, min(k, bs * per_seq)) for bs in batches for k in blocks if bs <= k}
     if not kept:
-        return _sorted(pairs), 0
-    return _sorted(kept), len(pairs) - len(kept)
+        raise BucketSettingError("no decode bucket fits: every batch size is above every block count; lower "
+                                 "VLLM_DECODE_BS_BUCKET_MIN or raise VLLM_DECODE_BLOCK_BUCKET_MIN")
+    return _check_count("decode", sorted(kept)), sum(bs > k for bs in batches for k in blocks)
 
 
-def _sorted(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    return sorted(set(pairs), key=lambda b: (b[0] * b[1], b[1], b[0]))
+def _from_file(e: Engine, cache_blocks: int | None, env: Mapping[str, str], strategy: str) -> Grid:
+    """The buckets a bucket file lists, through the same filters as generated ones."""
+    try:
+        listed = bucketfile.read(env["VLLM_BUCKETING_FROM_FILE"])
+    except bucketfile.BucketFileError as err:
+        raise BucketSettingError(str(err)) from None
+    prompt = sorted({b for b in listed.prompt if _prompt_ok(e, *b)})
+    if not prompt:
+        raise BucketSettingError(f"VLLM_BUCKETING_FROM_FILE={env['VLLM_BUCKETING_FROM_FILE']}: no prompt bucket "
+                                 "within --max-num-batched-tokens and --max-model-len")
+    omitted = {"prompt": len(listed.prompt) - len(prompt)}
+    decode: list[Bucket] = []
+    if cache_blocks is not None:
+        per_seq = math.ceil(e.max_model_len / e.block_size)
+        decode = sorted({b if e.contiguous else (b[0], 1, min(b[2], b[0] * per_seq)) for b in listed.decode
+                         if e.contiguous or b[0] <= b[2]})
+        if not decode:
+            raise BucketSettingError(f"VLLM_BUCKETING_FROM_FILE={env['VLLM_BUCKETING_FROM_FILE']}: no decode "
+                                     "bucket with at least as many blocks as sequences")
+        omitted["decode"] = len(listed.decode) - len(decode)
+    return Grid("file", tuple(prompt), tuple(decode), e, cache_blocks, env=env, omitted=omitted,
+                skipped_lines=listed.skipped)
 
 
 def settings_env(grid_ranges: Mapping[str, tuple[int, int, int]]) -> dict[str, str]:
-    """The linear-strategy variables that produce ``grid_ranges`` ("prompt_bs" -> (min, step, max) ...)."""
-    env = {"VLLM_BUCKETING_STRATEGY": "lin"}
+    """The linear-strategy variables that produce ``grid_ranges`` ("prompt_query" -> (min, step, max) ...), with
+    prompt context 0 only (a replayed trace has no prefix-cache hits)."""
+    env = {"VLLM_BUCKETING_STRATEGY": "lin", "VLLM_PROMPT_CTX_BUCKET_MIN": "0", "VLLM_PROMPT_CTX_BUCKET_STEP": "1",
+           "VLLM_PROMPT_CTX_BUCKET_MAX": "0"}
     for key, values in grid_ranges.items():
         phase, dim = key.split("_")
-        env.update({var(phase, dim, p): str(v) for p, v in zip(PARAMS, values)})
+        env.update({var(phase, dim, p): str(v) for p, v in zip(("min", "step", "max"), values)})
     return env
 
 
-__all__ = ["BucketSettingError", "Engine", "Grid", "STRATEGIES", "bucket_env", "exponential_range", "generate",
-           "linear_range", "read_range", "settings_env", "strategy_of", "var"]
+__all__ = ["BucketSettingError", "Engine", "Grid", "RELEASES", "Release", "STRATEGIES", "bucket_env", "generate",
+           "read_dim", "resolve", "settings_env", "strategy_of", "validate", "var"]

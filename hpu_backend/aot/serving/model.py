@@ -11,7 +11,12 @@ in bf16 the compiler sees the first layer with the embedding, one layer graph sh
 (the two-layer lowering's work); in fp8 each layer's graph carries its own scales and is compiled on its own, and
 carries the quantize and dequantize nodes Intel Neural Compressor adds (``fp8.py``). The surrogates are least
 squares over features of the shape (prefill: 1, batch, tokens, batch·length²; decode: 1, batch, KV tokens),
-non-negative; their largest relative error on held-out shapes is reported with the plan.
+non-negative; their largest relative error on held-out shapes is reported with the plan. A prompt bucket with
+context blocks (prefix caching, chunked prefill) is valued with its attention term over query × (query + context)
+and its other terms over the query alone (``bucket_value``): the prefill steps are lowered without a context.
+A decode bucket's activations are those of vLLM-Gaudi's flat paged attention where they grow with the KV blocks
+referenced: one layer's keys and values gathered for every referenced token (the lowered step's own attention,
+transformers' with its grouped-query copies, would count them more than once); the rest is the surrogate's.
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class ServingModel:
     ops: dict[str, int] = field(default_factory=dict)
     surrogates: dict[str, Surrogate] = field(default_factory=dict)
     measured: int = 0
+    runtime_scale_patching: bool = False  # RUNTIME_SCALE_PATCHING=1: fp8 scales are inputs, layers share graphs
 
     @property
     def sram_bytes(self) -> int:
@@ -106,7 +112,7 @@ class ServingModel:
             a, b = _measure_graph(step.one, point, self.sram_bytes), _measure_graph(step.two, point, self.sram_bytes)
             out = {k: a[k] + (step.layers - 1) * (b[k] - a[k]) for k in a}
             out["activation_bytes"] = b["activation_bytes"]  # the arena does not grow with depth
-            if fp8.LAYERS_SHARE_GRAPHS[self.dtype]:  # the first layer's graph (with the embedding) and one more
+            if fp8.layers_share_graphs(self.dtype, self.runtime_scale_patching):  # the first layer's and one more
                 out["slices"] = b["slices"]
             return out
         return _measure_graph(step, point, self.sram_bytes)
@@ -128,9 +134,28 @@ class ServingModel:
         model.fit(shapes, rows)  # the reported error is the held-out one; the final fit uses every shape
         return model
 
+    @property
+    def layers(self) -> int | None:
+        """Decoder layers of a step lowered per layer (None when the model file gives a whole step)."""
+        return self.prefill.layers if isinstance(self.prefill, LayeredStep) else None
+
     def value(self, phase: str, quantity: str, batch: int, x: int) -> float:
         """A surrogate's value at a bucket: x is the prompt length, or the decode bucket's KV tokens."""
         return max(0.0, self.surrogates[phase](quantity, batch, x))
+
+    def bucket_value(self, phase: str, quantity: str, bucket: tuple[int, int, int], block_size: int) -> float:
+        """A surrogate's value at a vLLM-Gaudi bucket: prompt (batch, query, context blocks), decode (batch, 1,
+        blocks)."""
+        batch, query, blocks = bucket
+        if phase == "decode" and quantity == "activation_bytes" and self.layers:
+            coef = self.surrogates["decode"].coef[quantity]  # (1, batch, KV tokens): the KV term replaced
+            gathered = blocks * block_size * self.kv_bytes_per_token / self.layers
+            return max(0.0, float(coef[0] + coef[1] * batch)) + gathered
+        if phase == "decode":
+            return self.value("decode", quantity, batch, blocks * block_size)
+        coef = self.surrogates["prompt"].coef[quantity]
+        context = blocks * block_size
+        return max(0.0, float(np.dot(coef, [1.0, batch, batch * query, batch * query * (query + context)])))
 
 
 def _design(batch: int, length: int, block: int) -> list[tuple[int, int]]:
@@ -151,7 +176,8 @@ def _measure_graph(step, point: dict[str, int], sram: int) -> dict[str, float]:
             "weights_bytes": weights, "input_bytes": memory["input_bytes"], "ops": len(recipe.nodes)}
 
 
-def load(spec: ModelSpec, target: str, dtype: str, cards: int) -> ServingModel:
+def load(spec: ModelSpec, target: str, dtype: str, cards: int, runtime_scale_patching: bool = False
+         ) -> ServingModel:
     """Lower the model's steps for one card of ``cards`` (one- and two-layer shards when it has LAYERS)."""
     if spec.per_card is not None:
         prefill, decode = card_steps(spec, target, dtype, cards)
@@ -160,7 +186,8 @@ def load(spec: ModelSpec, target: str, dtype: str, cards: int) -> ServingModel:
     else:
         raise CapacityError(f"{spec.path}: planning across cards needs PER_CARD(cards, group, layers) in the "
                             "model file, or a Hugging Face config.json")
-    model = ServingModel(spec.name, target, dtype, cards, prefill, decode)
+    model = ServingModel(spec.name, target, dtype, cards, prefill, decode,
+                         runtime_scale_patching=runtime_scale_patching)
     a, b = model.measure("decode", 1, 64), model.measure("decode", 1, 128)
     model.weights_bytes = round(a["weights_bytes"])
     model.kv_bytes_per_token = (b["input_bytes"] - a["input_bytes"]) / 64

@@ -1,15 +1,25 @@
-"""The serving plan: for a model on ``cards`` cards of ``target``, vLLM-Gaudi's bucket grid, the memory it leaves
-for the KV cache, warm-up time cold and from a recipe cache, and (given a trace) continuous batching over it,
-the recompiles it would cause and the bucket settings that fit it best within a warm-up budget; a JSON-ready dict.
+"""The serving plan: for a model on ``cards`` cards of ``target``, vLLM-Gaudi's bucket grid (``buckets.py``, the
+plugin release it follows named in the plan), the memory it leaves for the KV cache, every warm-up step checked
+against the memory it has, warm-up time cold and from a recipe cache, and (given a trace) continuous batching
+over it, the recompiles it would cause and the bucket settings that fit it best within a warm-up budget; a
+JSON-ready dict.
 
-Memory follows vLLM-Gaudi's start-up (docs/features/warmup.md): weights are loaded, a profiling run at the largest
-prompt bucket takes its activations, ``gpu_memory_utilization`` of what is then free is usable, of which
-``VLLM_GRAPH_RESERVED_MEM`` is kept for graphs and the rest becomes KV-cache blocks of ``block_size`` tokens.
+Memory follows vLLM-Gaudi's start-up (``hpu_worker.determine_available_memory``): weights are loaded; the profiling
+run is initialize-only in the releases followed, so the memory then free is what the weights leave;
+``gpu_memory_utilization`` of it is usable, of which ``VLLM_GRAPH_RESERVED_MEM`` is kept for graphs and the rest,
+less one block, becomes KV-cache blocks of ``block_size`` tokens (``--num-gpu-blocks-override`` replaces the
+count). Warm-up then runs the prompt buckets and the decode buckets, each phase largest first, with what the KV
+cache left: a step fits when its activations and the graphs compiled before it (``GRAPH_BYTES`` each, Intel's
+autocalc figure) fit that room. A decode step's activations hold one layer's keys and values over every KV block
+the bucket references (flat paged attention gathers them, ``model.py``), so a decode bucket referencing more
+blocks than the cache has still costs its full size. The first step that does not fit is named with the setting
+to change.
 
 Warm-up compiles and runs every bucket once. Compiling a bucket is two stages (vLLM-Gaudi's managing_warm-up.md):
 the graph compiler's, ``COMPILE_S_PER_SLICE`` per unit of its work (``model.py``: the nodes of the distinct graphs
-it compiles × on-chip slices), which a recipe cache skips, and the bridge's HPU graph build, ``GRAPH_S_PER_NODE`` per node, which runs from a recipe cache
-too. Both factors are fitted on the one calibration row (bench/serving_bench.py) and nothing else.
+it compiles × on-chip slices), which a recipe cache skips, and the bridge's HPU graph build, ``GRAPH_S_PER_NODE``
+per node, which runs from a recipe cache too. Both factors are fitted on the one calibration row
+(bench/serving_bench.py) and nothing else.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import numpy as np
 
 from ..analyze import hbm_bytes
 from ..capacity import CapacityError
+from . import autocalc
 from . import buckets as bk
 from .model import ServingModel
 from .simulate import Costs, replay
@@ -32,6 +43,7 @@ from .trace import Request
 COMPILE_S_PER_SLICE = 1.797e-4
 GRAPH_S_PER_NODE = 1.146e-4
 CALIBRATION = "vLLM-Gaudi docs, managing_warm-up.md: LLaMA 3.1 8B TP1 bf16, 66 s cold / 23 s cached"
+GRAPH_BYTES = 10 << 20  # device memory a compiled graph keeps: vllm-gaudi's autocalc, APPROX_MEM_PER_GRAPH_MB
 
 
 class PlanError(CapacityError):
@@ -43,17 +55,23 @@ class PlanError(CapacityError):
 class Memory:
     hbm: int
     weights: int
-    profile_activation: int
     usable: int
     graph_reserved: int
     kv_bytes: int
     block_bytes: int
     blocks: int
+    overridden: bool = False  # --num-gpu-blocks-override set the block count
+
+    @property
+    def warmup_room(self) -> int:
+        """What the weights and the KV cache leave for warm-up: activations and compiled graphs."""
+        return self.hbm - self.weights - self.kv_bytes
 
     def to_dict(self) -> dict[str, int]:
-        return {"hbm_bytes": self.hbm, "weights_bytes": self.weights, "profile_activation_bytes":
-                self.profile_activation, "usable_bytes": self.usable, "graph_reserved_bytes": self.graph_reserved,
-                "kv_cache_bytes": self.kv_bytes, "block_bytes": self.block_bytes, "kv_blocks": self.blocks}
+        return {"hbm_bytes": self.hbm, "weights_bytes": self.weights, "usable_bytes": self.usable,
+                "graph_reserved_bytes": self.graph_reserved, "kv_cache_bytes": self.kv_bytes,
+                "block_bytes": self.block_bytes, "kv_blocks": self.blocks, "warmup_room_bytes": self.warmup_room,
+                "num_gpu_blocks_override": self.overridden}
 
 
 def check_engine(engine: bk.Engine, context: int | None) -> None:
@@ -65,32 +83,31 @@ def check_engine(engine: bk.Engine, context: int | None) -> None:
         raise PlanError(f"--gpu-memory-utilization {engine.gpu_memory_utilization}: expected above 0, at most 1")
     if not 0 <= engine.graph_reserved_mem < 1:
         raise PlanError(f"VLLM_GRAPH_RESERVED_MEM={engine.graph_reserved_mem}: expected 0 or more, below 1")
+    if engine.release not in bk.RELEASES:
+        raise PlanError(f"--vllm-gaudi {engine.release!r}: expected {' or '.join(bk.RELEASES)}")
 
 
-def memory(model: ServingModel, engine: bk.Engine, prompt_grid: bk.Grid) -> Memory:
-    """The KV-cache blocks left after weights and the profiling run (PlanError when none fit one sequence)."""
+def memory(model: ServingModel, engine: bk.Engine) -> Memory:
+    """The KV-cache blocks vLLM-Gaudi allocates after the weights (PlanError when none fit one sequence)."""
     hbm = hbm_bytes(model.target)
     _check_weights(model.name, model.weights_bytes, model.target, model.cards)
-    bs, seq = max(prompt_grid.prompt, key=lambda s: s[0] * s[1])
-    profile = round(model.value("prompt", "activation_bytes", bs, seq))
-    free = max(0, hbm - model.weights_bytes - profile)
-    usable = int(free * engine.gpu_memory_utilization)
+    usable = int((hbm - model.weights_bytes) * engine.gpu_memory_utilization)
     reserved = int(usable * engine.graph_reserved_mem)
     block = max(1, round(model.kv_bytes_per_token * engine.block_size))
-    blocks = (usable - reserved) // block
+    override = engine.num_gpu_blocks_override
+    blocks = override if override else max(0, usable - reserved - block) // block  # one block kept for the dummy
     need = engine.blocks_per_seq(engine.max_model_len)
     if blocks < need:
-        raise PlanError(f"KV cache: {blocks} blocks of {engine.block_size} tokens fit after weights and activations, "
-                        f"fewer than the {need} one sequence of --max-model-len {engine.max_model_len} needs; raise "
+        raise PlanError(f"KV cache: {blocks} blocks of {engine.block_size} tokens fit after the weights, fewer than "
+                        f"the {need} one sequence of --max-model-len {engine.max_model_len} needs; raise "
                         f"--gpu-memory-utilization (at most 1), add --cards or lower --max-model-len")
-    return Memory(hbm, model.weights_bytes, profile, usable, reserved, usable - reserved, block, blocks)
+    return Memory(hbm, model.weights_bytes, usable, reserved, blocks * block, block, blocks, bool(override))
 
 
 def check_fits(name: str, target: str, cards: int, weights_bytes: int, kv_bytes_per_token: float,
                engine: bk.Engine) -> None:
     """PlanError, from the config alone and before any lowering, when the weights fill a card or the memory they
-    leave cannot hold one sequence's KV cache even before activations and graphs take their share (``memory``
-    checks again, exactly, after lowering)."""
+    leave cannot hold one sequence's KV cache (``memory`` checks again, exactly, after lowering)."""
     _check_weights(name, weights_bytes, target, cards)
     room = int((hbm_bytes(target) - weights_bytes) * engine.gpu_memory_utilization * (1 - engine.graph_reserved_mem))
     blocks = engine.blocks_per_seq(engine.max_model_len)
@@ -115,50 +132,89 @@ def _gib(n: float) -> str:
 
 # -- buckets: time, memory, warm-up -----------------------------------------------------------------------------
 
-def x_of(phase: str, shape: tuple[int, int], engine: bk.Engine) -> int:
-    """The surrogate's length argument: prompt length, or the decode bucket's KV tokens."""
-    return shape[1] if phase == "prompt" else shape[1] * engine.block_size
+PHASES = ("prompt", "decode")
 
 
 def bucket_rows(model: ServingModel, grid: bk.Grid, engine: bk.Engine) -> list[dict[str, Any]]:
+    """One row per bucket, in vLLM-Gaudi's warm-up order (prompt then decode, each largest first)."""
     rows = []
-    for phase, shapes in (("prompt", grid.prompt), ("decode", grid.decode)):
-        for shape in shapes:
-            x = x_of(phase, shape, engine)
-            run = model.value(phase, "time_s", shape[0], x)
-            rows.append({"phase": phase, "batch": shape[0], ("length" if phase == "prompt" else "blocks"): shape[1],
-                         "time_s": run, "activation_bytes": round(model.value(phase, "activation_bytes", shape[0], x)),
-                         "cold_s": compile_s(model, phase, shape[0], x) + run,
-                         "cached_s": graph_s(model, phase, shape[0], x) + run})
+    for phase in PHASES:
+        for bucket in reversed(grid.prompt if phase == "prompt" else grid.decode):
+            rows.append(_row(model, phase, bucket, engine))
     return rows
 
 
-def graph_s(model: ServingModel, phase: str, batch: int, x: int) -> float:
+def _row(model: ServingModel, phase: str, bucket: bk.Bucket, engine: bk.Engine) -> dict[str, Any]:
+    run = model.bucket_value(phase, "time_s", bucket, engine.block_size)
+    act = round(model.bucket_value(phase, "activation_bytes", bucket, engine.block_size))
+    return {"phase": phase, "bucket": list(bucket), "time_s": run, "activation_bytes": act,
+            "cold_s": compile_s(model, phase, bucket, engine) + run, "cached_s": graph_s(model, phase, bucket, engine)
+            + run}
+
+
+def graph_s(model: ServingModel, phase: str, bucket: bk.Bucket, engine: bk.Engine) -> float:
     """The bridge's HPU graph build of a bucket: paid cold and from a recipe cache alike."""
-    return GRAPH_S_PER_NODE * model.value(phase, "nodes", batch, x)
+    return GRAPH_S_PER_NODE * model.bucket_value(phase, "nodes", bucket, engine.block_size)
 
 
-def compile_s(model: ServingModel, phase: str, batch: int, x: int) -> float:
+def compile_s(model: ServingModel, phase: str, bucket: bk.Bucket, engine: bk.Engine) -> float:
     """A bucket's whole compile: the graph compiler's and the bridge's."""
-    return COMPILE_S_PER_SLICE * model.value(phase, "slices", batch, x) + graph_s(model, phase, batch, x)
+    return (COMPILE_S_PER_SLICE * model.bucket_value(phase, "slices", bucket, engine.block_size)
+            + graph_s(model, phase, bucket, engine))
 
 
 def warmup(rows: list[dict[str, Any]], mem: Memory) -> dict[str, Any]:
-    peak_act = max((r["activation_bytes"] for r in rows), default=0)
-    peak = mem.weights + mem.kv_bytes + peak_act
-    per = {p: {"graphs": sum(r["phase"] == p for r in rows), "cold_s": sum(r["cold_s"] for r in rows if r["phase"] == p),
-               "cached_s": sum(r["cached_s"] for r in rows if r["phase"] == p)} for p in ("prompt", "decode")}
+    per = {p: {"graphs": sum(r["phase"] == p for r in rows),
+               "cold_s": sum(r["cold_s"] for r in rows if r["phase"] == p),
+               "cached_s": sum(r["cached_s"] for r in rows if r["phase"] == p)} for p in PHASES}
+    peak = max((r["activation_bytes"] for r in rows), default=0)
+    graphs = len(rows) * GRAPH_BYTES
     return {"graphs": len(rows), "cold_s": sum(r["cold_s"] for r in rows), "cached_s": sum(r["cached_s"] for r in rows),
-            "phases": per, "peak_bytes": peak, "peak_activation_bytes": peak_act, "fits": peak <= mem.hbm,
-            "graph_memory_fits": peak_act <= mem.graph_reserved}
+            "phases": per, "peak_step_bytes": peak, "graph_bytes": graphs,
+            "graph_memory_fits": graphs <= mem.graph_reserved, "fits": peak + graphs <= mem.warmup_room}
+
+
+def warmup_steps(rows: list[dict[str, Any]], mem: Memory, grid: bk.Grid, engine: bk.Engine) -> dict[str, Any]:
+    """Each warm-up step against the room the weights and KV cache leave: the KV cache's allocation, then every
+    bucket in warm-up order with the graphs compiled before it; the first step that does not fit, and why."""
+    if mem.warmup_room < 0:
+        return {"fits": False, "steps_checked": 0, "total": len(rows), "first_oom": {
+            "step": "KV cache allocation", "need_bytes": mem.kv_bytes, "room_bytes": mem.hbm - mem.weights,
+            "change": _kv_fix(mem)}}
+    held = 0
+    for i, r in enumerate(rows):
+        need = r["activation_bytes"]
+        if need + held > mem.warmup_room:
+            return {"fits": False, "steps_checked": i + 1, "total": len(rows), "first_oom": {
+                "step": f"{r['phase']} bucket {tuple(r['bucket'])}", "index": i, "need_bytes": need,
+                "graphs_bytes": held, "room_bytes": mem.warmup_room, "change": _fix(r, mem, grid, engine)}}
+        held += GRAPH_BYTES
+    return {"fits": True, "steps_checked": len(rows), "total": len(rows), "first_oom": None}
+
+
+def _kv_fix(mem: Memory) -> str:
+    most = (mem.hbm - mem.weights) // mem.block_bytes
+    return f"--num-gpu-blocks-override {mem.blocks:,} is past the {most:,} blocks the card holds: lower it or drop it"
+
+
+def _fix(row: dict[str, Any], mem: Memory, grid: bk.Grid, engine: bk.Engine) -> str:
+    """The setting that removes an out-of-memory step."""
+    if row["phase"] == "decode" and row["bucket"][2] > mem.blocks and not engine.contiguous:
+        return (f"decode bucket {tuple(row['bucket'])} wants {row['bucket'][2]:,} KV blocks where {mem.blocks:,} "
+                "exist (non-contiguous paged attention counts block references): set VLLM_CONTIGUOUS_PA=true, "
+                "lower --max-num-seqs or --max-model-len, or follow vllm-gaudi main (its PR #1700 caps decode "
+                "blocks at 3x the cache)")
+    if row["phase"] == "decode":
+        return ("lower VLLM_DECODE_BLOCK_BUCKET_MAX or --max-num-seqs, or raise VLLM_GRAPH_RESERVED_MEM (room for "
+                "warm-up) or lower --gpu-memory-utilization")
+    return ("lower --max-num-batched-tokens (the largest prompt bucket), or raise VLLM_GRAPH_RESERVED_MEM or lower "
+            "--gpu-memory-utilization (room for warm-up)")
 
 
 def costs(model: ServingModel, engine: bk.Engine) -> Costs:
-    def compiled(phase: str, shape: tuple[int, int]) -> float:
-        return compile_s(model, phase, shape[0], x_of(phase, shape, engine))
-
-    return Costs(lambda b, s: model.value("prompt", "time_s", b, s),
-                 lambda b, k: model.value("decode", "time_s", b, k * engine.block_size), compiled)
+    return Costs(lambda b: model.bucket_value("prompt", "time_s", b, engine.block_size),
+                 lambda b: model.bucket_value("decode", "time_s", b, engine.block_size),
+                 lambda phase, b: compile_s(model, phase, b, engine))
 
 
 # -- the plan ---------------------------------------------------------------------------------------------------
@@ -167,27 +223,43 @@ def plan(model: ServingModel, engine: bk.Engine, env: Mapping[str, str], request
          warmup_budget: float | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The serving plan (see the module docstring) for a loaded model."""
     say = progress or (lambda _: None)
+    engine = bk.resolve(engine, bk.bucket_env(env))
     prompt_grid = bk.generate(engine, None, env)  # the prompt grid does not depend on the cache
-    longest = max(s[1] for s in prompt_grid.prompt)
-    biggest = max(b for b, _ in prompt_grid.prompt)
+    longest = max(q for _, q, _ in prompt_grid.prompt)
+    biggest = max(b for b, _, _ in prompt_grid.prompt)
     say("fitting the cost of prompt and decode buckets")
-    model.fit((biggest, max(longest, _trace_max(requests, "prompt"))),
+    model.fit((biggest, max(longest, min(_trace_max(requests, "prompt"), engine.batched_tokens))),
               (engine.max_num_seqs, engine.max_num_seqs * engine.max_model_len), engine.block_size)
-    mem = memory(model, engine, prompt_grid)
+    mem = memory(model, engine)
     grid = bk.generate(engine, mem.blocks, env)
     rows = bucket_rows(model, grid, engine)
+    release = bk.RELEASES[engine.release]
     doc = {"model": model.name, "target": model.target, "dtype": model.dtype, "cards": model.cards,
-           "estimate": True, "engine": engine.__dict__ | {"max_num_batched_tokens": engine.batched_tokens,
-                                                          "max_num_prefill_seqs": engine.prefill_seqs},
+           "runtime_scale_patching": model.runtime_scale_patching,
+           "estimate": True, "vllm_gaudi": {"release": release.name, "commit": release.commit, "date": release.date,
+                                            "repository": "https://github.com/vllm-project/vllm-gaudi"},
+           "engine": engine.__dict__ | {"max_num_batched_tokens": engine.batched_tokens,
+                                        "max_num_prefill_seqs": engine.prefill_seqs,
+                                        "contiguous_pa": engine.contiguous},
            "grid": _grid_doc(grid), "memory": mem.to_dict(),
            "max_concurrent_seqs": min(engine.max_num_seqs, mem.blocks // engine.blocks_per_seq(engine.max_model_len)),
-           "buckets": rows, "warmup": warmup(rows, mem)}
-    doc["fit"] = {"held_out_error": {p: model.surrogates[p].error for p in ("prompt", "decode")},
+           "buckets": rows, "warmup": warmup(rows, mem) | {"steps": warmup_steps(rows, mem, grid, engine)}}
+    doc["autocalc"] = _autocalc(model, engine, mem, grid, doc["max_concurrent_seqs"])
+    doc["fit"] = {"held_out_error": {p: model.surrogates[p].error for p in PHASES},
                   "shapes_measured": model.measured, "calibration": CALIBRATION}
     if requests:
         say(f"replaying {len(requests):,} requests on the grid")
         doc["trace"] = _serve(requests, grid, engine, mem, model, warmup_budget, say)
     return doc
+
+
+def _autocalc(model: ServingModel, engine: bk.Engine, mem: Memory, grid: bk.Grid, concurrent: int) -> dict[str, Any]:
+    """Intel's autocalc for the same deployment, and where it differs from the plan."""
+    auto = autocalc.estimate(mem.hbm, mem.weights, model.kv_bytes_per_token, model.cards, engine.max_model_len,
+                             engine.block_size, engine.batched_tokens, engine.prefill_seqs,
+                             engine.gpu_memory_utilization, engine.contiguous)
+    return auto | {"differences": autocalc.compare(auto, grid.graphs, engine.graph_reserved_mem, engine.max_num_seqs,
+                                                   concurrent)}
 
 
 def _trace_max(requests: list[Request] | None, what: str) -> int:
@@ -199,14 +271,17 @@ def _trace_max(requests: list[Request] | None, what: str) -> int:
 def _grid_doc(grid: bk.Grid) -> dict[str, Any]:
     return {"strategy": grid.strategy, "prompt": [list(s) for s in grid.prompt],
             "decode": [list(s) for s in grid.decode], "graphs": grid.graphs,
-            "ranges": {k: list(v) for k, v in grid.ranges.items()}, "env": dict(grid.env),
-            "ignored_env": list(grid.ignored), "omitted_prompt_buckets": grid.omitted}
+            "ranges": {k: list(v) for k, v in grid.ranges.items()},
+            "values": {k: list(v) for k, v in grid.values.items()},
+            "env": dict(grid.env), "ignored_env": list(grid.ignored), "omitted": dict(grid.omitted),
+            "skipped_file_lines": list(grid.skipped_lines)}
 
 
 def _serve(requests, grid, engine, mem, model, budget, say) -> dict[str, Any]:
     cost = costs(model, engine)
     base = replay(requests, grid, engine, mem.blocks, cost)
-    out = {"requests": len(requests), "default": _explained(base.summary(), grid, engine), "histogram": _histogram(requests),
+    out = {"requests": len(requests), "default": _explained(base.summary(), grid, engine),
+           "histogram": _histogram(requests),
            "decode_blocks": _blocks(base.shapes["decode"])}
     if budget is not None:
         say("searching bucket settings within the warm-up budget")
@@ -247,9 +322,10 @@ def _explained(summary: dict[str, Any], grid: bk.Grid, engine: bk.Engine) -> dic
     return summary
 
 
-def _why(phase: str, shape: tuple[int, int], grid: bk.Grid, engine: bk.Engine) -> str:
+def _why(phase: str, shape: tuple[int, ...], grid: bk.Grid, engine: bk.Engine) -> str:
+    """Why no bucket covers a step (vLLM-Gaudi then compiles its fallback bucket, ``shape``)."""
     shapes = grid.prompt if phase == "prompt" else grid.decode
-    names = ("batch", "length") if phase == "prompt" else ("batch", "blocks")
+    names = ("batch", "query", "context blocks") if phase == "prompt" else ("batch", "query", "blocks")
     for i, name in enumerate(names):
         top = max((s[i] for s in shapes), default=0)
         if shape[i] > top:
@@ -257,7 +333,7 @@ def _why(phase: str, shape: tuple[int, int], grid: bk.Grid, engine: bk.Engine) -
     if phase == "prompt" and shape[0] * shape[1] > engine.batched_tokens:
         return (f"{shape[0]} x {shape[1]} padded tokens are over max_num_batched_tokens {engine.batched_tokens}, "
                 "so no grid warms it: lower VLLM_PROMPT_BS_BUCKET_MAX or raise --max-num-batched-tokens")
-    return "each dimension has a bucket, but not this pair"
+    return "each dimension has a bucket, but no bucket covers all of them"
 
 
 def _histogram(requests: list[Request], bins: int = 32) -> dict[str, dict[str, list]]:
@@ -285,8 +361,10 @@ def recommend(shapes: Mapping[str, Mapping[tuple[int, int], int]], model: Servin
     """The linear grid with the least device time over the trace's batch shapes (padding waste and the compiles
     of unwarmed shapes) whose cold warm-up fits ``budget`` seconds; (its variables, the grid) or None."""
     best, best_cost = None, math.inf
-    prompts = [(c, _cold(model, engine, mem, "prompt", c)) for c in _candidates("prompt", shapes["prompt"], engine, mem)]
-    decodes = [(c, _cold(model, engine, mem, "decode", c)) for c in _candidates("decode", shapes["decode"], engine, mem)]
+    prompts = [(c, _cold(model, engine, mem, "prompt", c))
+               for c in _candidates("prompt", shapes["prompt"], engine, mem)]
+    decodes = [(c, _cold(model, engine, mem, "decode", c))
+               for c in _candidates("decode", shapes["decode"], engine, mem)]
     p_cost = {c: _trace_cost(model, engine, mem, "prompt", c, shapes["prompt"]) for c, _ in prompts}
     d_cost = {c: _trace_cost(model, engine, mem, "decode", c, shapes["decode"]) for c, _ in decodes}
     for pc, p_warm in prompts:
@@ -312,10 +390,10 @@ def _candidates(phase: str, seen: Mapping[tuple[int, int], int], engine: bk.Engi
     if not seen:
         return []
     top_b, top_x = max(b for b, _ in seen), max(x for _, x in seen)
-    limit_b = engine.prefill_seqs if phase == "prompt" else engine.max_num_seqs
+    limit_b = engine.max_num_seqs  # a prompt batch's MAX is also the runner's max_num_prefill_seqs
     unit = engine.block_size if phase == "prompt" else 1
     cap_x = engine.max_model_len if phase == "prompt" else mem.blocks
-    dims = ("bs", "seq") if phase == "prompt" else ("bs", "block")
+    dims = ("bs", "query") if phase == "prompt" else ("bs", "block")
     out = []
     caps = [top_b] + ([p for p in _powers(1, top_b, 64) if p < top_b] if phase == "prompt" else [])
     for b_step, b_top in ((s, c) for c in caps for s in _powers(1, c, 64) if s <= c):
@@ -343,8 +421,8 @@ def _grid_for(engine: bk.Engine, mem: Memory, phase: str, cand: Candidate) -> bk
 def _cold(model: ServingModel, engine: bk.Engine, mem: Memory, phase: str, cand: Candidate) -> float:
     grid = _grid_for(engine, mem, phase, cand)
     shapes = grid.prompt if phase == "prompt" else grid.decode
-    return sum(compile_s(model, phase, b, x_of(phase, (b, x), engine))
-               + model.value(phase, "time_s", b, x_of(phase, (b, x), engine)) for b, x in shapes)
+    return sum(compile_s(model, phase, b, engine) + model.bucket_value(phase, "time_s", b, engine.block_size)
+               for b in shapes)
 
 
 def _trace_cost(model: ServingModel, engine: bk.Engine, mem: Memory, phase: str, cand: Candidate,
@@ -352,7 +430,7 @@ def _trace_cost(model: ServingModel, engine: bk.Engine, mem: Memory, phase: str,
     """Device seconds of the trace's steps of ``phase`` padded onto the candidate grid, plus one compile per
     shape outside it."""
     grid = _grid_for(engine, mem, phase, cand)
-    shapes = grid.prompt if phase == "prompt" else grid.decode
+    shapes = [(b, q) for b, q, c in grid.prompt if c == 0] if phase == "prompt" else [(b, k) for b, _, k in grid.decode]
     warmed = set(shapes)
     bs_values = np.array(sorted({b for b, _ in shapes}))
     x_values = np.array(sorted({x for _, x in shapes}))
@@ -371,7 +449,7 @@ def _trace_cost(model: ServingModel, engine: bk.Engine, mem: Memory, phase: str,
     total = float(counts @ (feats @ coef))
     missing = {(int(b), int(x)) for b, x in zip(pb, px) if (int(b), int(x)) not in warmed}
     for b, x in missing:
-        total += compile_s(model, phase, b, x if phase == "prompt" else x * engine.block_size)
+        total += compile_s(model, phase, (b, x, 0) if phase == "prompt" else (b, 1, x), engine)
     return total
 
 
@@ -391,28 +469,32 @@ MAX_PLAN_BYTES = 64 << 20
 
 def planned_points(doc: Any) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
     """The prefill points (batch, input_len) and decode points (batch, kv_len: each sequence's share of the
-    bucket's blocks) of a serving plan's JSON, checked as data (PlanError naming the field)."""
+    bucket's blocks) of a serving plan's JSON, checked as data (PlanError naming the field). Prompt buckets are
+    vLLM-Gaudi's (batch, query, context blocks); a model file's prefill step has no context input, so the buckets
+    that differ only in context blocks are one point (batch, query)."""
     grid = doc.get("grid") if isinstance(doc, dict) else None
     engine = doc.get("engine") if isinstance(doc, dict) else None
     block = engine.get("block_size") if isinstance(engine, dict) else None
     if not isinstance(grid, dict) or not _int_ok(block):
         raise PlanError("serving plan: expected the JSON of hpurecipe serving-plan --json (grid, engine.block_size)")
     phases = []
-    for phase in ("prompt", "decode"):
+    for phase in PHASES:
         shapes = grid.get(phase)
         if not isinstance(shapes, list) or len(shapes) > bk.MAX_GRAPHS or not all(
-                isinstance(s, list) and len(s) == 2 and all(_int_ok(v) for v in s) for s in shapes):
-            raise PlanError(f"serving plan: grid.{phase}: expected at most {bk.MAX_GRAPHS:,} [batch, size] pairs of "
-                            "positive integers")
+                isinstance(s, list) and len(s) == 3 and _int_ok(s[0]) and _int_ok(s[1]) and _int_ok(s[2], 0)
+                for s in shapes):
+            raise PlanError(f"serving plan: grid.{phase}: expected at most {bk.MAX_GRAPHS:,} [batch, query, blocks] "
+                            "buckets of integers (batch and query from 1, blocks from 0)")
         phases.append(shapes)
-    prompt = [{"batch": b, "input_len": s} for b, s in phases[0]]
-    decode = [{"batch": b, "kv_len": max(1, -(-k * block // b))} for b, k in phases[1]]
+    prompt = [{"batch": b, "input_len": q} for b, q in dict.fromkeys((b, q) for b, q, _ in phases[0])]
+    decode = [{"batch": b, "kv_len": max(1, -(-k * block // b))} for b, _, k in phases[1]]
     return prompt, decode
 
 
-def _int_ok(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= bk.MAX_VALUE
+def _int_ok(value: Any, low: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= bk.MAX_VALUE
 
 
-__all__ = ["COMPILE_S_PER_SLICE", "GRAPH_S_PER_NODE", "Memory", "PlanError", "bucket_rows", "check_engine", "check_fits",
-           "compile_s", "costs", "graph_s", "memory", "plan", "planned_points", "recommend", "warmup"]
+__all__ = ["COMPILE_S_PER_SLICE", "GRAPH_BYTES", "GRAPH_S_PER_NODE", "Memory", "PlanError", "bucket_rows",
+           "check_engine", "check_fits", "compile_s", "costs", "graph_s", "memory", "plan", "planned_points",
+           "recommend", "warmup", "warmup_steps"]

@@ -1,13 +1,15 @@
 """Continuous batching over a request trace as vLLM-Gaudi schedules it, into a bucket grid (torch-free).
 
-The scheduler is vLLM's without chunked prefill: at each step, if requests wait and a sequence slot and their
-prompt's KV blocks are free, a prefill batch is formed (first come, first served; at most the grid's largest
-prompt batch, at most ``max_num_batched_tokens`` prompt tokens) and run alone; otherwise every running sequence
-decodes one token. A decode that needs a block the cache lacks preempts the newest sequence (recompute: its
-blocks freed, its prompt and tokens so far prefilled again later). Every step runs at its padded bucket;
-a padded shape outside the grid is compiled on first use (its compile time added to that step) and listed.
-Padding waste is counted in prompt tokens (batch × length against the prompts' own) and in decode KV blocks
-(the bucket's against the blocks the sequences hold).
+The scheduler is vLLM's with prefills run apart from decodes: at each step, if requests wait and a sequence slot
+and their prompt's KV blocks are free, a prefill batch is formed (first come, first served; at most the grid's
+largest prompt batch, at most ``max_num_batched_tokens`` prompt tokens) and run alone; a prompt longer than that
+budget runs alone in chunks of the budget, each after the context blocks the chunks before it filled; otherwise
+every running sequence decodes one token. A decode that needs a block the cache lacks preempts the newest
+sequence (recompute: its blocks freed, its prompt and tokens so far prefilled again later). No prefix is cached.
+Every step runs at the bucket vLLM-Gaudi's lookup gives (``Grid.prompt_bucket``, ``Grid.decode_bucket``); a
+bucket outside the grid (vLLM-Gaudi's fallback) is compiled on first use (its compile time added to that step)
+and listed. Padding waste is counted in prompt tokens (batch × query against the prompts' own) and in decode KV
+blocks (the bucket's against the blocks the sequences hold).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from .trace import Request
 class Costs:
     """Seconds per step at a bucket, and the compile a shape outside the grid costs."""
 
-    prefill_s: Callable[[int, int], float]  # (batch, length)
-    decode_s: Callable[[int, int], float]  # (batch, blocks)
-    compile_s: Callable[[str, tuple[int, int]], float]  # (phase, shape)
+    prefill_s: Callable[[tuple[int, int, int]], float]  # (batch, query, context blocks)
+    decode_s: Callable[[tuple[int, int, int]], float]  # (batch, 1, blocks)
+    compile_s: Callable[[str, tuple[int, int, int]], float]  # (phase, bucket)
 
 
 @dataclass
@@ -46,15 +48,16 @@ class Replay:
     tokens: int = 0
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
-    buckets: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)  # -> [steps, real, padded]
-    unwarmed: dict[tuple[str, int, int], dict] = field(default_factory=dict)
+    buckets: dict[tuple, list[int]] = field(default_factory=dict)  # (phase, *bucket) -> [steps, real, padded]
+    unwarmed: dict[tuple, dict] = field(default_factory=dict)  # (phase, *bucket) -> first use, compile
     preemptions: int = 0
     steps: int = 0
     shapes: dict[str, dict[tuple[int, int], int]] = field(default_factory=lambda: {"prompt": {}, "decode": {}})
 
     def summary(self) -> dict:
-        waste = {f"{p} {b}x{k}": {"steps": s, "real": r, "padded": pad, "waste": 1 - r / pad if pad else 0.0}
-                 for (p, b, k), (s, r, pad) in sorted(self.buckets.items())}
+        waste = {f"{key[0]} {'x'.join(map(str, key[1:]))}": {"steps": s, "real": r, "padded": pad,
+                                                             "waste": 1 - r / pad if pad else 0.0}
+                 for key, (s, r, pad) in sorted(self.buckets.items())}
         real = sum(v[1] for v in self.buckets.values())
         padded = sum(v[2] for v in self.buckets.values())
         return {"seconds": self.seconds, "requests": len(self.ttft), "output_tokens": self.tokens,
@@ -62,7 +65,8 @@ class Replay:
                 "ttft_s": percentiles(self.ttft), "tpot_s": percentiles(self.tpot), "steps": self.steps,
                 "preemptions": self.preemptions, "padding_waste": 1 - real / padded if padded else 0.0,
                 "buckets": waste,
-                "unwarmed": [{"phase": p, "shape": [b, k], **v} for (p, b, k), v in sorted(self.unwarmed.items())]}
+                "unwarmed": [{"phase": key[0], "shape": list(key[1:]), **v}
+                             for key, v in sorted(self.unwarmed.items())]}
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -87,7 +91,7 @@ class _State:
     def __init__(self, requests, grid: Grid, engine: Engine, cache_blocks: int, costs: Costs, out: Replay):
         self.requests, self.grid, self.engine, self.costs, self.out = requests, grid, engine, costs, out
         self.cache_blocks, self.free, self.used = cache_blocks, cache_blocks, 0
-        self.prompt_batch = max((b for b, _ in grid.prompt), default=1)
+        self.prompt_batch = max((b for b, _, _ in grid.prompt), default=1)
         self.arrivals = deque(range(len(requests)))
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
@@ -133,10 +137,14 @@ class _State:
     def _prefill(self, batch: list[_Seq]) -> None:
         longest = max(s.prompt + s.done for s in batch)
         self._raw("prompt", (len(batch), longest))
-        shape = self.grid.prompt_bucket(len(batch), longest)
-        seconds = self.costs.prefill_s(*shape) + self._compile("prompt", shape)
-        self._count("prompt", shape, sum(s.prompt + s.done for s in batch), shape[0] * shape[1])
-        self.clock += seconds
+        budget, filled = self.engine.batched_tokens, 0
+        while filled < longest:  # one step, or the chunks of a prompt longer than the budget
+            query = min(longest - filled, budget) if len(batch) == 1 else longest
+            shape = self.grid.prompt_bucket(len(batch), query, filled // self.engine.block_size)
+            self.clock += self.costs.prefill_s(shape) + self._compile("prompt", shape)
+            real = query if len(batch) == 1 else sum(s.prompt + s.done for s in batch)
+            self._count("prompt", shape, real, shape[0] * shape[1])
+            filled += query
         for s in batch:
             self.first.setdefault(s.req, self.clock)
             if s.done == 0:
@@ -148,9 +156,9 @@ class _State:
         self._grow()
         n, used = len(self.running), self.used
         self._raw("decode", (n, used))
-        shape = self.grid.decode_bucket(n, used, self.cache_blocks)
-        seconds = self.costs.decode_s(*shape) + self._compile("decode", shape)
-        self._count("decode", shape, used, shape[1])  # the KV blocks read, real and padded
+        shape = self.grid.decode_bucket(n, used)
+        seconds = self.costs.decode_s(shape) + self._compile("decode", shape)
+        self._count("decode", shape, used, shape[2])  # the KV blocks read, real and padded
         self.clock += seconds
         self.out.tokens += n
         running, self.running = self.running, []
@@ -197,7 +205,7 @@ class _State:
         if s.output > 1:
             self.out.tpot.append((self.clock - first) / (s.output - 1))
 
-    def _compile(self, phase: str, shape: tuple[int, int]) -> float:
+    def _compile(self, phase: str, shape: tuple[int, int, int]) -> float:
         if self.grid.warmed(phase, shape):
             return 0.0
         key = (phase, *shape)
@@ -214,7 +222,7 @@ class _State:
         seen = self.out.shapes[phase]
         seen[shape] = seen.get(shape, 0) + 1
 
-    def _count(self, phase: str, shape: tuple[int, int], real: int, padded: int) -> None:
+    def _count(self, phase: str, shape: tuple[int, int, int], real: int, padded: int) -> None:
         row = self.out.buckets.setdefault((phase, *shape), [0, 0, 0])
         row[0] += 1
         row[1] += real
