@@ -247,14 +247,26 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
         if ref not in known:
             raise bad(f"output refers to unknown value {ref!r:.40}")
     try:
-        for tree in recipe.guards:
-            symexpr.validate(tree)
-        for spec in [*recipe.inputs, *(s for node in recipe.nodes for s in node.out)]:  # show prints them all
-            for tree in spec.shape + spec.stride:
-                symexpr.validate(tree)
+        _check_trees(recipe)
     except symexpr.SymExprError as e:
         raise bad(str(e)) from None
     _FACTS(recipe.facts, f"{where}: facts")
+
+
+MAX_TREE_NODES = 1 << 20  # all of a recipe's symbolic trees together: the work a load may spend evaluating them
+
+
+def _check_trees(recipe: Recipe) -> None:
+    """Every guard, size, stride and symbolic value is a well-formed tree, each bounded (symexpr.validate) and all
+    of them together at most MAX_TREE_NODES nodes: the load evaluates them at each bucket's ends."""
+    specs = [*recipe.inputs, *(s for node in recipe.nodes for s in node.out)]  # show prints them all
+    trees = [*recipe.guards, *(t for spec in specs for t in spec.shape + spec.stride),
+             *(spec.expr for spec in specs if spec.expr is not None)]
+    total = 0
+    for tree in trees:
+        total += symexpr.validate(tree)
+        if total > MAX_TREE_NODES:
+            raise symexpr.SymExprError(f"its symbolic trees hold more than {MAX_TREE_NODES:,} nodes in all")
 
 
 # What readers of ``Recipe.facts`` rely on (fallback reports, analysis, ``hpurecipe show``), checked
