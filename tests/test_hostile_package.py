@@ -523,3 +523,16 @@ def test_a_record_layout_with_field_names_is_served_as_a_record(built, tmp_path)
         out = load_package(path)(x)
         torch.testing.assert_close(out.logits, built[2].build_model().eval()(x))
     assert list(out.keys()) == ["logits"] and out["logits"] is out.logits
+
+
+def test_a_tree_too_large_is_refused_while_it_is_read_and_flat_lists_are_not_counted():
+    """Written out, ``_squares(24)`` is a 134 MB file that took gigabytes and minutes to read before it could be
+    refused; the reader counts each nested expression as its lists arrive and stops after 4,096 nodes."""
+    from hpu_backend.formats.recipe import RecipeFormatError, unpack
+
+    with pytest.raises(RecipeFormatError, match="more than 4096 nodes; no guard"):
+        unpack(msgpack.packb({"guards": [["eq", _squares(16), 1]]}))
+    names = ["add", *[f"add_{i}" for i in range(10_000)]]  # a list of node names that starts like an expression
+    deep = _chain(60)
+    doc = unpack(msgpack.packb({"names": names, "guards": [deep, _squares(11)]}))
+    assert doc["names"] == names and doc["guards"] == [deep, _squares(11)]
