@@ -9,6 +9,7 @@ with the same backend and settings, after one warning naming the guard that fail
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ..errors import one_line
 from ..formats.precompiled import PrecompileError, check_fingerprint, read_artifact, read_manifest
@@ -168,22 +170,24 @@ def _listed(value: Any) -> str:
 
 
 class ModuleWatch:
-    """The hook dicts and child modules of a model, as they were at load: ``changed()`` on each call is a look at
-    each dict's keys (hook handles have increasing ids, so a hook removed and another added differ too)."""
+    """What may change in a model between calls, as it was when watched: ``changed()`` on each call compares the
+    hook handles' counter (every hook registered anywhere takes the next id), how many forward hooks and pre-hooks
+    the modules and torch's global tables hold, and how many children the modules have and the sum of their ids
+    (a submodule replaced is another object), all at C speed."""
 
     def __init__(self, model: torch.nn.Module):
         modules = list(model.modules())
-        self.dicts = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks, m._modules)]
-        self.dicts += list(_global_hook_dicts())
-        self.keys = self.snapshot()
-        self.children = [(m._modules, dict(m._modules)) for m in modules]
+        self.hooks = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
+        self.hooks += list(_global_hook_dicts())
+        self.trees = [m._modules for m in modules]
+        self.state = self.now()
 
-    def snapshot(self) -> list[tuple]:
-        return [tuple(d) for d in self.dicts]
+    def now(self) -> tuple:
+        children = itertools.chain.from_iterable(map(dict.values, self.trees))
+        return RemovableHandle.next_id, sum(map(len, self.hooks)), sum(map(len, self.trees)), sum(map(id, children))
 
     def changed(self) -> bool:
-        return self.snapshot() != self.keys or any(
-            len(now) != len(then) or any(now.get(k) is not v for k, v in then.items()) for now, then in self.children)
+        return self.now() != self.state
 
 
 def check_parameters(recorded: dict, model: torch.nn.Module, where: Path) -> None:
