@@ -139,9 +139,9 @@ def checked(make: Callable[[], Any], where: str) -> Any:
 
 def unpack(data: bytes) -> Any:
     """msgpack bytes → plain data (maps with string keys); RecipeFormatError for anything else, and for a nested
-    expression tree of more than ``symexpr.MAX_NODES`` nodes, refused while it is read (``_TreeSizes``)."""
+    expression tree of more than ``symexpr.MAX_NODES`` nodes, refused while it is read (``_tree_sizes``)."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, list_hook=_TreeSizes())
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, list_hook=_tree_sizes())
     except _TreeTooLarge as e:
         raise RecipeFormatError(str(e)) from None
     except Exception as e:  # msgpack raises many types for bad input
@@ -152,26 +152,27 @@ class _TreeTooLarge(Exception):
     pass
 
 
-class _TreeSizes:
+def _tree_sizes() -> Callable[[list], list]:
     """msgpack's list hook: the size of every nested expression tree (``[op, ...]`` with an op of symexpr.OPS),
     counted bottom-up as its lists are read. Its bytes are a few per node, but the objects they become are tens
     of bytes each, so a tree of 2**24 nodes (a 134 MB file) would take gigabytes and minutes to read before
     ``symexpr.validate`` could refuse it; it is refused here after MAX_NODES nodes. A flat list (no nested
-    expression) is not counted: what it costs is what its bytes say."""
+    expression) is not counted: what it costs is what its bytes say. A closure, called for every list read:
+    the common case (not an expression) is one test."""
+    sizes: dict[int, int] = {}  # id of an expression list read and not yet taken by a parent -> its nodes
 
-    def __init__(self) -> None:
-        self.sizes: dict[int, int] = {}  # id of an expression list read and not yet taken by a parent -> its nodes
-
-    def __call__(self, items: list) -> list:
-        if not (items and type(items[0]) is str and items[0] in symexpr.OPS):
+    def hook(items: list, ops=symexpr.OPS, str_=str, list_=list) -> list:
+        if not items or type(items[0]) is not str_ or items[0] not in ops:
             return items
-        nested = [self.sizes.pop(id(c)) for c in items[1:] if type(c) is list and id(c) in self.sizes]
+        nested = [sizes.pop(id(c)) for c in items[1:] if type(c) is list_ and id(c) in sizes]
         size = len(items) - len(nested) + sum(nested)
         if nested and size > symexpr.MAX_NODES:
             raise _TreeTooLarge(f"an expression tree of more than {symexpr.MAX_NODES} nodes; no guard, size or "
                                 "stride is that large")
-        self.sizes[id(items)] = size
+        sizes[id(items)] = size
         return items
+
+    return hook
 
 
 def build(tp: Any, value: Any, where: str) -> Any:
