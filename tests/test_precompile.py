@@ -394,3 +394,29 @@ def test_a_malformed_record_of_sizes_or_modules_is_one_line(precompiled, tmp_pat
     with pytest.raises(PrecompileError, match=f"its {name} is malformed"):
         hpu_backend.load_precompiled(copy, hpu_backend.load_model_file(str(model_file)).make_model())
     assert f"its {name} is malformed" in one_line(cli("ls", copy, code=1))
+
+
+def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_with_a_warning(tmp_path, caplog):
+    """Issue 47: the README's gpt artifacts, listed as "batch=2 seq=16..128", served (3, 64), (2, 200) and (1, 8)
+    with no warning. The listing now says what the recipes hold, and the calls agree with it: (3, 64) and (1, 8)
+    run from the artifacts with nothing lowered, (2, 200) warns naming seq=200 and is compiled."""
+    from hpu_backend.metrics import metric_global
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'cli'}", HPURECIPE_TRUST_UNSIGNED="1")
+    env.pop("HPURECIPE_BUNDLE_KEY", None)
+    proc = subprocess.run([sys.executable, "-m", "hpurecipe.main", "precompile", "models/gpt.py", "--axis",
+                           "seq=16,64", "-o", str(tmp_path / "gpt")], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "batch=1 seq=2..16,33..64" in proc.stdout and "batch=2..16 seq=2..16,33..64" in proc.stdout, proc.stdout
+    spec = hpu_backend.load_model_file(str(ROOT / "models/gpt.py"))
+    model = spec.make_model().eval()
+    served = hpu_backend.load_precompiled(tmp_path / "gpt", model, allow_unsigned=True)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        for batch, seq, lowers in ((3, 64, 0), (1, 8, 0), (2, 200, 1)):
+            ids = spec.split(spec.make_inputs(batch=batch, seq=seq))
+            before = dict(metric_global("graph_compilation").stats())["TotalNumber"]
+            torch.testing.assert_close(served(*ids), model(*ids))
+            assert dict(metric_global("graph_compilation").stats())["TotalNumber"] - before == lowers, (batch, seq)
+    (warning,) = _warnings(caplog)
+    assert "range-001.hpuaot: seq=200 is outside batch=2..16 seq=2..16,33..64" in warning, warning
