@@ -80,7 +80,7 @@ def test_capacity_across_cards_takes_a_config(configs):  # (LLaMA is planned in 
     ("[1, 2]", "expected a JSON object"),
     ('{"vocab_size": 8}', "model_type: expected a string"),
     ('{"model_type": "no-such-arch"}', "model_type 'no-such-arch' is not a causal LM architecture"),
-    ('{"model_type": "llama", "num_hidden_layers": -3}', "num_hidden_layers: expected a positive integer"),
+    ('{"model_type": "llama", "num_hidden_layers": -3}', "num_hidden_layers: -3; expected an integer from 1"),
 ])
 def test_bad_configs_are_one_line(tmp_path, text, message):
     path = tmp_path / "config.json"

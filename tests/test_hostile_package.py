@@ -454,3 +454,85 @@ def test_a_pow_node_run_by_the_executor_fails_fast(built):
     with pytest.raises(OverflowError, match="more than 4096 bits"):
         run(args)
     assert time.perf_counter() - start < 5
+
+
+# -- round 4: shared subtrees, record fields ------------------------------------------------------------------------
+
+def _squares(depth: int, leaf="s0"):
+    """``t = ["mul", t, t]`` ``depth`` times: a tree of 2**(depth+1) - 1 nodes that shares every subtree in
+    memory (and is written out in full by msgpack)."""
+    tree = leaf
+    for _ in range(depth):
+        tree = ["mul", tree, tree]
+    return tree
+
+
+def _chain(depth: int):
+    tree = "s0"
+    for _ in range(depth):
+        tree = ["mul", "s0", tree]
+    return tree
+
+
+def test_a_tree_of_nested_multiplications_24_deep_is_refused_without_walking_it():
+    """2**25 nodes: walked, it took 20 s to validate and a minute to evaluate; refused after 4,096 steps."""
+    with pytest.raises(symexpr.SymExprError, match="more than 4096 nodes"):
+        symexpr.validate(["eq", _squares(24), 1])
+    with pytest.raises(symexpr.SymExprError, match="operands"):
+        symexpr.validate(["add", *[1] * 100_000])
+    with pytest.raises(symexpr.SymExprError, match="levels"):
+        symexpr.validate(_chain(100))
+    assert symexpr.validate(_chain(24)) == 49 and symexpr.evaluate(_chain(24), {"s0": 2}) == 2 ** 25
+
+
+def test_a_package_guard_of_nested_multiplications_is_refused_by_load_and_verify(built, tmp_path):
+    path = crafted(built, tmp_path, lambda raw: recipe(raw)["guards"].append(["eq", _squares(13), 1]))
+    assert "more than 4096 nodes" in refused(path)
+
+
+def test_a_guard_of_nested_multiplications_24_deep_in_a_chain_is_served(built, tmp_path):
+    """The same depth as a chain (49 nodes) is a guard like any other: it holds, and the package serves."""
+    path = crafted(built, tmp_path, lambda raw: recipe(raw)["guards"].append(["ge", _chain(24), 1]))
+    x = built[2].inputs({"batch": 8})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(load_package(path)(x), built[2].build_model().eval()(x))
+    assert "recipes load" in cli("verify", path).output
+
+
+def test_a_recipe_whose_trees_are_too_many_in_all_is_refused(built, monkeypatch):
+    from hpu_backend.formats import recipe as recipe_format
+
+    raw = copy.deepcopy(recipe(built[1]))
+    raw["guards"] += [["ge", _squares(8), 0]] * 3  # 511 nodes each, within the bound of one tree
+    recipe_format.Recipe.from_plain(copy.deepcopy(raw))
+    monkeypatch.setattr(recipe_format, "MAX_TREE_NODES", 1000)
+    with pytest.raises(recipe_format.RecipeFormatError, match="more than 1,000 nodes in all"):
+        recipe_format.Recipe.from_plain(raw)
+
+
+@pytest.mark.parametrize("field", ["__class__", "keys", "items", "__dict__", "not a name"])
+def test_a_record_layout_whose_field_is_not_a_field_name_is_refused(built, tmp_path, field):
+    path = crafted(built, tmp_path, lambda raw: raw.update(out_spec=["record", [field], [None]]))
+    assert "record field" in refused(path)
+
+
+def test_a_record_layout_with_field_names_is_served_as_a_record(built, tmp_path):
+    path = crafted(built, tmp_path, lambda raw: raw.update(out_spec=["record", ["logits"], [None]]))
+    x = built[2].inputs({"batch": 8})[0]
+    with torch.no_grad():
+        out = load_package(path)(x)
+        torch.testing.assert_close(out.logits, built[2].build_model().eval()(x))
+    assert list(out.keys()) == ["logits"] and out["logits"] is out.logits
+
+
+def test_a_tree_too_large_is_refused_while_it_is_read_and_flat_lists_are_not_counted():
+    """Written out, ``_squares(24)`` is a 134 MB file that took gigabytes and minutes to read before it could be
+    refused; the reader counts each nested expression as its lists arrive and stops after 4,096 nodes."""
+    from hpu_backend.formats.recipe import RecipeFormatError, unpack
+
+    with pytest.raises(RecipeFormatError, match="more than 4096 nodes; no guard"):
+        unpack(msgpack.packb({"guards": [["eq", _squares(16), 1]]}))
+    names = ["add", *[f"add_{i}" for i in range(10_000)]]  # a list of node names that starts like an expression
+    deep = _chain(60)
+    doc = unpack(msgpack.packb({"names": names, "guards": [deep, _squares(11)]}))
+    assert doc["names"] == names and doc["guards"] == [deep, _squares(11)]

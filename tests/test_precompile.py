@@ -120,7 +120,7 @@ def test_a_call_outside_every_precompiled_range_falls_back_to_torch_compile_with
                 torch.testing.assert_close(served(x), model(x))
     warnings = [r.getMessage() for r in caplog.records if "no artifact accepts" in r.getMessage()]
     assert len(warnings) == 1, warnings
-    assert "size" in warnings[0] or "L['args']" in warnings[0], warnings[0]  # names the guard that failed
+    assert "range-000.hpuaot: batch=1 is outside batch=2,5..8" in warnings[0], warnings[0]  # the guard that failed
 
 
 def _evil_pickle(marker: Path) -> bytes:
@@ -276,3 +276,147 @@ def test_coverage_says_which_points_lie_outside_every_precompiled_range(precompi
     result = cli("coverage", model_file, "--precompiled", directory, "--axis", "batch=1,2,8", "--json", code=1)
     rows = json.loads(result.stdout)["points"]
     assert [r["artifact"] != "" for r in rows] == [False, True, True], rows
+
+
+# -- what Dynamo guarded about the module: hooks and structure ------------------------------------------------------
+
+def triple(module, args, output):
+    return output * 3
+
+
+def shift(module, args):
+    return (args[0] + 1,)
+
+
+def _served_counting(directory: Path, model: torch.nn.Module):
+    """The served model, and a list that grows by one whenever its artifact (not the fallback) runs a call."""
+    served = hpu_backend.load_precompiled(directory, model)
+    runs: list[int] = []
+    fn = served.functions[0]
+    artifact_fn = fn.fn
+    fn.fn = lambda *args: runs.append(1) or artifact_fn(*args)
+    return served, runs
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("hpu_backend.aot.precompiled")]
+
+
+@pytest.mark.parametrize("where, register, expected", [
+    ("submodule", lambda m: m[0].register_forward_hook(triple), "the model's '0' has hooks: forward hook "
+                                                                "test_precompile.triple (precompiled with none)"),
+    ("model", lambda m: m.register_forward_pre_hook(shift), "the model has hooks: forward pre hook "
+                                                            "test_precompile.shift (precompiled with none)"),
+    ("every module", lambda m: torch.nn.modules.module.register_module_forward_hook(triple),
+     "every module has hooks: forward hook test_precompile.triple"),
+])
+def test_a_hook_added_after_loading_is_run_with_one_warning_and_removing_it_serves_the_artifact_again(
+        precompiled, caplog, where, register, expected):
+    model_file, directory = precompiled
+    spec = hpu_backend.load_model_file(str(model_file))
+    model = spec.make_model().eval()
+    served, runs = _served_counting(directory, model)
+    x, _ = spec.inputs({"batch": 8}, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(served(x), model(x))
+        assert runs == [1]
+        handle = register(model)
+        try:
+            with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+                for _ in range(2):
+                    torch.testing.assert_close(served(x), model(x))  # the hook's effect, as eager has it
+        finally:
+            handle.remove()
+        assert runs == [1]  # the artifact, which has no hook, ran neither call
+        assert len(_warnings(caplog)) == 1 and expected in _warnings(caplog)[0], _warnings(caplog)
+        torch.testing.assert_close(served(x), model(x))
+    assert runs == [1, 1]  # the hook removed: the model is the precompiled one again
+
+
+def test_a_model_whose_modules_differ_is_refused_at_load_and_a_submodule_swapped_later_is_run(precompiled, caplog):
+    model_file, directory = precompiled
+    spec = hpu_backend.load_model_file(str(model_file))
+    model = spec.make_model().eval()
+    model[1] = torch.nn.GELU()  # no parameters: the parameter check cannot see it
+    with pytest.raises(PrecompileError, match=r"the model's '1' is a torch.nn.modules.activation.GELU \(precompiled "
+                                              r"with torch.nn.modules.activation.ReLU\); precompile it again"):
+        hpu_backend.load_precompiled(directory, model)
+    model[1] = torch.nn.ReLU()
+    served, runs = _served_counting(directory, model)
+    x, _ = spec.inputs({"batch": 8}, seed=6)
+    model[1] = torch.nn.Tanh()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        torch.testing.assert_close(served(x), model(x))
+    assert runs == [] and "the model's '1' is a torch.nn.modules.activation.Tanh" in _warnings(caplog)[0]
+
+
+# -- the sizes an artifact serves: listed as served (issue 47, item 7) ----------------------------------------------
+
+def test_the_listing_names_the_sizes_served_from_recipes_and_a_call_outside_them_warns_naming_it(precompiled,
+                                                                                                 caplog):
+    """Batch 2 and 8 under exp:2 buckets: recipes for 0..2 (Dynamo specializes 0 and 1) and 5..8. Listed as
+    "batch=2,5..8", not "batch=2..8": batch 6 is served by the artifact, batch 4 (which would compile a bucket)
+    and 1 fall back with one warning naming the size."""
+    from hpu_backend.metrics import metric_global
+
+    model_file, directory = precompiled
+    assert "batch=2,5..8" in cli("ls", directory).output
+    assert json.loads(cli("ls", directory, "--json").stdout)[0]["serves"] == {"batch": [[2, 2], [5, 8]]}
+    spec = hpu_backend.load_model_file(str(model_file))
+    model = spec.make_model().eval()
+    served, runs = _served_counting(directory, model)
+    lowered = dict(metric_global("graph_compilation").stats())["TotalNumber"]
+    x6, _ = spec.inputs({"batch": 6}, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(served(x6), model(x6))
+    assert runs == [1] and dict(metric_global("graph_compilation").stats())["TotalNumber"] == lowered
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        for batch in (4, 1):
+            x, _ = spec.inputs({"batch": batch}, seed=1)
+            torch.testing.assert_close(served(x), model(x))
+    assert runs == [1]
+    (warning,) = _warnings(caplog)
+    assert "no artifact accepts this call (range-000.hpuaot: batch=4 is outside batch=2,5..8)" in warning, warning
+    rows = json.loads(cli("coverage", model_file, "--precompiled", directory, "--axis", "batch=2,4,6,8", "--json",
+                          code=1).stdout)["points"]
+    assert [r["artifact"] != "" for r in rows] == [True, False, True, True], rows
+
+
+@pytest.mark.parametrize("change, name", [
+    (lambda doc: doc["artifacts"][0].update(serves={"batch": "all"}), "range-000.hpuaot serves"),
+    (lambda doc: doc.update(dims={"batch": [[0, -1]]}), "dims"),
+    (lambda doc: doc.update(modules={"classes": {"": 3}, "hooks": {}}), "modules"),
+])
+def test_a_malformed_record_of_sizes_or_modules_is_one_line(precompiled, tmp_path, change, name):
+    model_file, directory = precompiled
+    copy = _copy(directory, tmp_path)
+    _resign(copy, change)
+    with pytest.raises(PrecompileError, match=f"its {name} is malformed"):
+        hpu_backend.load_precompiled(copy, hpu_backend.load_model_file(str(model_file)).make_model())
+    assert f"its {name} is malformed" in one_line(cli("ls", copy, code=1))
+
+
+def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_with_a_warning(tmp_path, caplog):
+    """Issue 47: the README's gpt artifacts, listed as "batch=2 seq=16..128", served (3, 64), (2, 200) and (1, 8)
+    with no warning. The listing now says what the recipes hold, and the calls agree with it: (3, 64) and (1, 8)
+    run from the artifacts with nothing lowered, (2, 200) warns naming seq=200 and is compiled."""
+    from hpu_backend.metrics import metric_global
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'cli'}", HPURECIPE_TRUST_UNSIGNED="1")
+    env.pop("HPURECIPE_BUNDLE_KEY", None)
+    proc = subprocess.run([sys.executable, "-m", "hpurecipe.main", "precompile", "models/gpt.py", "--axis",
+                           "seq=16,64", "-o", str(tmp_path / "gpt")], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "batch=1 seq=2..16,33..64" in proc.stdout and "batch=2..16 seq=2..16,33..64" in proc.stdout, proc.stdout
+    spec = hpu_backend.load_model_file(str(ROOT / "models/gpt.py"))
+    model = spec.make_model().eval()
+    served = hpu_backend.load_precompiled(tmp_path / "gpt", model, allow_unsigned=True)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        for batch, seq, lowers in ((3, 64, 0), (1, 8, 0), (2, 200, 1)):
+            ids = spec.split(spec.make_inputs(batch=batch, seq=seq))
+            before = dict(metric_global("graph_compilation").stats())["TotalNumber"]
+            torch.testing.assert_close(served(*ids), model(*ids))
+            assert dict(metric_global("graph_compilation").stats())["TotalNumber"] - before == lowers, (batch, seq)
+    (warning,) = _warnings(caplog)
+    assert "range-001.hpuaot: seq=200 is outside batch=2..16 seq=2..16,33..64" in warning, warning

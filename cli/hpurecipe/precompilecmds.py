@@ -49,8 +49,8 @@ def precompile(model_file: ModelFile,
 
 
 def _rows(artifacts: list[dict[str, Any]]) -> None:
-    render.table(["artifact", "ranges", "points", "recipes", "size", "recipes size", "× recipes"],
-                 ([a["file"], _ranges(a["ranges"]), a.get("points", "-"), a["recipes"], render.size(a["bytes"]),
+    render.table(["artifact", "serves", "points", "recipes", "size", "recipes size", "× recipes"],
+                 ([a["file"], _served(a), a.get("points", "-"), a["recipes"], render.size(a["bytes"]),
                    render.size(a["recipe_bytes"]), _ratio(a["bytes"], a["recipe_bytes"])] for a in artifacts),
                  right=("points", "recipes", "size", "recipes size", "× recipes"))
 
@@ -60,8 +60,19 @@ def _ratio(size: int, recipe_bytes: int) -> str:
     return f"{size / recipe_bytes:.2f}" if recipe_bytes else "-"
 
 
-def _ranges(ranges: dict) -> str:
-    return " ".join(f"{k}={lo}" if lo == hi else f"{k}={lo}..{hi}" for k, (lo, hi) in ranges.items()) or "-"
+def _serves(artifact: dict) -> dict[str, list]:
+    """Per axis, the spans of sizes an artifact serves from its recipes; for an artifact written before they were
+    recorded, the range of its points."""
+    if artifact.get("serves"):
+        return artifact["serves"]
+    return {k: [v] for k, v in artifact["ranges"].items() if isinstance(v, list) and len(v) == 2}
+
+
+def _served(artifact: dict) -> str:
+    """The sizes an artifact serves ("batch=2..3,5..8 seq=2..128")."""
+    serves = _serves(artifact)
+    return " ".join(f"{k}=" + ",".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in spans)
+                    for k, spans in serves.items()) or "-"
 
 
 def _open(path: Path) -> tuple[dict | None, list[tuple[Path, Any]]]:
@@ -107,7 +118,8 @@ def ls(path: Path, json: bool) -> None:
 
 
 def ls_rows(docs: list[dict]) -> None:
-    _rows([{"file": Path(d["path"]).name, "ranges": d["ranges"], "points": d["points"], "recipes": len(d["recipes"]),
+    _rows([{"file": Path(d["path"]).name, "ranges": d["ranges"], "serves": d.get("serves"), "points": d["points"],
+            "recipes": len(d["recipes"]),
             "bytes": d["bytes"], "recipe_bytes": d["recipe_bytes"]} for d in docs])
 
 
@@ -127,14 +139,16 @@ def covered(directory: Path, points: list[dict[str, int]]) -> list[dict[str, Any
     manifest = read_manifest(directory)
     rows = []
     for point in points:
-        holder = next((a["file"] for a in manifest["artifacts"] if _holds(a["ranges"], point)), "")
+        holder = next((a["file"] for a in manifest["artifacts"] if _holds(a, point)), "")
         rows.append({"bucket": render.point(point), "artifact": holder})
     return rows
 
 
-def _holds(ranges: dict, point: dict[str, int]) -> bool:
-    return all(isinstance(r, list) and len(r) == 2 and r[0] <= point.get(axis, r[0]) <= r[1]
-               for axis, r in ranges.items())
+def _holds(artifact: dict, point: dict[str, int]) -> bool:
+    """Whether the artifact serves the point: within its served sizes on every axis (an artifact written before
+    they were recorded: the range of its points)."""
+    serves = _serves(artifact)
+    return all(axis not in point or any(lo <= point[axis] <= hi for lo, hi in spans) for axis, spans in serves.items())
 
 
 def precompiled_files(directory: Path) -> dict[str, bytes]:

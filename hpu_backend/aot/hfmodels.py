@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from . import hfschema
 from .modelspec import ModelFileError, ModelSpec, generative_steps, spec_from
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; anything larger is not one
@@ -45,40 +46,83 @@ def config_path(selector: str | Path) -> Path:
 
 
 def read_config(selector: str | Path) -> dict[str, Any]:
-    """The config.json's fields, checked: a JSON object of at most 1 MiB with a string model_type."""
+    """The config.json's fields, checked: a JSON object of at most 1 MiB with a string model_type, every value
+    within the schema's bounds (``hfschema.check_structure``)."""
     path = config_path(selector)
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise HFConfigError(f"{path}: {path.stat().st_size:,} bytes; a config.json is at most {MAX_CONFIG_BYTES:,}")
     try:
-        fields = json.loads(path.read_text(encoding="utf-8"))
+        fields = hfschema.parse(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise HFConfigError(f"{path}: not valid JSON ({e})") from None
+    except hfschema.SchemaError as e:
+        raise HFConfigError(f"{path}: {e}") from None
     if not isinstance(fields, dict):
         raise HFConfigError(f"{path}: expected a JSON object of config fields, got {type(fields).__name__}")
     if not isinstance(fields.get("model_type"), str):
         raise HFConfigError(f"{path}: model_type: expected a string naming the architecture (e.g. \"llama\")")
+    try:
+        hfschema.check_structure(fields)
+    except hfschema.SchemaError as e:
+        raise HFConfigError(f"{path}: {e}") from None
     return fields
 
 
 def build_config(fields: dict[str, Any], where: str):
-    """The transformers config object for ``fields`` (HFConfigError naming the architecture or field)."""
+    """The transformers config object for ``fields`` (HFConfigError naming the architecture or field), checked
+    against its architecture's schema first; ``hpu_file_fields`` holds the names the file itself gave."""
+    transformers, causal = _transformers(where)
+    kind = fields["model_type"]
+    if kind not in causal:
+        raise HFConfigError(f"{where}: model_type {kind!r:.60} is not a causal LM architecture transformers "
+                            f"{transformers.__version__} can build")
+    try:
+        hfschema.check_fields(fields, transformers.CONFIG_MAPPING[kind], _class_names(causal.values()))
+    except hfschema.SchemaError as e:
+        raise HFConfigError(f"{where}: {e}") from None
+    rest = {k: v for k, v in fields.items() if k not in hfschema.NOT_PASSED}
+    try:
+        config = transformers.AutoConfig.for_model(kind, **rest)
+    except (TypeError, ValueError, KeyError, AttributeError, _strict_error()) as e:
+        raise HFConfigError(f"{where}: {kind} config: {_first_reason(e)}") from None
+    _check_dims(config, where)
+    config.hpu_file_fields = tuple(sorted(fields))
+    return config
+
+
+def _transformers(where: str):
+    """(transformers, its model_type -> causal LM class names), or HFConfigError saying how to install it."""
     try:
         import transformers
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError:
         raise HFConfigError(f"{where}: reading a Hugging Face config needs transformers: "
                             "pip install 'hpu_backend[hf]'") from None
-    kind = fields["model_type"]
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise HFConfigError(f"{where}: model_type {kind!r} is not a causal LM architecture transformers "
-                            f"{transformers.__version__} can build")
-    rest = {k: v for k, v in fields.items() if k not in ("model_type", "auto_map", "transformers_version")}
+    return transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _class_names(values) -> set[str]:
+    names: set[str] = set()
+    for v in values:
+        names.update([v] if isinstance(v, str) else v)
+    return names
+
+
+def _strict_error() -> type:
+    """The error transformers' config dataclasses raise for a field they refuse (huggingface_hub's)."""
     try:
-        config = transformers.AutoConfig.for_model(kind, **rest)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise HFConfigError(f"{where}: {kind} config: {str(e).splitlines()[0]}") from None
-    _check_dims(config, where)
-    return config
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: its configs raise ValueError and TypeError only
+        return ValueError
+    return StrictDataclassError
+
+
+def _first_reason(e: BaseException) -> str:
+    """One line of what transformers refused: "Validation error for field 'x':\n    TypeError: ..." becomes
+    "field 'x': TypeError: ..."."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    head = lines[0].removeprefix("Validation error for ").removeprefix("Class validation error for ").rstrip(":")
+    return (head + (f": {lines[1]}" if len(lines) > 1 else ""))[:300]
 
 
 def _check_dims(config, where: str) -> None:
@@ -89,9 +133,11 @@ def _check_dims(config, where: str) -> None:
 
 
 def context_length(config) -> int | None:
-    """The longest sequence the config says the model takes (max_position_embeddings, n_positions), or None."""
+    """The longest sequence the config.json says the model takes (max_position_embeddings, n_positions), or None:
+    only a value the file gives (a transformers default would describe some other model)."""
+    given = getattr(config, "hpu_file_fields", None)
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, name, None)
+        value = getattr(config, name, None) if given is None or name in given else None
         if isinstance(value, int) and value > 0:
             return value
     return None
@@ -148,8 +194,18 @@ def make_model(config):
     _register_experts()
     config._experts_implementation = EXPERTS
     if hasattr(config, "_attn_implementation_internal"):
-        config._attn_implementation_internal = "sdpa"
+        config._attn_implementation_internal = attention(config)
     return Step(AutoModelForCausalLM.from_config(config))
+
+
+def attention(config) -> str:
+    """The attention path the model is built with: SDPA where the architecture has one (what the device's fused
+    SDPA runs), else its own eager attention (Gemma-2's logit soft-capping has no SDPA path in transformers)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = getattr(transformers, str(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)), None)
+    return "sdpa" if getattr(cls, "_supports_sdpa", True) else "eager"
 
 
 def kv_shape(config) -> tuple[int, int]:
@@ -205,7 +261,7 @@ def _step_class():
         def forward(self, tokens, *cache):
             from transformers import DynamicCache
 
-            past = DynamicCache(config=self.lm.config)
+            past = DynamicCache()
             for i in range(len(cache) // 2):
                 past.update(cache[2 * i], cache[2 * i + 1], i)
             start = cache[0].shape[2] if cache else 0

@@ -27,16 +27,17 @@ from ..formats.precompiled import MAGIC, MANIFEST, MANIFEST_VERSION, PrecompileE
 from ..serve.precompiled import PrecompiledGraph, plain_settings
 from ..settings import Settings
 from .modelfile import ModelSpec, point_label
-from .precompiled import call_model, model_parameters
+from .precompiled import call_model, model_parameters, module_record
 from .warm import _options
 
 
 @dataclass
 class Captured:
-    """One artifact: an aot-compiled function and the points it serves."""
+    """One artifact: an aot-compiled function and the points it was run at."""
 
     fn: Any  # torch's AOTCompiledFunction
     points: list[dict[str, int]] = field(default_factory=list)
+    serves: dict[str, list[list[int]]] = field(default_factory=dict)  # per axis, the sizes served without compiling
 
     @property
     def graph(self) -> PrecompiledGraph:
@@ -62,9 +63,12 @@ def precompile(spec: ModelSpec, out: str | os.PathLike, cache_config: CacheConfi
     model = spec.build_model().eval()
     options = _options(spec, cache_config)
     captured: list[Captured] = []
+    shapes = []
+    settings = Settings.from_options(options)
     with torch.no_grad():
         for point in spec.points():
             inputs = spec.split(spec.inputs(point))
+            shapes.append([list(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs])
             entry = next((c for c in captured if c.fn.guard_check(model, *inputs)), None)
             if entry is None:
                 entry = Captured(_capture(spec, model, inputs, options))
@@ -72,7 +76,73 @@ def precompile(spec: ModelSpec, out: str | os.PathLike, cache_config: CacheConfi
             entry.points.append(point)
             got = entry.fn(model, *inputs)  # takes up this point's bucket: its recipe goes into the artifact
             _check(spec, point, got, model(*inputs))
-    return _write(spec, out, model, captured, Settings.from_options(options))
+        for c in captured:
+            c.serves = served_sizes(spec, model, c, settings)
+    return _write(spec, out, model, captured, settings, axis_dims(spec, shapes))
+
+
+def axis_dims(spec: ModelSpec, shapes: list[list]) -> dict[str, list[list[int]]]:
+    """Per axis, the [input, dim] of the model's inputs whose size is the axis's value at every point (how a call's
+    sizes are read back as the model file's axes)."""
+    points = spec.points()
+    first = shapes[0]
+    dims: dict[str, list[list[int]]] = {}
+    for axis in spec.axes:
+        dims[axis] = [[i, d] for i, shape in enumerate(first) if shape is not None for d in range(len(shape))
+                      if all(s[i] is not None and len(s[i]) > d and s[i][d] == p[axis] for s, p in zip(shapes, points))]
+    return dims
+
+
+def served_sizes(spec: ModelSpec, model: torch.nn.Module, c: Captured, settings: Settings) -> dict[str, list]:
+    """Per axis, the sizes the artifact serves from the recipes it carries: each point's bucket under the
+    ``buckets`` policy where the axis is dynamic in its graph (from 2: Dynamo specializes 0 and 1), the points'
+    own sizes where it is static. A call at another size would compile a bucket, so it is not served."""
+    policy = _policy(settings.buckets)
+    out = {}
+    for axis in c.points[0]:
+        values = sorted({p[axis] for p in c.points})
+        dynamic = policy is not None and (len(values) > 1 or _accepts_neighbour(spec, model, c, axis))
+        spans = [_bucket(policy, v) if dynamic and v >= 2 else (v, v) for v in values]
+        out[axis] = _merged(spans)
+    return out
+
+
+def _policy(setting: Any) -> Any:
+    """The one bucket policy of every symbol (None when symbols have policies of their own: which symbol an axis
+    is, this cannot tell, so only the points are claimed)."""
+    from ..buckets import parse_policy
+
+    if isinstance(setting, str):
+        return parse_policy(setting)
+    table = dict(setting)
+    return parse_policy(table.get("*", "exp")) if set(table) <= {"*"} else None
+
+
+def _bucket(policy: Any, v: int) -> tuple[int, int]:
+    lo, hi = policy.bucket(v)
+    return max(lo, 2), hi
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
+def _accepts_neighbour(spec: ModelSpec, model: torch.nn.Module, c: Captured, axis: str) -> bool:
+    """Whether the artifact's guards take the axis one larger than its only value (whether it is dynamic)."""
+    from .modelspec import ModelFileError
+
+    point = c.points[0]
+    try:
+        inputs = spec.split(spec.inputs({**point, axis: point[axis] + 1}))
+    except ModelFileError:  # the model file takes no other size there: claim the point alone
+        return False
+    return bool(c.fn.guard_check(model, *inputs))
 
 
 def serializable_guards(entries) -> list[bool]:
@@ -144,7 +214,7 @@ def _check_out(out: Path) -> None:
 
 
 def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Captured],
-           settings: Settings) -> PrecompileReport:
+           settings: Settings, dims: dict[str, list[list[int]]]) -> PrecompileReport:
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
     key = signing_key()
@@ -155,7 +225,8 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
         recipes = graph.recipes()
         info = {"fingerprint": graph.fingerprint(), "program": graph.key or "",
                 "recipes": sorted(recipes), "mode": graph.program.mode if graph.program else "",
-                "model": spec.name, "ranges": c.ranges(), "recipe_bytes": sum(map(len, recipes.values()))}
+                "model": spec.name, "ranges": c.ranges(), "serves": c.serves,
+                "recipe_bytes": sum(map(len, recipes.values()))}
         _without_source_texts(c.fn)
         try:
             torch_bytes = AOTCompiledFunction.serialize(c.fn).serialized_data
@@ -164,14 +235,16 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
         data = artifact_bytes(info, torch_bytes, key)
         name = f"range-{i:03d}.hpuaot"
         _atomic_write(out / name, data)
-        entries.append({"file": name, "ranges": info["ranges"], "points": len(c.points), "bytes": len(data),
+        entries.append({"file": name, "ranges": info["ranges"], "serves": c.serves, "points": len(c.points),
+                        "bytes": len(data),
                         "recipes": len(recipes), "recipe_bytes": info["recipe_bytes"],
                         "sha256": _payload_digest(data)})
     _remove_stale(out, {e["file"] for e in entries})
     doc = {"version": MANIFEST_VERSION, "model": spec.name, "axes": spec.axes, "dynamic": spec.dynamic,
            "model_class": [type(model).__module__, type(model).__qualname__],
            "fingerprint": captured[0].graph.fingerprint(), "settings": plain_settings(settings),
-           "parameters": model_parameters(model), "artifacts": entries}
+           "parameters": model_parameters(model), "modules": module_record(model), "dims": dims,
+           "artifacts": entries}
     _atomic_write(out / MANIFEST, manifest_bytes(doc, key))
     return PrecompileReport(spec.name, str(out), key is not None, entries)
 

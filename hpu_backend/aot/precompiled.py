@@ -8,6 +8,8 @@ with the same backend and settings, after one warning naming the guard that fail
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import os
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ..errors import one_line
 from ..formats.precompiled import PrecompileError, check_fingerprint, read_artifact, read_manifest
@@ -37,9 +40,12 @@ def load_precompiled(directory: str | os.PathLike, model: torch.nn.Module, *, op
     settings = loading_settings(manifest.get("settings"), options)
     ours = here(settings)
     check_fingerprint(manifest["fingerprint"], ours, str(directory))
+    record = manifest.get("modules") if isinstance(manifest.get("modules"), dict) else module_record(model)
+    if differs := module_difference(record, model, "classes"):
+        raise PrecompileError(f"{directory}: {differs}; precompile it again")
     _alias_model_module(manifest.get("model_class"), model)
     functions = [_load(directory, entry, ours, allow_unsigned) for entry in manifest["artifacts"]]
-    return PrecompiledModel(model, functions, manifest, options)
+    return PrecompiledModel(model, functions, dict(manifest, modules=record), options)
 
 
 def call_model(model: torch.nn.Module, *args: Any) -> Any:
@@ -107,6 +113,83 @@ def model_parameters(model: torch.nn.Module) -> dict[str, list]:
     return {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in named}
 
 
+# -- what Dynamo guarded about the module and the artifacts cannot keep ------------------------------------------
+# Dynamo guards the module's structure and its hooks through the identity of its objects, which no other process
+# shares, so those guards are left out of the saved artifacts (see precompile.serializable_guards). They are
+# recorded here by name instead, compared at load, and watched on every call.
+
+GLOBAL_HOOKS = "<every module>"  # the name under which torch's global module hooks are recorded
+
+
+def module_record(model: torch.nn.Module) -> dict[str, Any]:
+    """The module tree (name -> class) and its forward hooks and forward pre-hooks (name -> kind -> the hook
+    functions' names, in order), torch's global module hooks under GLOBAL_HOOKS."""
+    hooks = {name: h for name, m in model.named_modules() if (h := _hooks(m._forward_hooks, m._forward_pre_hooks))}
+    hooks.update({GLOBAL_HOOKS: h} if (h := _hooks(*_global_hook_dicts())) else {})
+    return {"classes": {name: _class_name(m) for name, m in model.named_modules()}, "hooks": hooks}
+
+
+def _hooks(forward: dict, pre: dict) -> dict[str, list[str]]:
+    return {kind: [_function_name(f) for f in d.values()] for kind, d in (("forward", forward),
+                                                                          ("forward pre", pre)) if d}
+
+
+def _global_hook_dicts() -> tuple[dict, dict]:
+    from torch.nn.modules import module
+
+    return module._global_forward_hooks, module._global_forward_pre_hooks
+
+
+def _class_name(m: Any) -> str:
+    return f"{type(m).__module__}.{type(m).__qualname__}"
+
+
+def _function_name(f: Any) -> str:
+    f = getattr(f, "__func__", f)
+    return f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', type(f).__qualname__)}"
+
+
+def module_difference(recorded: dict, model: torch.nn.Module, part: str) -> str:
+    """How ``model``'s module classes (``part`` "classes") or hooks ("hooks") differ from ``recorded``
+    (``module_record``), in words; "" when they do not."""
+    theirs, mine = recorded.get(part) or {}, module_record(model)[part]
+    what = "is a" if part == "classes" else "has hooks:"
+    for name in sorted(set(theirs) | set(mine), key=str):
+        if theirs.get(name) != mine.get(name):
+            who = "the model" if not name else "every module" if name == GLOBAL_HOOKS else f"the model's {name!r}"
+            return f"{who} {what} {_listed(mine.get(name))} (precompiled with {_listed(theirs.get(name))})"
+    return ""
+
+
+def _listed(value: Any) -> str:
+    if not value:
+        return "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{kind} hook {', '.join(map(str, fns))}" for kind, fns in value.items())
+    return str(value)
+
+
+class ModuleWatch:
+    """What may change in a model between calls, as it was when watched: ``changed()`` on each call compares the
+    hook handles' counter (every hook registered anywhere takes the next id), how many forward hooks and pre-hooks
+    the modules and torch's global tables hold, and how many children the modules have and the sum of their ids
+    (a submodule replaced is another object), all at C speed."""
+
+    def __init__(self, model: torch.nn.Module):
+        modules = list(model.modules())
+        self.hooks = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
+        self.hooks += list(_global_hook_dicts())
+        self.trees = [m._modules for m in modules]
+        self.state = self.now()
+
+    def now(self) -> tuple:
+        children = itertools.chain.from_iterable(map(dict.values, self.trees))
+        return RemovableHandle.next_id, sum(map(len, self.hooks)), sum(map(len, self.trees)), sum(map(id, children))
+
+    def changed(self) -> bool:
+        return self.now() != self.state
+
+
 def check_parameters(recorded: dict, model: torch.nn.Module, where: Path) -> None:
     """PrecompileError naming the first parameter or buffer that differs from the one the artifacts took."""
     ours = model_parameters(model)
@@ -118,40 +201,99 @@ def check_parameters(recorded: dict, model: torch.nn.Module, where: Path) -> Non
 
 
 class PrecompiledModel:
-    """Calls ``model`` through its precompiled artifacts (inference, under no_grad), falling back softly."""
+    """Calls ``model`` through its precompiled artifacts (inference, under no_grad), falling back softly.
+
+    A call runs the first artifact that serves its sizes (the buckets its recipes hold, as listed) and whose
+    Dynamo guards accept it. Any other call, and every call while the model differs from the one precompiled
+    (a hook added or removed, a submodule replaced, what Dynamo guarded and the artifacts cannot keep), is
+    compiled by torch.compile with the same backend and settings, after one warning naming why.
+    """
 
     def __init__(self, model: torch.nn.Module, functions: list, manifest: dict, options: dict | None):
         self.model = model
         self.functions = functions
         self.manifest = manifest
         self.options = {**manifest.get("settings", {}), **(options or {})}
+        self.sizes = [_sizes(entry, manifest.get("dims")) for entry in manifest["artifacts"]]
+        self.watch = ModuleWatch(model)
+        self.differs = self._difference()
         self._fallback: Callable | None = None
-        self._warned = False
+        self._warned: set[str] = set()
 
     def __call__(self, *args: Any) -> Any:
+        if self.watch.changed():
+            self.watch = ModuleWatch(self.model)
+            self.differs = self._difference()
         # call_model's frame, as its guards read it; the guards once, then Dynamo's bytecode directly
         f_locals = {"model": self.model, "args": args}
         with torch.no_grad():
-            for fn in self.functions:
-                if fn._artifacts.guard_manager.check(f_locals):
+            if self.differs:
+                return self._compiled(f"{self.differs}, which the artifacts do not run")(*args)
+            for fn, sizes in zip(self.functions, self.sizes):
+                if _outside(sizes, args) is None and fn._artifacts.guard_manager.check(f_locals):
                     return fn.fn(self.model, *args)
-            return self._compiled(args, {})(*args)
+            return self._compiled(f"no artifact accepts this call ({self.failed_guard(args, {})})")(*args)
 
-    def _compiled(self, args: tuple, kwargs: dict) -> Callable:
-        """torch.compile with the same backend and settings, after one warning naming the failed guard."""
-        if not self._warned:
-            self._warned = True
-            log.warning("hpu_backend: precompiled %s: no artifact accepts this call (%s); compiling it with "
-                        "torch.compile instead", self.manifest.get("model", "model"), self.failed_guard(args, kwargs))
+    def _difference(self) -> str:
+        record = self.manifest["modules"]
+        return module_difference(record, self.model, "classes") or module_difference(record, self.model, "hooks")
+
+    def _compiled(self, why: str) -> Callable:
+        """torch.compile with the same backend and settings, after one warning saying why (once per reason)."""
+        reason = why.split(" (")[0]
+        if reason not in self._warned:
+            self._warned.add(reason)
+            log.warning("hpu_backend: precompiled %s: %s; compiling it with torch.compile instead",
+                        self.manifest.get("model", "model"), why)
         if self._fallback is None:
             dynamic = self.manifest.get("dynamic")
-            self._fallback = torch.compile(self.model, backend="hpu_backend", options=self.options,
-                                           **({} if dynamic is None else {"dynamic": dynamic}))
+            # call_model, as the artifacts capture it: torch.compile(module) would run global hooks twice
+            compiled = torch.compile(call_model, backend="hpu_backend", options=self.options,
+                                     **({} if dynamic is None else {"dynamic": dynamic}))
+            self._fallback = functools.partial(_with_hook_guards, compiled, self.model)
         return self._fallback
 
     def failed_guard(self, args: tuple, kwargs: dict) -> str:
-        """The guard of the first artifact that this call fails, in one line."""
-        fn = self.functions[0]
-        f_locals = fn.prepare_f_locals(self.model, *args, **kwargs)
-        text = str(fn._artifacts.guard_manager.check_verbose(f_locals).verbose_code_parts)
-        return " ".join(text.split())[:200]
+        """Per artifact, the guard this call fails, in one line: a size outside those it serves, or Dynamo's."""
+        parts = []
+        for fn, entry, sizes in zip(self.functions, self.manifest["artifacts"], self.sizes):
+            outside = _outside(sizes, args)
+            if outside is not None:
+                parts.append(f"{entry['file']}: {outside} is outside {_spans(entry.get('serves'))}")
+                continue
+            f_locals = fn.prepare_f_locals(self.model, *args, **kwargs)
+            text = " ".join(str(fn._artifacts.guard_manager.check_verbose(f_locals).verbose_code_parts).split())
+            parts.append(f"{entry['file']}: {text[:200]}")
+        return "; ".join(parts)[:600]
+
+
+def _with_hook_guards(compiled: Callable, *args: Any) -> Any:
+    """``compiled(*args)`` with Dynamo guarding the modules' hooks, which it skips by default (a hook added after
+    compiling would be silently left out): the fallback serves the model as it is at each call."""
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+        return compiled(*args)
+
+
+def _sizes(entry: dict, dims: Any) -> list[tuple[str, int, int, list]]:
+    """(axis, input, dim, spans) to check a call against: the sizes an artifact serves, read from the inputs."""
+    serves = entry.get("serves")
+    if not isinstance(serves, dict) or not isinstance(dims, dict):
+        return []  # precompiled before sizes were recorded: Dynamo's guards alone
+    return [(axis, i, d, spans) for axis, spans in serves.items() for i, d in dims.get(axis, [])]
+
+
+def _outside(sizes: list, args: tuple) -> str | None:
+    """The first input size a call has outside the served spans ("batch=3"), or None."""
+    for axis, i, d, spans in sizes:
+        x = args[i] if i < len(args) else None
+        if isinstance(x, torch.Tensor) and x.dim() > d and not any(lo <= x.shape[d] <= hi for lo, hi in spans):
+            return f"{axis}={x.shape[d]}"
+    return None
+
+
+def _spans(serves: Any) -> str:
+    """``{"batch": [[2, 3], [5, 8]]}`` as "batch=2..3,5..8", as the listing shows it."""
+    if not isinstance(serves, dict):
+        return "-"
+    return " ".join(f"{axis}=" + ",".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in spans)
+                    for axis, spans in serves.items())

@@ -155,11 +155,21 @@ def check_layout(tree: Any, where: str) -> int:
         if node[0] in KEYED_KINDS and not (isinstance(node[1], list) and len(node[1]) == len(node[2])
                                       and all(isinstance(k, str) for k in node[1]) and len(set(node[1])) == len(node[1])):
             raise RecipeFormatError(f"{where}: dict keys {node[1]!r:.60} are not distinct names, one per child")
+        if node[0] == "record" and (bad := next((k for k in node[1] if not record_field(k)), None)) is not None:
+            raise RecipeFormatError(f"{where}: record field {bad!r:.40} is not a field name (a record reads its "
+                                    "fields as attributes; dunder names and a dict's own methods are refused)")
         for child in node[-1]:
             walk(child, depth + 1)
 
     walk(tree, 0)
     return count[1]
+
+
+def record_field(name: str) -> bool:
+    """Whether ``name`` can be a record's field: an identifier that is neither a dunder name (``__class__``) nor
+    an attribute of dict (``keys``, ``items``), since ``out.NAME`` would read that attribute instead of the
+    field, or change what the record is."""
+    return name.isidentifier() and not name.startswith("__") and not hasattr(dict, name)
 
 
 def _tag(key: bytes, digest: bytes) -> bytes:

@@ -202,7 +202,8 @@ def describe(artifact: Artifact, path: str | os.PathLike) -> dict[str, Any]:
     info = artifact.info
     return {"kind": "precompiled", "path": str(path), "model": info["model"], "mode": info["mode"],
             "signed": artifact.signed, "fingerprint": info["fingerprint"], "program": info["program"],
-            "ranges": info["ranges"], "recipes": info["recipes"], "recipe_bytes": info["recipe_bytes"],
+            "ranges": info["ranges"], "serves": info.get("serves") if _pairs_table(info.get("serves")) else None,
+            "recipes": info["recipes"], "recipe_bytes": info["recipe_bytes"],
             "bytes": artifact.size}
 
 
@@ -249,7 +250,33 @@ def _checked_manifest(outer: Any, path: Path) -> dict[str, Any]:
         raise PrecompileError(f"{path}: its artifact list is malformed")
     if not isinstance(doc.get("fingerprint"), dict) or not isinstance(doc.get("parameters"), dict):
         raise PrecompileError(f"{path}: it lacks the fingerprint or the parameters")
+    checks = [("dims", _pairs_table(doc.get("dims"))), ("modules", _modules(doc.get("modules"))),
+              *((f"{a['file']} serves", _pairs_table(a.get("serves"))) for a in arts)]
+    bad = next((name for name, ok in checks if not ok), None)
+    if bad:
+        raise PrecompileError(f"{path}: its {bad} is malformed")
     return doc
+
+
+def _pairs_table(value: Any) -> bool:
+    """Absent (an older manifest), or axis -> list of [int, int] (a served span, or an input's dimension)."""
+    return value is None or isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(type(x) is int and x >= 0 for x in p) for p in v)
+        for k, v in value.items())
+
+
+def _modules(value: Any) -> bool:
+    """Absent, or {"classes": {name: class}, "hooks": {name: {kind: [function names]}}}."""
+    if value is None:
+        return True
+    if not (isinstance(value, dict) and isinstance(value.get("classes"), dict)
+            and isinstance(value.get("hooks"), dict)):
+        return False
+    return all(isinstance(k, str) and isinstance(v, str) for k, v in value["classes"].items()) and all(
+        isinstance(k, str) and isinstance(v, dict) and all(
+            isinstance(kind, str) and isinstance(fns, list) and all(isinstance(f, str) for f in fns)
+            for kind, fns in v.items()) for k, v in value["hooks"].items())
 
 
 def _plain_name(name: str) -> bool:

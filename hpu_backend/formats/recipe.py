@@ -138,11 +138,41 @@ def checked(make: Callable[[], Any], where: str) -> Any:
 
 
 def unpack(data: bytes) -> Any:
-    """msgpack bytes → plain data (maps with string keys); RecipeFormatError for anything else."""
+    """msgpack bytes → plain data (maps with string keys); RecipeFormatError for anything else, and for a nested
+    expression tree of more than ``symexpr.MAX_NODES`` nodes, refused while it is read (``_tree_sizes``)."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, list_hook=_tree_sizes())
+    except _TreeTooLarge as e:
+        raise RecipeFormatError(str(e)) from None
     except Exception as e:  # msgpack raises many types for bad input
         raise RecipeFormatError(f"not a msgpack document: {e}") from None
+
+
+class _TreeTooLarge(Exception):
+    pass
+
+
+def _tree_sizes() -> Callable[[list], list]:
+    """msgpack's list hook: the size of every nested expression tree (``[op, ...]`` with an op of symexpr.OPS),
+    counted bottom-up as its lists are read. Its bytes are a few per node, but the objects they become are tens
+    of bytes each, so a tree of 2**24 nodes (a 134 MB file) would take gigabytes and minutes to read before
+    ``symexpr.validate`` could refuse it; it is refused here after MAX_NODES nodes. A flat list (no nested
+    expression) is not counted: what it costs is what its bytes say. A closure, called for every list read:
+    the common case (not an expression) is one test."""
+    sizes: dict[int, int] = {}  # id of an expression list read and not yet taken by a parent -> its nodes
+
+    def hook(items: list, ops=symexpr.OPS, str_=str, list_=list) -> list:
+        if not items or type(items[0]) is not str_ or items[0] not in ops:
+            return items
+        nested = [sizes.pop(id(c)) for c in items[1:] if type(c) is list_ and id(c) in sizes]
+        size = len(items) - len(nested) + sum(nested)
+        if nested and size > symexpr.MAX_NODES:
+            raise _TreeTooLarge(f"an expression tree of more than {symexpr.MAX_NODES} nodes; no guard, size or "
+                                "stride is that large")
+        sizes[id(items)] = size
+        return items
+
+    return hook
 
 
 def build(tp: Any, value: Any, where: str) -> Any:
@@ -247,14 +277,26 @@ def _check_semantics(recipe: Recipe, where: str = "recipe") -> None:
         if ref not in known:
             raise bad(f"output refers to unknown value {ref!r:.40}")
     try:
-        for tree in recipe.guards:
-            symexpr.validate(tree)
-        for spec in [*recipe.inputs, *(s for node in recipe.nodes for s in node.out)]:  # show prints them all
-            for tree in spec.shape + spec.stride:
-                symexpr.validate(tree)
+        _check_trees(recipe)
     except symexpr.SymExprError as e:
         raise bad(str(e)) from None
     _FACTS(recipe.facts, f"{where}: facts")
+
+
+MAX_TREE_NODES = 1 << 20  # all of a recipe's symbolic trees together: the work a load may spend evaluating them
+
+
+def _check_trees(recipe: Recipe) -> None:
+    """Every guard, size, stride and symbolic value is a well-formed tree, each bounded (symexpr.validate) and all
+    of them together at most MAX_TREE_NODES nodes: the load evaluates them at each bucket's ends."""
+    specs = [*recipe.inputs, *(s for node in recipe.nodes for s in node.out)]  # show prints them all
+    trees = [*recipe.guards, *(t for spec in specs for t in spec.shape + spec.stride),
+             *(spec.expr for spec in specs if spec.expr is not None)]
+    total = 0
+    for tree in trees:
+        total += symexpr.validate(tree)
+        if total > MAX_TREE_NODES:
+            raise symexpr.SymExprError(f"its symbolic trees hold more than {MAX_TREE_NODES:,} nodes in all")
 
 
 # What readers of ``Recipe.facts`` rely on (fallback reports, analysis, ``hpurecipe show``), checked

@@ -18,6 +18,8 @@ Tree = Union[int, float, bool, str, list]
 _SYMBOL = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 MAX_BITS = 4096  # no size, stride or guard needs integers this large; stored trees cannot ask for more work
 MAX_ITEMS = 4096  # no symbolic operation of a graph makes a longer list or string
+MAX_NODES = 4096  # no guard, size or stride of a graph is a larger tree: evaluating one stays cheap
+MAX_DEPTH = 64  # nor a deeper one (the evaluator and to_str recurse over it)
 
 
 class SymExprError(ValueError):
@@ -209,19 +211,29 @@ def _evaluate(tree: Tree, env: Mapping[str, int]) -> Any:
     raise SymExprError(f"malformed expression tree {tree!r:.80}")
 
 
-def validate(tree: Any) -> None:
-    """Check that stored data is a well-formed tree (used by the recipe schema check)."""
-    if isinstance(tree, (bool, int, float)):
-        return
-    if isinstance(tree, str):
-        if not _SYMBOL.match(tree):
-            raise SymExprError(f"bad symbol name {tree!r}")
-        return
-    if isinstance(tree, list) and tree and tree[0] in OPS:
-        for a in tree[1:]:
-            validate(a)
-        return
-    raise SymExprError(f"malformed expression tree {tree!r}")
+def validate(tree: Any) -> int:
+    """Check that stored data is a well-formed tree of at most MAX_NODES nodes and MAX_DEPTH levels (used by the
+    recipe schema check); its number of nodes. Iterative, and it stops at the bound: a tree that shares
+    subtrees in memory (``t = ["mul", t, t]`` 24 times) is refused after MAX_NODES steps, not 2**24."""
+    count, stack = 0, [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES or depth > MAX_DEPTH:
+            raise SymExprError(f"an expression tree of more than {MAX_NODES} nodes or {MAX_DEPTH} levels; "
+                               "no guard, size or stride is that large")
+        if isinstance(node, (bool, int, float)):
+            continue
+        if isinstance(node, str):
+            if not _SYMBOL.match(node):
+                raise SymExprError(f"bad symbol name {node!r:.40}")
+            continue
+        if not (isinstance(node, list) and node and isinstance(node[0], str) and node[0] in OPS):
+            raise SymExprError(f"malformed expression tree {node!r:.80}")
+        if len(node) > MAX_NODES:  # before anything is pushed for each operand
+            raise SymExprError(f"an expression of {len(node) - 1} operands; at most {MAX_NODES - 1}")
+        stack.extend((a, depth + 1) for a in node[1:])
+    return count
 
 
 def to_str(tree: Tree) -> str:

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import one_line
 from ..formats import symexpr
-from ..formats.package import Package, PackageError, check_toolchain, read_package
+from ..formats.package import Package, PackageError, check_toolchain, read_package, record_field
 from ..formats.recipe import Constant, Recipe, ValueSpec
 from . import ops
 from .executor import RecipeLoadError, build_callable, dtype_from_name, load_constant
@@ -302,7 +302,7 @@ def _named_fields(spec: pytree.TreeSpec) -> bool:
     """A mapping class of named fields (``ModelOutput``): its pytree context is its field names, one a child."""
     context = spec.context
     return (isinstance(context, (list, tuple)) and len(context) == spec.num_children
-            and all(isinstance(k, str) for k in context) and issubclass(spec.type, dict))
+            and all(isinstance(k, str) and record_field(k) for k in context) and issubclass(spec.type, dict))
 
 
 def treespec_of(layout: Any) -> pytree.TreeSpec:
