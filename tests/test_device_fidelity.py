@@ -65,17 +65,6 @@ ATTENTION = {
 }
 
 
-@pytest.fixture
-def device_attention():
-    """The device's kernel for F.scaled_dot_product_attention, registered for the test and removed after."""
-    from hpu_backend.gaudi.sdpa import register_device_attention
-
-    lib = torch.library.Library("aten", "IMPL")
-    register_device_attention(lib)
-    yield
-    lib._destroy()
-
-
 def _attention_step(name: str, device: str, shape=(1, 2, 16, 8), dtype=torch.float32):
     """Forward and backward of one attention; (output, gradients) on the CPU."""
     g = torch.Generator().manual_seed(0)
@@ -87,14 +76,14 @@ def _attention_step(name: str, device: str, shape=(1, 2, 16, 8), dtype=torch.flo
 
 
 @pytest.mark.parametrize("name", ["sdpa", "fused_sdpa"])
-def test_attention_on_the_device_is_the_cpu_fused_kernel_exactly(device_mode, device_attention, name):
+def test_attention_on_the_device_is_the_cpu_fused_kernel_exactly(device_mode, name):
     for want, have in zip(_attention_step(name, "cpu"), _attention_step(name, "hpu")):
         torch.testing.assert_close(have, want, rtol=0, atol=0)
     assert not _fallback_ops() & {"_safe_softmax", "_scaled_dot_product_flash_attention_for_cpu"}
 
 
 @pytest.mark.parametrize("boolean", [False, True])
-def test_masked_attention_on_the_device_is_the_cpu_fused_kernel_exactly(device_mode, device_attention, boolean):
+def test_masked_attention_on_the_device_is_the_cpu_fused_kernel_exactly(device_mode, boolean):
     """A boolean mask is made additive as torch makes it for the CPU's fused kernel."""
     g = torch.Generator().manual_seed(0)
     mask = torch.randn(16, 16, generator=g)
@@ -112,7 +101,7 @@ def test_masked_attention_on_the_device_is_the_cpu_fused_kernel_exactly(device_m
         torch.testing.assert_close(have, want, rtol=0, atol=0)
 
 
-def test_the_math_path_of_sdpa_runs_on_the_device_too(device_mode, device_attention):
+def test_the_math_path_of_sdpa_runs_on_the_device_too(device_mode):
     """Where the CPU takes torch's math path (3-d inputs), so does the device: its _safe_softmax on the device."""
     q = torch.randn(2, 8, 4)
     want = F.scaled_dot_product_attention(q, q, q, is_causal=True)
@@ -143,7 +132,7 @@ def _step_estimates(names, shape) -> tuple[dict[str, float], dict[str, int]]:
     return estimates, peaks
 
 
-def test_fused_attention_is_estimated_no_slower_and_no_larger_than_attention_by_hand(device_attention):
+def test_fused_attention_is_estimated_no_slower_and_no_larger_than_attention_by_hand():
     (batch, heads, seq, dim) = shape = (2, 4, 256, 64)
     estimates, peaks = _step_estimates(["sdpa", "fused_sdpa", "by_hand"], shape)
     assert all(v > 0 for v in estimates.values()), estimates

@@ -18,7 +18,7 @@ import torch
 
 from ..gaudi.mixed_precision import op_lists
 from ..serve import device_memory as memory
-from . import tensor
+from . import attention, tensor
 from .dispatch import is_pinned, pinned
 from .tensor import HPU, HpuTensor, untraced
 
@@ -100,6 +100,7 @@ def register(lib: torch.library.Library, every_op: torch.library.Library) -> Non
     """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library) and ``every_op`` (a ``_`` IMPL
     library, for the autocast key's fallthrough); the caller keeps both alive."""
     every_op.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")  # ops on no list: as they come
+    attention.register(lib)  # F.scaled_dot_product_attention as one fused op (attention.py)
     lib.impl("empty.memory_format", untraced(_empty), "PrivateUse1")
     lib.impl("empty_strided", untraced(_empty_strided), "PrivateUse1")
     lib.impl("_copy_from", untraced(_copy_from), "PrivateUse1")
