@@ -66,7 +66,8 @@ def test_a_compiled_graph_makes_tensors_on_the_device(device_mode, dynamic):
     """Every Hugging Face model makes ``position_ids`` with ``arange(n, device=x.device)`` inside its graph."""
     def fn(x):
         pos = torch.arange(x.shape[-1], device=x.device)
-        return x + pos, torch.ones(2, device=x.device) * x.shape[0], pos
+        empty = torch.tensor([], device=x.device)  # a literal in the graph (an empty KV cache)
+        return x + pos, torch.ones(2, device=x.device) * x.shape[0], pos, torch.cat([empty, x.reshape(-1)]) * 2
     compiled = torch.compile(fn, backend="hpu_backend", dynamic=dynamic)
     for n in (5, 7):
         x = torch.randn(3, n)

@@ -108,7 +108,8 @@ class Device:
         read = _host_read(func, flat)
         args, kwargs = _unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
-            args, kwargs = pytree.tree_map_only(torch.Tensor, _host_side, (args, kwargs))
+            fake = _fake_mode(hosts)
+            args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: _host_side(t, fake), (args, kwargs))
             return _wrap(func(*args, **kwargs), wrappers, device)
         if read:
             self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
@@ -300,10 +301,27 @@ def _upload(func, flat: list) -> bool:
         and isinstance(flat[1], torch.Tensor) and not isinstance(flat[1], HpuTensor)
 
 
-def _host_side(t: torch.Tensor) -> torch.Tensor:
-    """A traced tensor a compiled graph made on the device itself (``arange(n, device=x.device)``): a plain
-    tensor whose device is hpu, beside the host tensors of the device tensors. Device memory is host memory
-    here, so the op reads it as a host tensor (a copy the backend's lowering removes)."""
+def _fake_mode(hosts: list):
+    """The fake mode of Dynamo's shape propagation when it is what runs this op (its hosts are fake tensors
+    themselves, not AOTAutograd's functional wrappers), else None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return next((h.fake_mode for h in hosts if isinstance(h, FakeTensor)), None)
+
+
+def _host_side(t: torch.Tensor, fake) -> torch.Tensor:
+    """A traced op's tensor as the host runs it. Under Dynamo's shape propagation (``fake``): a tensor a compiled
+    graph made on the device itself (``arange(n, device=x.device)``, a plain fake tensor on hpu) becomes a host
+    twin of its layout, and a literal the graph holds (``torch.tensor([], device=x.device)``, real values)
+    becomes a fake one. Under AOTAutograd's trace, a device-made tensor is copied to the host in the graph (a
+    copy the executor's ``host_device`` makes a no-op) and literals stay the graph's constants."""
+    if fake is not None:
+        if type(t) is torch.Tensor:
+            return fake.from_tensor(t)
+        if t.device.type == HPU and not isinstance(t, HpuTensor):
+            with fake:
+                return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=CPU)
+        return t
     return t.to(CPU) if t.device.type == HPU and not isinstance(t, HpuTensor) else t
 
 
@@ -311,7 +329,7 @@ def _host_side(t: torch.Tensor) -> torch.Tensor:
 _CROSS_DEVICE = frozenset(map(id, (aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
                                     aten._copy_from_and_resize.default, aten.set_.source_Tensor,
                                     aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)))
-_NO_OP = frozenset({id(aten.record_stream.default)})  # memory is freed when the host tensor is: no stream to hold it
+_NO_OP = frozenset({id(aten.record_stream.default)})  # memory is freed with the host tensor: no stream holds it
 
 
 def _mixed(first, second) -> RuntimeError:
