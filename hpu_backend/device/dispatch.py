@@ -322,6 +322,8 @@ def _host_side(t: torch.Tensor, fake) -> torch.Tensor:
             with fake:
                 return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=CPU)
         return t
+    if type(t) is torch.Tensor:  # a literal under AOTAutograd's trace: lifted into the graph as torch lifts one
+        return torch.ops.aten.lift_fresh_copy(t)
     return t.to(CPU) if t.device.type == HPU and not isinstance(t, HpuTensor) else t
 
 
