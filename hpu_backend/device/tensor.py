@@ -101,13 +101,19 @@ class HpuTensor(torch.Tensor):
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
 
     def __dlpack__(self, *args, **kwargs):
-        """DLPack knows no Gaudi device: refused in one line, as torch refuses a device DLPack cannot name."""
-        raise BufferError(f"a {self.device} tensor cannot be shared through DLPack (DLPack has no Gaudi device): "
-                          "copy it to host memory with .cpu() first")
+        """DLPack export: the device's memory is host memory, so the capsule shares the host tensor (a host read:
+        pending work on it runs first) and names the CPU, the one device DLPack can name for it. A consumer that
+        writes through it writes the device tensor, as DLPack's sharing means."""
+        return self._dlpack_host().__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
-        raise BufferError(f"a {self.device} tensor cannot be shared through DLPack (DLPack has no Gaudi device): "
-                          "copy it to host memory with .cpu() first")
+        return self._dlpack_host().__dlpack_device__()
+
+    def _dlpack_host(self) -> torch.Tensor:
+        if not is_plain(self.host):
+            raise BufferError("a traced hpu tensor has no memory to share through DLPack")
+        DISPATCH[0].sync("DLPack export", [self.host])
+        return self.host.detach()
 
     def __deepcopy__(self, memo):
         """A copy made by the device (a pending op in lazy mode, filled when its graph runs), never a copy of
