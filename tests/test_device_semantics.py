@@ -77,22 +77,21 @@ def test_a_compiled_graph_makes_tensors_on_the_device(device_mode, dynamic):
             torch.testing.assert_close(g.cpu(), w)
 
 
-def test_index_zero_and_no_index_are_the_current_card_and_others_are_checked(monkeypatch):
+def test_a_process_uses_one_card_whatever_index_names_it_and_a_missing_card_is_refused(monkeypatch):
+    """DeepSpeed's rank 1 calls set_device(1) and makes its tensors on ``hpu:1``: they are the process's card,
+    and a backward runs on them (torch's autograd engine queues a Python backend's work for one device)."""
     monkeypatch.setenv("HPU_SIM_CARDS", "3")
-    try:
-        torch.hpu.set_device(1)
-        made = [torch.zeros(2).to("hpu"), torch.zeros(2, device="hpu"), torch.zeros(2).hpu(),
-                torch.zeros(2).to(torch.device("hpu")), torch.randn(2, device="hpu:0")]
-        assert {str(t.device) for t in made} == {"hpu:1"}
-        assert str((made[0] + made[1]).device) == "hpu:1"
-        with pytest.raises(RuntimeError, match="hpu device 3 does not exist"):
-            torch.zeros(2, device="hpu:3")
-        other = torch.ones(2, device="hpu:2")
-        assert str(other.to("hpu:1").device) == "hpu:1"  # a copy between cards
-        with pytest.raises(RuntimeError, match="same device"):
-            made[0] + other  # as torch refuses cuda:0 + cuda:1
-    finally:
-        torch.hpu.set_device(0)
+    torch.hpu.set_device(1)
+    made = [torch.zeros(2).to("hpu"), torch.zeros(2, device="hpu"), torch.zeros(2).hpu(),
+            torch.zeros(2, device="hpu:1"), torch.ones(2).to("hpu:2"), torch.randn(2, device="hpu:0")]
+    assert {str(t.device) for t in made} == {"hpu:0"} and torch.hpu.current_device() == 0
+    x = torch.ones(2, device="hpu:1", requires_grad=True)
+    (x * 3).sum().backward()
+    assert x.grad.cpu().tolist() == [3.0, 3.0]
+    with pytest.raises(RuntimeError, match="hpu device 3 does not exist: device_count\\(\\) is 3"):
+        torch.zeros(2, device="hpu:3")
+    with pytest.raises(RuntimeError, match="hpu device 5 does not exist"):
+        torch.hpu.set_device(5)
 
 
 def test_host_tensor_written_in_place_from_a_device_one_is_refused(device_mode):
@@ -205,3 +204,27 @@ def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_pa
     assert done.returncode == 0, done.stderr[-2000:]
     assert "loss" in done.stdout
     assert "background job failed" not in done.stderr and "inherited across fork" not in done.stderr
+
+
+def test_every_rank_of_a_two_card_run_trains_on_its_card(tmp_path):
+    """As DeepSpeed's HPU accelerator does: set_device(LOCAL_RANK), tensors on ``hpu:{LOCAL_RANK}``, a backward."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os, torch\n"
+        "import habana_frameworks.torch.core  # noqa: F401\n"
+        "rank = int(os.environ['LOCAL_RANK'])\n"
+        "torch.hpu.set_device(rank)\n"
+        "x = torch.ones(2, device=f'hpu:{rank}', requires_grad=True)\n"
+        "(x * (rank + 2)).sum().backward()\n"
+        "print('grad', rank, x.grad.cpu().tolist())\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "cli")]))
+    done = subprocess.run([sys.executable, "-m", "hpurecipe.main", "run", "--cards", "2", str(script)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "grad 0 [2.0, 2.0]" in done.stdout and "grad 1 [3.0, 3.0]" in done.stdout

@@ -28,9 +28,7 @@ _CASTABLE = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _device(device) -> torch.device | None:
-    """The card a request names. Index 0 is this process's current card: torch's C++ side resolves an index-less
-    ``hpu`` (``.to("hpu")``) through a Python backend's device guard, which always answers 0, while factories
-    pass it on index-less; both then land on ``torch.hpu.set_device``'s card, as on a Gaudi rank. A card past
+    """The card a request names: this process's card, ``hpu:0`` (``torch.hpu.resolve``); a card past
     ``device_count()`` is refused, as a real device refuses a nonexistent ordinal."""
     if device is None:
         return None

@@ -4,7 +4,10 @@ The names Gaudi scripts call on ``torch.hpu`` / ``habana_frameworks.torch.hpu``,
 PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``, the RNG state, ``device``).
 
 - Cards: ``device_count()`` is ``HPU_SIM_CARDS`` when set, else the launcher's ``LOCAL_WORLD_SIZE`` or
-  ``WORLD_SIZE``, else 1 (one simulated card per rank, as a server gives each rank its own card).
+  ``WORLD_SIZE``, else 1 (one simulated card per rank, as a server gives each rank its own card). A process
+  uses one card, as a Gaudi process uses the one module it acquired: ``set_device(N)`` and ``hpu:N`` are checked
+  against ``device_count()`` and name that card, whose tensors are on ``hpu:0``. (torch's autograd engine
+  queues a Python-side backend's work for one device only, so a tensor on ``hpu:1`` could not run a backward.)
 - Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
   it, and a seeded script draws the same numbers on the device as on the CPU.
 - Memory: ``memory_allocated`` and friends read the device allocator (``serve/device_memory.py``).
@@ -25,7 +28,6 @@ from .tensor import HPU
 from ..serve.device_memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
                             reset_peak_memory_stats)
 
-_current = [0]
 _names = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
 TARGET = ["gaudi2"]  # set by enable()
 
@@ -51,31 +53,23 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return _current[0]
+    """This process's card: always device 0 (see the module's docstring)."""
+    return 0
 
 
 def set_device(device) -> None:
-    index = _index(device)
-    if not 0 <= index < device_count():
-        raise ValueError(f"hpu device {index} does not exist: device_count() is {device_count()}")
-    _current[0] = index
+    """Use card ``device`` (a rank's ``LOCAL_RANK``): checked, and it is this process's card, ``hpu:0``."""
+    resolve(torch.device(HPU, device) if isinstance(device, int) else torch.device(device))
 
 
 def resolve(device: torch.device) -> torch.device:
-    """``hpu``, ``hpu:0`` or ``hpu:N`` as the card it is in this process (see ``kernels._device``): index 0 and no
-    index mean the current card; RuntimeError for a card that does not exist."""
-    index = device.index or _current[0]
+    """``hpu`` or ``hpu:N`` as this process's device: ``hpu:0``, the one card it uses; RuntimeError for a card
+    that does not exist."""
+    index = device.index or 0
     if not 0 <= index < device_count():
         raise RuntimeError(f"hpu device {index} does not exist: device_count() is {device_count()} "
                            "(HPU_SIM_CARDS sets the simulated cards per process)")
-    return torch.device(HPU, index)
-
-
-def _index(device) -> int:
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    return device.index if device.index is not None else _current[0]
+    return torch.device(HPU, 0)
 
 
 def get_device_name(device=None) -> str:
@@ -88,13 +82,9 @@ def synchronize(device=None) -> None:
 
 @contextlib.contextmanager
 def device(index):
-    """Make ``index`` the current device for the block (torch's loader uses this to place storages)."""
-    previous = _current[0]
+    """The block runs on card ``index`` (torch's loader uses this to place storages): this process's card."""
     set_device(index)
-    try:
-        yield
-    finally:
-        _current[0] = previous
+    yield
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +104,7 @@ class Stream(torch.Stream):
     stream has nothing outstanding."""
 
     def __new__(cls, device=None, priority: int = 0, **kwargs):
-        return super().__new__(cls, device=torch.device(HPU, _index(device if device is not None else _current[0])),
+        return super().__new__(cls, device=resolve(torch.device(device if device is not None else HPU)),
                                priority=priority)
 
     def __init__(self, device=None, priority: int = 0, **kwargs):

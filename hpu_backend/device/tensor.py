@@ -34,7 +34,7 @@ class HpuTensor(torch.Tensor):
         try:
             r = torch.Tensor._make_wrapper_subclass(
                 cls, host.shape, strides=host.stride(), storage_offset=host.storage_offset(), dtype=host.dtype,
-                device=device or current_card(), requires_grad=requires_grad)
+                device=device or CARD, requires_grad=requires_grad)
             r.host = host
             if type(host) is torch.Tensor:  # a real allocation (not a traced one): counted against the HBM
                 memory.allocate(host)
@@ -138,9 +138,7 @@ class HpuTensor(torch.Tensor):
 _TENSOR_DATA = torch.Tensor.data  # torch's own descriptor, which the property above extends
 
 
-def current_card() -> torch.device:
-    """The device of a tensor made with no device named: this process's current card (``torch.hpu.set_device``)."""
-    return torch.device(HPU, torch.hpu.current_device())
+CARD = torch.device(HPU, 0)  # the process's one card (module.py says why)
 
 
 def untraced(fn):
