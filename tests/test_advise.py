@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,41 @@ def train():
 
 def test_advise_options_are_checked():
     assert "expected gaudi2 or gaudi3" in cli("advise", str(POOR), "--target", "tpu", code=2).stderr
+
+
+def test_a_compile_only_run_hands_the_model_zeros_not_the_allocators_leftovers():
+    """What advise runs is compile-only: a forward that reads an output on the host (``.item()``) must see the
+    same values in every process, never bytes a freed tensor left behind (they made advise report recompiles
+    on constants like 1.17e+26)."""
+    import torch
+
+    compiled = torch.compile(lambda x: (x * 2).sum(-1), backend="hpu_backend",
+                             options={"cache": False, "execute": False})
+    x = torch.randn(16, 64)
+    for _ in range(3):
+        torch.full((16,), 1.17e26)  # freed at once: the chunk the next tensor of this size is likely to get
+        out = compiled(x)
+        assert out.shape == (16,) and out.abs().max().item() == 0
+
+
+def test_advise_gives_the_same_findings_in_two_fresh_processes(report):
+    """The user's runs: `hpurecipe advise models/poor_habits.py --train` in new processes finds what this one
+    found, every time."""
+    command = [sys.executable, "-c", "import sys; from hpurecipe.main import app; app(sys.argv[1:])",
+               "advise", str(POOR), "--train", "--json"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli")]))
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=400) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs[0][1][-2000:]
+    want = sorted((f["check"], f["where"]) for f in report["findings"])  # gains and host times may vary
+    for stdout, _ in outputs:
+        assert sorted((f["check"], f["where"]) for f in json.loads(stdout)["findings"]) == want
+
+
+def test_a_train_run_gets_the_hpu_graphs_advice_for_training(report):
+    """The user's `--train` run was told HPU Graphs serve "inference": a training step's capture is another API."""
+    graphs = next(f for f in report["findings"] if f["check"] == "hpu graphs")
+    text = " ".join((graphs["what"], graphs["why"], graphs["fix"]))
+    assert report["mode"] == "train" and "training" in graphs["why"] and "make_graphed_callables" in graphs["fix"]
+    assert "inference model" not in text and "wrap_in_hpu_graph" not in graphs["fix"]
