@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import TINY, cli, tiny_model
+from cli_helpers import TINY, cli, one_line, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 POOR = ROOT / "models" / "poor_habits.py"
@@ -112,3 +112,38 @@ def test_a_train_run_gets_the_hpu_graphs_advice_for_training(report):
     text = " ".join((graphs["what"], graphs["why"], graphs["fix"]))
     assert report["mode"] == "train" and "training" in graphs["why"] and "make_graphed_callables" in graphs["fix"]
     assert "inference model" not in text and "wrap_in_hpu_graph" not in graphs["fix"]
+
+
+GAUDI_SCRIPT = """
+import sys, torch
+import habana_frameworks.torch.core as htcore
+
+open(sys.argv[1], "w").write("ran")  # a script's top level runs when it is imported
+model = torch.nn.Linear(8, 4).to("hpu")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(2, 8).to("hpu")).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    htcore.mark_step()
+print("loss", loss.item())
+"""
+
+
+def test_a_gaudi_script_is_refused_in_one_line_naming_what_reads_it_and_that_works(tmp_path):
+    """A user gave advise and analyze their Gaudi training script: one line, nothing run, and its advice works."""
+    path, marker, trace = tmp_path / "train.py", tmp_path / "ran.txt", tmp_path / "t.json"
+    path.write_text(GAUDI_SCRIPT)
+    for command in ("advise", "analyze"):
+        line = one_line(cli(command, path, code=1))
+        assert "a script, not a model file" in line and "imports habana_frameworks" in line, line
+        assert f"hpurecipe run --trace t.json {path} ARGS" in line and "hpurecipe perf-tool --trace t.json" in line
+        assert "No module named" not in line
+    assert not marker.exists()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli")]))
+    run = subprocess.run([sys.executable, "-m", "hpurecipe.main", "run", "--trace", str(trace), str(path), str(marker)],
+                         capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+    assert run.returncode == 0 and marker.read_text() == "ran", run.stderr[-3000:]
+    assert "host syncs: 1" in run.stderr and f"{path.name}:" in run.stderr
+    assert "limiting resource:" in cli("perf-tool", "--trace", trace).output
