@@ -34,7 +34,10 @@ from .session import observe_every_run
 _lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
 _storages: dict[int, tuple] = {}  # data pointer -> (bytes, weak reference), for every storage counted and not yet freed
 _stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
-_target = ["gaudi2"]
+# The target whose HBM the counters hold against: the enabled hpu device's (set_target) when there is one, else
+# that of the last recipe that ran. A run never overrides the device's: a graph compiled for another target in
+# the same process (a test, a planning call) must not change the device's capacity or its OOM message.
+_target = {"device": None, "run": "gaudi2"}
 _capacity: list[int | None] = [None]  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
 _started = [False]
 CAPACITY_ENV = "HPU_BACKEND_HBM_BYTES"
@@ -58,7 +61,12 @@ def start() -> None:
 def set_target(target: str) -> None:
     """The device whose HBM the counters are held against (``gaudi2`` | ``gaudi3``)."""
     device(target)  # KeyError for an unknown one
-    _target[0] = target
+    _target["device"] = target
+
+
+def target() -> str:
+    """The target the counters hold against: the device's, else the last recipe run's."""
+    return _target["device"] or _target["run"]
 
 
 def set_capacity(nbytes: int | None) -> None:
@@ -73,7 +81,7 @@ def capacity() -> int:
     text = os.environ.get(CAPACITY_ENV, "").strip()
     if text.isdigit():
         return int(text)
-    return int(device(_target[0]).hbm_bytes)
+    return int(device(target()).hbm_bytes)
 
 
 def mem_get_info() -> tuple[int, int]:
@@ -91,9 +99,11 @@ def allocate(t: torch.Tensor) -> None:
     with _lock:
         limit = capacity()
         if _stats["InUse"] + storage.nbytes() > limit:
+            name = target()
+            limited = f", limited by {CAPACITY_ENV}" if limit != device(name).hbm_bytes else ""
             raise DeviceOutOfMemoryError(
                 f"hpu out of memory: tried to allocate {_size(storage.nbytes())}; {_size(_stats['InUse'])} in use "
-                f"of {_size(limit)} ({_target[0]} HBM{', limited by ' + CAPACITY_ENV if limit != device(_target[0]).hbm_bytes else ''})")
+                f"of {_size(limit)} ({name} HBM{limited})")
         _stats["InUse"] += _add(t)
         _stats["MaxInUse"] = max(_stats["MaxInUse"], _stats["InUse"])
 
@@ -159,7 +169,7 @@ def on_run(recipe, args: list, outputs) -> None:
         return
     outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     with _lock:
-        _target[0] = recipe.target
+        _target["run"] = recipe.target
         held = 0
         for values in (args, outs):
             for v in values:
