@@ -35,6 +35,7 @@ class Parts:
     compile_s: float = 0.0  # left out of the step and the host (measured lowering)
     engines: dict = field(default_factory=lambda: dict.fromkeys(ENGINES, 0.0))
     sync_lines: dict = field(default_factory=dict)  # source -> host-read count
+    loader: bool | None = None  # the steps' input came from a DataLoader (None: the trace does not say)
 
 
 @dataclass
@@ -102,6 +103,8 @@ class _Rows:
         p = Parts(steps=len(self.steps), launches=self.launches / n, staging_s=self.staging / n,
                   sync_lines={k: v / n for k, v in self.lines.items()})
         p.engines = {k: self.busy.get("device:" + k, 0.0) / n for k in ENGINES}
+        said = [s["loader"] for s in self.steps if "loader" in s]  # traces before this field do not say
+        p.loader = any(said) if said else None
         if self.steps:
             _from_steps(p, steady(self.steps))
         else:
@@ -155,7 +158,8 @@ def advise(p: Parts) -> list[Advice]:
         Advice("HPU Graphs", now - new(p.host_s - p.dispatch_s + p.launches * HOST.graph_replay_s, p.device_s),
                "the bridge's per-op dispatch and launches are host time: wrap the model in "
                "htorch.hpu.wrap_in_hpu_graph (inference) or capture the step"),
-        Advice("more loader workers", now - new(p.host_s - p.input_s, p.device_s),
+        # A script with no DataLoader has no workers to add: its Python before the first copy is its own.
+        Advice("more loader workers", now - new(p.host_s - p.input_s, p.device_s) if p.loader is not False else 0.0,
                "the host waits for the next batch before its first copy: raise DataLoader num_workers"),
         Advice("pinned memory", now - new(p.host_s - p.staging_s, p.device_s, max(p.sync_s - p.copy_wait_s, 0.0)),
                "pageable copies are staged by the host and block it: DataLoader(pin_memory=True) and "

@@ -22,7 +22,7 @@ the largest part bounds the step: ``host``, ``device`` or ``sync``.
 Events are plain tuples, cheap to record:
 ``("py", s)``, ``("op", "eager"|"lazy")``, ``("launch", kind, name, rid, Cost, compile_s)`` (kind ``lazy``,
 ``eager``, ``compiled`` or ``replay``), ``("copy", nbytes, to_device, pinned, non_blocking, source)``,
-``("sync", what, source)``, ``("step",)``.
+``("sync", what, source)``, ``("step",)``, ``("loader",)`` (the step's input came from a DataLoader).
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ class StepTime:
     waits: dict = field(default_factory=lambda: {"sync": 0.0, "copy": 0.0, "queue": 0.0})
     syncs: list = field(default_factory=list)  # (what, source, waited seconds)
     copies: list = field(default_factory=list)  # (nbytes, pinned, non_blocking, seconds on DMA, source)
+    loader: bool = False  # its input came from a DataLoader (whose workers could prepare it)
 
     @property
     def time_s(self) -> float:
@@ -112,7 +113,7 @@ class StepTime:
                 "input_s": self.input_s, "dispatch_s": self.dispatch_s, "compile_s": self.compile_s,
                 "setup_s": self.setup_s, "device_s": self.device_s,
                 "sync_s": self.serial_s, "engines": dict(self.engines), "waits": dict(self.waits),
-                "bound": self.bound, "estimate": True}
+                "bound": self.bound, "loader": self.loader, "estimate": True}
 
 
 class Link(NamedTuple):
@@ -170,6 +171,9 @@ class Schedule:
         self.t += seconds
         self.step.start_s = self.t
         self.step.setup_s += seconds
+
+    def _loader(self) -> None:
+        self.step.loader = True
 
     def _py(self, seconds: float) -> None:
         self._host_ops(seconds, 0.0, 0)
