@@ -101,10 +101,10 @@ def _lazy(compiled: list[int], compile_steps: list[int], **more) -> dict:
 def test_nothing_compiled_from_step_n_agrees_with_every_compile():
     # The user's run: lazy graphs compiled in step 0 only, while torch.compile's graphs compiled in every step.
     steps = render(_lazy([3] + [0] * 59, list(range(60))))[1]
-    assert "nothing compiled from" not in steps and "still compiling in step 59 of steps 0-59" in steps
+    assert "nothing compiled from" not in steps and "compiling up to step 59 of steps 0-59" in steps
     assert "lazy-graph recipes compiled per step: 3, 0, 0" in steps
-    # A 21-step run that compiled in its steps 0-19 and ended on a step 20 alone is still compiling.
-    assert "still compiling in step 19 of steps 0-20" in render(_lazy([1] * 20 + [0], list(range(20))))[1]
+    # A 21-step run that compiled in its steps 0-19 and ended on a quiet step 20 has no steady state to name.
+    assert "compiling up to step 19 of steps 0-20" in render(_lazy([1] * 20 + [0], list(range(20))))[1]
     settled = render(_lazy([2, 1, 0, 0, 0], [0, 1]))[1]
     assert "(nothing compiled from step 2 on)" in settled
 

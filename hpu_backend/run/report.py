@@ -184,15 +184,15 @@ def _steps(r: dict[str, Any]) -> str:
 
 
 def _settled(steps: int, compiling: set) -> str:
-    """" (nothing compiled from step N on)" when at least two steps at the end compiled nothing; else where the
-    compiling stopped, or that it did not."""
+    """" (nothing compiled from step N on)" when at least two steps at the end compiled nothing (one quiet last step
+    is no steady state); else up to which step the run compiled."""
     if steps <= 1:
         return ""
     if not compiling:
         return " (nothing compiled)"
     last = max(compiling)
     if last >= steps - 2:
-        return f" (still compiling in step {last} of steps 0-{steps - 1})"
+        return f" (compiling up to step {last} of steps 0-{steps - 1})"
     return f" (nothing compiled from step {last + 1} on)"
 
 
