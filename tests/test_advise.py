@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from cli_helpers import TINY, cli, tiny_model
+from cli_helpers import TINY, cli, one_line, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 POOR = ROOT / "models" / "poor_habits.py"
@@ -71,3 +75,79 @@ def train():
 
 def test_advise_options_are_checked():
     assert "expected gaudi2 or gaudi3" in cli("advise", str(POOR), "--target", "tpu", code=2).stderr
+
+
+def test_a_compile_only_run_hands_the_model_zeros_not_the_allocators_leftovers():
+    """What advise runs is compile-only: a forward that reads an output on the host (``.item()``) must see the
+    same values in every process, never bytes a freed tensor left behind (they made advise report recompiles
+    on constants like 1.17e+26)."""
+    import torch
+
+    compiled = torch.compile(lambda x: (x * 2).sum(-1), backend="hpu_backend",
+                             options={"cache": False, "execute": False})
+    x = torch.randn(16, 64)
+    for _ in range(3):
+        torch.full((16,), 1.17e26)  # freed at once: the chunk the next tensor of this size is likely to get
+        out = compiled(x)
+        assert out.shape == (16,) and out.abs().max().item() == 0
+
+
+def test_advise_gives_the_same_findings_in_two_fresh_processes(report):
+    """The user's runs: `hpurecipe advise models/poor_habits.py --train` in new processes finds what this one
+    found, every time."""
+    command = [sys.executable, "-c", "import sys; from hpurecipe.main import app; app(sys.argv[1:])",
+               "advise", str(POOR), "--train", "--json"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli")]))
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=400) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs[0][1][-2000:]
+    first, second = ([(f["check"], f["where"]) for f in json.loads(stdout)["findings"]] for stdout, _ in outputs)
+    assert first == second  # the same findings in the same order (gains and host times may vary)
+    # This process compiled other graphs before (other tests): graph names differ by their number only.
+    numbered = re.compile(r"\b(fx_graph|lazy_graph)_\d+")
+    want = sorted((c, numbered.sub(r"\1_N", w)) for c, w in ((f["check"], f["where"]) for f in report["findings"]))
+    assert sorted((c, numbered.sub(r"\1_N", w)) for c, w in first) == want
+
+
+def test_a_train_run_gets_the_hpu_graphs_advice_for_training(report):
+    """The user's `--train` run was told HPU Graphs serve "inference": a training step's capture is another API."""
+    graphs = next(f for f in report["findings"] if f["check"] == "hpu graphs")
+    text = " ".join((graphs["what"], graphs["why"], graphs["fix"]))
+    assert report["mode"] == "train" and "training" in graphs["why"] and "make_graphed_callables" in graphs["fix"]
+    assert "inference model" not in text and "wrap_in_hpu_graph" not in graphs["fix"]
+
+
+GAUDI_SCRIPT = """
+import sys, torch
+import habana_frameworks.torch.core as htcore
+
+open(sys.argv[1], "w").write("ran")  # a script's top level runs when it is imported
+model = torch.nn.Linear(8, 4).to("hpu")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(2, 8).to("hpu")).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    htcore.mark_step()
+print("loss", loss.item())
+"""
+
+
+def test_a_gaudi_script_is_refused_in_one_line_naming_what_reads_it_and_that_works(tmp_path):
+    """A user gave advise and analyze their Gaudi training script: one line, nothing run, and its advice works."""
+    path, marker, trace = tmp_path / "train.py", tmp_path / "ran.txt", tmp_path / "t.json"
+    path.write_text(GAUDI_SCRIPT)
+    for command in ("advise", "analyze"):
+        line = one_line(cli(command, path, code=1))
+        assert "a script, not a model file" in line and "imports habana_frameworks" in line, line
+        assert f"hpurecipe run --trace t.json {path} ARGS" in line and "hpurecipe perf-tool --trace t.json" in line
+        assert "No module named" not in line
+    assert not marker.exists()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli")]))
+    run = subprocess.run([sys.executable, "-m", "hpurecipe.main", "run", "--trace", str(trace), str(path), str(marker)],
+                         capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+    assert run.returncode == 0 and marker.read_text() == "ran", run.stderr[-3000:]
+    assert "host syncs: 1" in run.stderr and f"{path.name}:" in run.stderr
+    assert "limiting resource:" in cli("perf-tool", "--trace", trace).output

@@ -459,10 +459,16 @@ def test_signed_bundles_with_a_key_and_refusals_without_a_match(tmp_path, warmed
     assert cli_json("import", signed, "-d", tmp_path / "e")["signature_checked"] is False  # no key: not checked
 
 
-def test_version():
+def test_version_names_the_recipe_format_show_prints(warmed):
+    """A user compared `--version` with `show`: one said "recipe entry format 1", the other recipe_format=2."""
+    import re
+
     from hpu_backend.version import __version__
 
-    assert cli("--version").output.startswith(f"hpurecipe {__version__} ")
+    version = cli("--version").output
+    assert version.startswith(f"hpurecipe {__version__} ")
+    shown = re.search(r"recipe_format=(\d+)", cli("show", keys_of(warmed)[0], "-d", warmed).output).group(1)
+    assert re.search(r"recipe_format (\d+)", version).group(1) == shown and "cache entry format" in version
 
 
 def test_units_are_spelled_one_way(warmed, tiny_file):

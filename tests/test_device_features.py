@@ -3,6 +3,7 @@ host reads as syncs, torch.compile on device tensors, pinned-memory loaders."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -40,6 +41,7 @@ def lazy():
 
 def test_memory_counts_every_device_tensor_and_oom_names_request_use_and_capacity(eager):
     hpu = torch.hpu
+    gc.collect()  # device tensors in garbage cycles of earlier tests are freed now, not inside the deltas below
     start = hpu.memory_allocated()
     a = torch.empty(1024, device="hpu")
     assert hpu.memory_allocated() - start == 4096
@@ -209,3 +211,20 @@ def test_strict_lazy_mode_refuses_the_graph_holding_a_fallback():
         del y
     finally:
         hd.enable("eager")
+
+
+def test_a_graph_compiled_for_another_target_leaves_the_devices_memory_target(eager):
+    """The order dependence of the memory test above: a compiled graph for gaudi3 run earlier in the same process
+    (tests/test_recompiles.py has one) moved the counters to gaudi3's HBM, so the OOM message said "gaudi3" once the
+    test's eager ops were all known (no gaudi2 recipe ran to move it back)."""
+    from hpu_backend.targets import device
+
+    hpu = torch.hpu
+    limit = hpu.memory_stats()["Limit"]
+    assert limit == device("gaudi2").hbm_bytes
+    doubled = torch.compile(lambda x: x * 2, backend="hpu_backend", options={"target": "gaudi3", "cache": False})
+    torch.testing.assert_close(doubled(torch.ones(3)), torch.full((3,), 2.0))
+    assert hpu.memory_stats()["Limit"] == limit and hpu.mem_get_info()[1] == limit
+    memory.set_capacity(hpu.memory_allocated() + 10_000)
+    with pytest.raises(torch.OutOfMemoryError, match=r"\(gaudi2 HBM, limited by"):
+        torch.empty(1 << 20, device="hpu")

@@ -420,3 +420,25 @@ def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_wi
             assert dict(metric_global("graph_compilation").stats())["TotalNumber"] - before == lowers, (batch, seq)
     (warning,) = _warnings(caplog)
     assert "range-001.hpuaot: seq=200 is outside batch=2..16 seq=2..16,33..64" in warning, warning
+
+
+def test_ls_and_show_list_an_unsigned_directory_without_unpickling_it(precompiled, tmp_path):
+    """A user precompiled without HPURECIPE_BUNDLE_KEY and listed the directory: listing runs nothing, so it lists;
+    loading it still refuses."""
+    model_file, directory = precompiled
+    copy = _copy(directory, tmp_path)
+    marker = tmp_path / "pickle-ran"
+    doc = json.loads((copy / MANIFEST).read_text())["manifest"]
+    for entry in doc["artifacts"]:
+        data = artifact_bytes(_info(directory), _evil_pickle(marker), None)  # unsigned, and its pickle is live
+        (copy / entry["file"]).write_bytes(data)
+        entry["sha256"] = read_artifact(copy / entry["file"], allow_unsigned=True).digest
+    (copy / MANIFEST).write_bytes(manifest_bytes(doc, None))
+    listed = cli("ls", copy).output
+    assert all(entry["file"] in listed for entry in doc["artifacts"]) and "batch=2..8" in listed.replace(" ", "")
+    shown = cli("show", copy).output
+    assert "signed" in shown and "listed only" in shown and "HPURECIPE_BUNDLE_KEY" in shown
+    assert "not signed" in one_line(cli("verify", copy, code=1))
+    with pytest.raises(PrecompileError, match="not signed"):
+        hpu_backend.load_precompiled(copy, hpu_backend.load_model_file(str(model_file)).make_model())
+    assert not marker.exists()

@@ -3,6 +3,7 @@
 warnings once each."""
 
 import logging
+import sys
 
 import pytest
 import torch
@@ -149,3 +150,21 @@ def test_a_second_module_is_a_new_graph_not_a_recompile():
 class Doubled(torch.nn.Module):
     def forward(self, x):
         return x * 2
+
+
+def test_a_recompile_inside_library_code_is_named_at_the_users_line():
+    """A user saw recompile causes at ``_pytree.py`` and the simulator's ``dispatch.py`` as if those were their lines:
+    the user's line is the innermost of their own frames, in Dynamo's stack or, failing that, on the stack now."""
+    import hpu_backend.device.dispatch as dispatch
+    import torch.utils._pytree as pytree_module
+
+    library = pytree_module.tree_flatten.__code__
+    here = sampler.__code__
+    stack = (f'0/1: i == 1\n  File "{here.co_filename}", line {here.co_firstlineno + 1}, in sampler\n'
+             f'  File "{library.co_filename}", line {library.co_firstlineno}, in tree_flatten\n'
+             f'  File "{dispatch.__file__}", line 90, in _call')
+    rec = classify(stack, library, {"i": 2})
+    assert rec.source == f"test_recompiles.py:{here.co_firstlineno + 1}" and rec.library.endswith("_pytree.py")
+    line = sys._getframe().f_lineno + 1
+    rec = classify(f'0/1: i == 1\n  File "{dispatch.__file__}", line 90, in _call', library, {"i": 2})
+    assert rec.source == f"test_recompiles.py:{line}"  # no user frame in Dynamo's stack: this test's call

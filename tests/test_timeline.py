@@ -431,3 +431,34 @@ def test_the_report_puts_each_steps_measured_wall_time_beside_the_estimate():
     assert steps[0].wall_s is None and steps[0].simulator_s == 0.030
     assert steps[1].wall_s == pytest.approx(0.040) and steps[1].simulator_s == 0.028
     assert steps[1].summary()["measured_wall_s"] == pytest.approx(0.040)
+
+
+def _loop(device, use_loader: bool, steps: int = 6) -> list[tuple]:
+    """A training loop whose batches come from a DataLoader, or are made in the loop (no DataLoader); a clock
+    that moves, so the Python before each step's first copy is measured."""
+    ticks = iter(range(10**9))
+    device.timeline = Recorder(device.mode, clock=lambda: next(ticks) * 1e-3)
+    model = torch.nn.Linear(8, 1).to("hpu")
+    batches = [(torch.randn(64, 8),) for _ in range(steps)]
+    source = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.cat([b for b, in batches])),
+                                         batch_size=64) if use_loader else batches
+    for (x,) in source:
+        model(x.to("hpu")).sum().backward()
+        mark_step()
+    return list(device.timeline.events)
+
+
+def test_perf_tool_suggests_loader_workers_only_to_a_script_that_uses_a_dataloader(lazy_device, tmp_path):
+    """The user's script made its batches in the loop: perf-tool told it to raise DataLoader num_workers."""
+    advice = {}
+    for use_loader in (False, True):
+        events = _loop(lazy_device, use_loader)
+        assert events.count(("loader",)) == (6 if use_loader else 0)  # once per step whose input came from one
+        path = tmp_path / f"loader_{use_loader}.json"
+        trace.write(str(path), whatif.schedule(events, "gaudi2", spans=True).spans)
+        doc = guidance.report(str(path))
+        assert doc["host_s"] > doc["device_s"]  # host-bound: the Python before the copy is on the critical path
+        advice[use_loader] = [a["what"] for a in doc["advice"]]
+    assert "more loader workers" not in advice[False] and "more loader workers" in advice[True]
+    old = guidance.Parts(steps=4, step_s=1.0, host_s=1.0, input_s=0.5, device_s=0.1)  # a trace that does not say
+    assert "more loader workers" in [a.what for a in guidance.advise(old)]

@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
+from hpu_backend.formats.recipe import FORMAT_VERSION as RECIPE_FORMAT
 from hpu_backend.version import __version__
-from recipecache import FORMAT_VERSION
+from recipecache import FORMAT_VERSION as ENTRY_FORMAT
 from recipecache.config import ENV_VAR
 
 from . import buildcmds, cachecmds, packagecmds, perftool, precompilecmds, runcmd, servingcmd, shipcmds
@@ -36,7 +37,9 @@ app.command("run", context_settings=runcmd.CONTEXT)(mapped(runcmd.run))
 
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"hpurecipe {__version__} (hpu_backend {__version__}; recipe entry format {FORMAT_VERSION})")
+        # The names `show` prints: a recipe's recipe_format, and the cache entry's header around it.
+        typer.echo(f"hpurecipe {__version__} (hpu_backend {__version__}; recipe_format {RECIPE_FORMAT}, "
+                   f"cache entry format {ENTRY_FORMAT})")
         raise typer.Exit()
 
 

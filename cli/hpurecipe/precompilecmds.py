@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, describe, is_precompiled, read_artifact,
-                                             read_manifest)
+                                             read_manifest, trust_unsigned)
 
 from . import render
 from .errors import CliError
@@ -75,27 +75,30 @@ def _served(artifact: dict) -> str:
                     for k, spans in serves.items()) or "-"
 
 
-def _open(path: Path) -> tuple[dict | None, list[tuple[Path, Any]]]:
-    """(manifest or None, [(artifact path, Artifact)]) of a directory or of one artifact file, all checked."""
+def _open(path: Path, listing: bool = False) -> tuple[dict | None, list[tuple[Path, Any]]]:
+    """(manifest or None, [(artifact path, Artifact)]) of a directory or of one artifact file, all checked.
+    ``listing``: unsigned files are read too (``ls``, ``show``): their descriptions are data, and torch's pickle
+    in them is never unpickled here; loading, verifying and exporting them still need a signature."""
     if not path.exists():
         raise CliError(f"{path}: no such precompiled directory or artifact")
+    trust = True if listing else None  # None: HPURECIPE_TRUST_UNSIGNED decides
     if path.is_dir():
-        manifest = read_manifest(path)
+        manifest = read_manifest(path, allow_unsigned=trust)
         arts = []
         for entry in manifest["artifacts"]:
             file = path / entry["file"]
             if not file.exists():
                 raise PrecompileError(f"{path}: {entry['file']} is listed in the manifest but missing")
-            art = read_artifact(file)
+            art = read_artifact(file, allow_unsigned=trust)
             if art.digest != entry["sha256"]:
                 raise PrecompileError(f"{file}: not the artifact the manifest lists (checksum differs)")
             arts.append((file, art))
         return manifest, arts
-    return None, [(path, read_artifact(path))]
+    return None, [(path, read_artifact(path, allow_unsigned=trust))]
 
 
 def _described(path: Path) -> tuple[dict | None, list[dict]]:
-    manifest, arts = _open(path)
+    manifest, arts = _open(path, listing=True)
     points = {e["file"]: e.get("points", "-") for e in (manifest or {}).get("artifacts", [])}
     return manifest, [dict(describe(a, p), points=points.get(p.name, "-")) for p, a in arts]
 
@@ -106,10 +109,16 @@ def show(path: Path, json: bool) -> None:
         return render.emit_json({"path": str(path), "manifest": manifest, "artifacts": docs})
     fp = docs[0]["fingerprint"]
     render.pairs({"precompiled": str(path), "model": docs[0]["model"], "mode": docs[0]["mode"],
-                  "signed": "yes" if all(d["signed"] for d in docs) else "no (trusted by HPURECIPE_TRUST_UNSIGNED=1)",
+                  "signed": "yes" if all(d["signed"] for d in docs) else _unsigned(),
                   "fingerprint": ", ".join(f"{k}={v}" for k, v in fp.items() if k != "settings"),
                   "settings": ", ".join(f"{k}={v}" for k, v in fp["settings"].items()) or "defaults"})
     ls_rows(docs)
+
+
+def _unsigned() -> str:
+    if trust_unsigned():
+        return "no (trusted by HPURECIPE_TRUST_UNSIGNED=1)"
+    return "no (listed only: loading it needs HPURECIPE_BUNDLE_KEY when precompiling, or HPURECIPE_TRUST_UNSIGNED=1)"
 
 
 def ls(path: Path, json: bool) -> None:

@@ -71,6 +71,16 @@ DOCS = {
     "pinned memory": "a copy from pageable memory is staged by the host and blocks it; the docs pin the data "
                      "loader's memory and copy with non_blocking=True",
 }
+# What differs for a training run (``--train``): Gaudi's HPU Graphs for training capture the forward and backward.
+TRAINING_DOCS = {
+    "hpu graphs": "a host-bound training step spends more time launching than computing; HPU Graphs record the "
+                  "launches of the forward and backward once and replay them (docs: HPU Graphs for training)",
+}
+
+
+def why(check: str, train: bool) -> str:
+    """The docs' reason for a check, as it reads for this run's mode."""
+    return TRAINING_DOCS.get(check, DOCS[check]) if train else DOCS[check]
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ def advise(spec: ModelSpec, train: bool = False, target: str = "gaudi2",
     recipes = [u.recipe for u in largest.used] if largest else []
     findings = [*_hbm(recipes), *_fallbacks(recipes, spec), *_breaks(breaks, spec), *_recompiles(recompiled, spec),
                 *_buckets(spec), *_attention(recipes, spec), *_autocast(recipes, target), *_source(spec),
-                *batch, *_timeline(spec, recipes, largest, target)]
+                *batch, *_timeline(spec, recipes, largest, target, train)]
     findings.sort(key=lambda f: (not f.gain_s, -(f.gain_s or 0.0), CHECKS.index(f.check)))
     return {"model": spec.name, "target": target, "mode": "train" if train else "inference",
             "planned_at": largest.point if largest else {}, "estimate": True,
@@ -362,9 +372,9 @@ def _batch(spec: ModelSpec, points: list[PointResult], train: bool, target: str)
                                                                          f"analyze{' --train' if train else ''}`)")]
 
 
-def _timeline(spec: ModelSpec, recipes, largest, target: str) -> list[Finding]:
+def _timeline(spec: ModelSpec, recipes, largest, target: str, train: bool) -> list[Finding]:
     """Per-step host reads, pageable copies and a host-bound step, each with its gain on the step timeline."""
     def make(check: str, what: str, where: str, gain_s: float, fix: str) -> Finding:
-        return Finding(check, what, where, DOCS[check], gain_s, fix)
+        return Finding(check, what, where, why(check, train), gain_s, fix)
 
-    return timeline_advice.findings(spec, recipes, largest.point if largest else {}, target, make)
+    return timeline_advice.findings(spec, recipes, largest.point if largest else {}, target, make, train)

@@ -15,6 +15,7 @@ process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import sys
@@ -33,6 +34,8 @@ def load_model_file(selector: str | Path) -> ModelSpec:
     if is_config(selector):
         return load_config(selector)
     path, _, attr = str(selector).partition(":") if not Path(str(selector)).exists() else (str(selector), "", "")
+    if not attr:
+        _refuse_a_script(Path(path))
     module = _import(Path(path))
     holder = module
     if attr:
@@ -58,6 +61,55 @@ def _import(path: Path):
         sys.modules.pop(name, None)
         raise ModelFileError(f"{path}: failed to import: it {_raised(e)}") from None
     return module
+
+
+def _refuse_a_script(path: Path) -> None:
+    """ModelFileError, before anything is imported, for a script (a Gaudi training script, say) rather than a model
+    file: importing it would run it, and its ``habana_frameworks`` imports resolve only under the launcher. The
+    launcher is what reads a script: ``hpurecipe run`` reports what it ran, ``perf-tool`` advises on its trace."""
+    names = _top_level_names(path)
+    if names is None or "make_model" in names:
+        return
+    gaudi = " and imports habana_frameworks" if "habana_frameworks" in names else ""
+    raise ModelFileError(
+        f"{path}: a script, not a model file (it defines no make_model{gaudi}): run it with `hpurecipe run --trace "
+        f"t.json {path} ARGS` for the report of what it ran (CPU fallbacks, recompiles, host syncs with their lines), "
+        f"then `hpurecipe perf-tool --trace t.json` for advice; or give a model file (make_model, make_inputs, AXES)")
+
+
+def _top_level_names(path: Path) -> set[str] | None:
+    """The names a file binds at its top level, plus the top package of each import; None when that cannot be
+    told without running it (unreadable, a syntax error, ``import *``): then the import says what is wrong."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in _module_level(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            names.update(a.name.split(".")[0] for a in node.names if isinstance(node, ast.Import))
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def _module_level(tree: ast.Module):
+    """The statements run at import: the module's, and those inside its top-level if/try/with blocks."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
 
 
 def _stem_label(path: str) -> str:

@@ -22,8 +22,9 @@ STEPS = 20  # steps laid out: one read every N ≤ 20 steps shows at its rate
 READS = ("item", "cpu", "tolist", "numpy")
 
 
-def findings(spec, recipes: list, point: dict, target: str, make) -> list:
-    """``make(check, what, where, gain_s, fix)`` for each finding with a gain on the timeline."""
+def findings(spec, recipes: list, point: dict, target: str, make, train: bool = False) -> list:
+    """``make(check, what, where, gain_s, fix)`` for each finding with a gain on the timeline (``train``: the
+    step is a training step, and the fixes say so)."""
     tree, path = _source(spec)
     if tree is None or not recipes:
         return []
@@ -41,19 +42,28 @@ def findings(spec, recipes: list, point: dict, target: str, make) -> list:
     if gain > 0:
         out.append(make("pinned memory", "inputs copied to the device from pageable memory, blocking the host",
                         path.name, gain, "DataLoader(pin_memory=True) and .to('hpu', non_blocking=True)"))
-    out += _graphs(events, target, path.name, make)
+    out += _graphs(events, target, path.name, make, train)
     return out
 
 
-def _graphs(events: list[tuple], target: str, where: str, make) -> list:
+# Here HPU Graphs (wrap_in_hpu_graph, mode="reduce-overhead") replay inference graphs only: a training step's
+# capture is Gaudi's make_graphed_callables, which the advice names for Gaudi.
+GRAPH_FIXES = {False: "wrap the model with hpu_backend.gaudi.wrap_in_hpu_graph, or "
+                      "torch.compile(mode='reduce-overhead')",
+               True: "on Gaudi, capture the forward and backward with habana_frameworks.torch.hpu."
+                     "make_graphed_callables (HPU Graphs for training; the simulated device replays inference "
+                     "graphs only)"}
+
+
+def _graphs(events: list[tuple], target: str, where: str, make, train: bool) -> list:
     steps = whatif.steps_of(events, target)
     gain = whatif.gain(events, whatif.hpu_graphs, target)
     if gain <= 0 or not any(s.bound == "host" for s in steps):
         return []
     host = sum(s.host_s for s in steps) / len(steps)
-    return [make("hpu graphs", f"the step is host-bound: {host * 1e6:.0f} µs of the bridge's dispatch per step "
-                 "(estimate)", where, gain, "wrap the model with hpu_backend.gaudi.wrap_in_hpu_graph, or "
-                 "torch.compile(mode='reduce-overhead')")]
+    step = "training step" if train else "step"
+    return [make("hpu graphs", f"the {step} is host-bound: {host * 1e6:.0f} µs of the bridge's dispatch per step "
+                 "(estimate)", where, gain, GRAPH_FIXES[train])]
 
 
 def step_events(recipes: list, input_bytes: int, pinned: bool, non_blocking: bool, reads: dict,

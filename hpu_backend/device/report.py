@@ -66,6 +66,7 @@ def build(device, times: StepTimes) -> dict[str, Any]:
         "recipes_compiled": sum(s["recipes_compiled"] for s in graphs),
         "recompiles": [{"kind": "dynamo", **{k: str(v) for k, v in r.items()}} for r in metrics.recompiles()]
         + _lazy_recompiles(),
+        "op_layouts_compiled": op_layouts(device),
         "cpu_fallbacks": _fallbacks(device),
         "host_syncs": _syncs(device),
         "memory": {"peak_bytes": memory.max_memory_allocated(), "in_use_bytes": memory.memory_allocated(),
@@ -134,11 +135,23 @@ def _graph_steps() -> list[dict]:
             for s in lazy_mode.lazy_report()]
 
 
+EAGER_OP = "eager op"  # what cuts an eager-mode op's one-op graph (``dispatch.py``)
+
+
 def _lazy_recompiles() -> list[dict]:
     """Lazy graphs built again for a change of a constant, an argument or an input layout (the same ops as a
-    graph seen before): the recompiles a steady state should not have (the docs' loop-constant pattern)."""
+    graph seen before): the recompiles a steady state should not have (the docs' loop-constant pattern). An
+    eager-mode op's one-op graph is not one: its first run at a layout is that layout's first compile."""
     return [{"kind": "lazy graph", "graph": g.name, "source": g.source, "cause": g.new}
-            for step in lazy_mode.lazy_report() for g in step.graphs if g.new.startswith("like ")]
+            for step in lazy_mode.lazy_report() for g in step.graphs
+            if g.new.startswith("like ") and g.cut_by != EAGER_OP]
+
+
+def op_layouts(device) -> dict[str, Any]:
+    """Eager mode's first runs of an op at a layout (shapes, strides, dtypes, arguments), each lowered once to
+    its own recipe, named by the op: ``{"total": N, "ops": {"aten.mm.default": 3, ...}}`` (most first)."""
+    ops = Counter(str(key[0]) for key in getattr(device, "estimates", {}))
+    return {"total": sum(ops.values()), "ops": dict(ops.most_common())}
 
 
 def _fallbacks(device) -> list[dict]:

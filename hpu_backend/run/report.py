@@ -1,5 +1,6 @@
 """The run's report: what the device saw (``hpu_backend.device.report()``) plus the run's own facts, rendered
-as a few lines on stderr or written as JSON (one rank's, or every rank's under ``"ranks"``)."""
+as a few lines on stderr or written as JSON. The JSON has one shape for any number of ranks:
+``{"world_size": N, "ranks": [one report per rank]}``, each with its ``rank``."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
     """This process's report: the script, its exit code and wall time, its rank, and the device's report."""
     from .. import device
 
-    out: dict[str, Any] = {"script": script, "exit_code": exit_code, "wall_s": round(seconds, 3)}
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        out.update(rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ["WORLD_SIZE"]))
+    out: dict[str, Any] = {"script": script, "exit_code": exit_code, "wall_s": round(seconds, 3),
+                           "rank": int(os.environ.get("RANK", "0")),
+                           "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
     out.update(device.report())
     return out
 
@@ -39,9 +40,10 @@ def trace(path: str) -> str:
 
 
 def finish(report: dict[str, Any], path: str | None) -> None:
-    """Write ``report`` as JSON to ``path``, or render it on stderr when there is no path."""
+    """Write ``report`` as JSON to ``path``, or render it on stderr when there is no path. A rank the launcher
+    started writes its own report for the launcher to gather; a run of one process writes the gathered shape."""
     if path:
-        write(report, path)
+        write(report if os.environ.get("HPU_BACKEND_RUN_RANK") else gathered([report]), path)
     else:
         sys.stdout.flush()
         print("\n".join(render(report)), file=sys.stderr, flush=True)
@@ -55,6 +57,11 @@ def write(report: dict[str, Any], path: str) -> None:
         raise RunError(f"--report {path}: {e.strerror}") from None
 
 
+def gathered(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``--report`` file: every rank's report, in rank order, under ``"ranks"``."""
+    return {"world_size": len(per_rank), "ranks": per_rank}
+
+
 def read(path: str) -> dict[str, Any] | None:
     """A rank's report file, or None if the rank wrote none (it was stopped, or died)."""
     try:
@@ -65,19 +72,32 @@ def read(path: str) -> dict[str, Any] | None:
 
 
 def render(report: dict[str, Any]) -> list[str]:
-    """The report as lines for people (the JSON has everything)."""
-    who = f"rank {report['rank']}: " if "rank" in report else ""
-    lines = [f"── hpu_backend: {who}{report.get('script', '?')} exited {report.get('exit_code')} after "
-             f"{report.get('wall_s', 0):.1f} s; {report.get('mode', '?')} mode on {report.get('target', '?')}"
-             + (f", Gaudi software {report['release']} (simulated)" if report.get("release") else "")]
-    lines += [f"   {line}" for line in _body(report)]
-    return lines
+    """The report as lines for people (the JSON has everything); one line for a run with no device work."""
+    who = f"rank {report['rank']}: " if report.get("world_size", 1) > 1 and "rank" in report else ""
+    head = (f"── hpu_backend: {who}{report.get('script', '?')} exited {report.get('exit_code')} after "
+            f"{report.get('wall_s', 0):.1f} s; {report.get('mode', '?')} mode on {report.get('target', '?')}"
+            + (f", Gaudi software {report['release']} (simulated)" if report.get("release") else ""))
+    if not _device_work(report):
+        return [head + "; no device work"]
+    return [head] + [f"   {line}" for line in _body(report)]
+
+
+def _device_work(r: dict[str, Any]) -> bool:
+    """Whether the script did anything on the device: ops, graphs, syncs, fallbacks, compiles or memory."""
+    return bool(r.get("steps") or r.get("lazy_graph_steps") or r.get("recompiles") or r.get("cpu_fallbacks")
+                or r.get("host_syncs") or (r.get("memory") or {}).get("peak_bytes")
+                or ((r.get("timeline") or {}).get("compiles") or {}).get("total_s"))
+
+
+RECOMPILES_SHOWN = 3  # the first causes listed; the JSON has them all
+CHANGE_CHARS = 60  # a changed value as the line shows it (a list of floats is cut, not printed whole)
 
 
 def _body(r: dict[str, Any]) -> list[str]:
     lines = [_steps(r)]
-    lines.append(_listing("recompiles", r.get("recompiles") or [], lambda x: f"{x.get('source') or x.get('graph') or '?'}: "
-                          f"{x.get('cause', '?')}" + (f" ({x['change']})" if x.get("change") else "")))
+    if (r.get("op_layouts_compiled") or {}).get("total"):
+        lines.append(_op_layouts(r["op_layouts_compiled"]))
+    lines.append(_listing("recompiles", r.get("recompiles") or [], _recompile, limit=RECOMPILES_SHOWN))
     lines.append(_listing("CPU fallbacks", r.get("cpu_fallbacks") or [], lambda x: f"{x['op']}"
                           + (f" ({', '.join(x['dtypes'])})" if x.get("dtypes") else "") + f" ×{x['count']}"))
     lines.append(_listing("host syncs", r.get("host_syncs") or [], lambda x: f"{x['source']} {x['what']} ×{x['count']}"
@@ -90,6 +110,28 @@ def _body(r: dict[str, Any]) -> list[str]:
     if r.get("trace"):
         lines.append(f"trace: {r['trace']}")
     return lines
+
+
+def _recompile(x: dict[str, Any]) -> str:
+    """One recompile, bounded: where, its cause, and what changed cut to ``CHANGE_CHARS``."""
+    change = str(x.get("change") or "")
+    if len(change) > CHANGE_CHARS:
+        change = change[:CHANGE_CHARS - 1] + "…"
+    return f"{x.get('source') or x.get('graph') or '?'}: {_clip(str(x.get('cause', '?')))}" + (
+        f" ({change})" if change else "")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 2 * CHANGE_CHARS else text[:2 * CHANGE_CHARS - 1] + "…"
+
+
+def _op_layouts(layouts: dict[str, Any]) -> str:
+    """Eager mode's first compiles, one per op and layout: not recompiles (nothing compiled twice)."""
+    ops = list((layouts.get("ops") or {}).items())
+    shown = ", ".join(f"{op.removeprefix('aten.').removesuffix('.default')} ×{n}" for op, n in ops[:5])
+    more = f", … {len(ops) - 5} more ops" if len(ops) > 5 else ""
+    return (f"eager op layouts: {layouts['total']} first runs (one recipe per op and shape/dtype, not recompiles)"
+            f" — {shown}{more}")
 
 
 def _ms(seconds) -> str:
@@ -134,17 +176,34 @@ def _compiled(c: dict[str, Any]) -> str:
 
 
 def _steps(r: dict[str, Any]) -> str:
-    """Lazy mode: recipes compiled per step, and from which step on nothing compiles; eager: ops per step."""
+    """Lazy mode: graphs and recipes compiled per step; eager: ops per step. Either way, from which step on nothing
+    compiled at all (lazy graphs, torch.compile graphs and eager op layouts alike, from the timeline's compiles)."""
     graphs = r.get("lazy_graph_steps") or []
+    compiling = set(((r.get("timeline") or {}).get("compiles") or {}).get("steps") or [])
     if not graphs:
-        ops = [s.get("ops", 0) for s in r.get("steps") or []]
-        return f"steps: {len(ops)}; device ops per step: {_few(ops)}" if ops else "steps: none recorded"
+        rows = r.get("steps") or []
+        if not rows:
+            return "steps: none recorded"
+        ops, last = [s.get("ops", 0) for s in rows], max(s.get("step", i) for i, s in enumerate(rows))
+        return f"steps: {len(ops)}; device ops per step: {_few(ops)}{_settled(last + 1, compiling)}"
     compiled = [int(s.get("recipes_compiled", 0)) for s in graphs]
-    steady = next((i for i in range(len(compiled)) if not any(compiled[i:])), None)
-    tail = ("one step" if len(compiled) == 1 else "compiles in every step" if steady is None
-            else f"nothing compiled from step {graphs[steady]['step']} on")
+    compiling |= {s["step"] for s, n in zip(graphs, compiled) if n}
     return (f"steps: {len(graphs)}; graphs per step: {_few([s.get('graphs', 0) for s in graphs])}; "
-            f"recipes compiled per step: {_few(compiled)} ({tail})")
+            f"lazy-graph recipes compiled per step: {_few(compiled)}"
+            f"{_settled(max(s['step'] for s in graphs) + 1, compiling)}")
+
+
+def _settled(steps: int, compiling: set) -> str:
+    """" (nothing compiled from step N on)" when at least two steps at the end compiled nothing (one quiet last step
+    is no steady state); else up to which step the run compiled."""
+    if steps <= 1:
+        return ""
+    if not compiling:
+        return " (nothing compiled)"
+    last = max(compiling)
+    if last >= steps - 2:
+        return f" (compiling up to step {last} of steps 0-{steps - 1})"
+    return f" (nothing compiled from step {last + 1} on)"
 
 
 def _few(values: list, limit: int = 8) -> str:

@@ -1,8 +1,11 @@
 """Compile-only execution: outputs with the right shapes, strides and dtypes, and no compute.
 
 ``hpurecipe prebuild`` runs models this way (``options={"execute": False}``): every graph is
-traced, lowered and cached as usual, but its recipe is not run; each output is an uninitialized
-tensor sized by evaluating the recipe's symbolic output specs on the call's symbol values.
+traced, lowered and cached as usual, but its recipe is not run; each output is a tensor of zeros
+sized by evaluating the recipe's symbolic output specs on the call's symbol values. Zeros, not
+uninitialized memory: a model that reads an output on the host (``.item()`` in its forward) must take
+the same branch and pass Dynamo the same values on every run, or the analysis of a compile-only run
+(``hpurecipe advise``) would report recompiles on whatever bytes the allocator handed back.
 """
 
 from __future__ import annotations
@@ -44,7 +47,19 @@ def _make(out, specs, index, args, env):
         shape = [symexpr.evaluate(d, env) for d in spec.shape]
         stride = [symexpr.evaluate(d, env) for d in spec.stride] or None
         dtype = dtype_from_name(spec.dtype)
-        return torch.empty_strided(shape, stride, dtype=dtype) if stride else torch.empty(shape, dtype=dtype)
+        out = torch.empty_strided(shape, stride, dtype=dtype) if stride else torch.empty(shape, dtype=dtype)
+        return _zeroed(out)
     if spec.kind in ("sym", "scalar"):
         return symexpr.evaluate(spec.expr, env)
     return None
+
+
+# glibc serves every allocation past its largest mmap threshold (32 MiB) from fresh pages, which the kernel
+# zeroes; writing them here would make a compile-only run touch (and hold) memory it never needed.
+FRESH_PAGES_BYTES = 32 << 20
+
+
+def _zeroed(out: torch.Tensor) -> torch.Tensor:
+    if out.untyped_storage().nbytes() < FRESH_PAGES_BYTES:
+        out.zero_()
+    return out

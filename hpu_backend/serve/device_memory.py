@@ -34,7 +34,10 @@ from .session import observe_every_run
 _lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
 _storages: dict[int, tuple] = {}  # data pointer -> (bytes, weak reference), for every storage counted and not yet freed
 _stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
-_target = ["gaudi2"]
+# The target whose HBM the counters hold against: the enabled hpu device's (set_target) when there is one, else
+# that of the last recipe that ran. A run never overrides the device's: a graph compiled for another target in
+# the same process (a test, a planning call) must not change the device's capacity or its OOM message.
+_target = {"device": None, "run": "gaudi2"}
 _capacity: list[int | None] = [None]  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
 _started = [False]
 CAPACITY_ENV = "HPU_BACKEND_HBM_BYTES"
@@ -59,7 +62,12 @@ def start() -> None:
 def set_target(target: str) -> None:
     """The device whose HBM the counters are held against (``gaudi2`` | ``gaudi3``)."""
     device(target)  # KeyError for an unknown one
-    _target[0] = target
+    _target["device"] = target
+
+
+def target() -> str:
+    """The target the counters hold against: the device's, else the last recipe run's."""
+    return _target["device"] or _target["run"]
 
 
 def set_capacity(nbytes: int | None) -> None:
@@ -74,7 +82,7 @@ def capacity() -> int:
     text = os.environ.get(CAPACITY_ENV, "").strip()
     if text:
         return _env_capacity(text)
-    return int(device(_target[0]).hbm_bytes)
+    return int(device(target()).hbm_bytes)
 
 
 def _env_capacity(text: str) -> int:
@@ -108,9 +116,10 @@ def check_request(nbytes: int) -> None:
 
 
 def _oom_text(nbytes: int, limit: int) -> str:
-    limited = ", limited by " + CAPACITY_ENV if limit != device(_target[0]).hbm_bytes else ""
+    name = target()
+    limited = ", limited by " + CAPACITY_ENV if limit != device(name).hbm_bytes else ""
     return (f"hpu out of memory: tried to allocate {_size(nbytes)}; {_size(_stats['InUse'])} in use "
-            f"of {_size(limit)} ({_target[0]} HBM{limited})")
+            f"of {_size(limit)} ({name} HBM{limited})")
 
 
 def allocate(t: torch.Tensor) -> None:
@@ -187,7 +196,7 @@ def on_run(recipe, args: list, outputs) -> None:
         return
     outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     with _lock:
-        _target[0] = recipe.target
+        _target["run"] = recipe.target
         held = 0
         for values in (args, outs):
             for v in values:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dis
 import logging
 import re
+import sys
 import threading
 import weakref
 from collections import Counter, defaultdict
@@ -189,9 +190,19 @@ def _is_module(name: str, f_locals: dict) -> bool:
 
 
 def _source(text: str, code, var: str) -> str:
-    """Where the user's code reads ``var``: Dynamo's user stack when it gives one, else the first line of
-    ``code`` that loads the name, else the function's first line."""
+    """Where the user's code reads ``var``: the innermost of the user's own frames in Dynamo's user stack, else the
+    first line of ``code`` that loads the name, else the function's first line. Frames of library code (torch's
+    ``_pytree.py``, this simulator's ``dispatch.py``) are never the user's line: when the code compiled is
+    library code, the line is the innermost user frame calling it now."""
     frames = _USER_LINE.findall(text)
+    mine = [(file, line) for file, line in frames if not library_file(file)]
+    if mine:
+        file, line = mine[-1]
+        return f"{_short(file)}:{line}"
+    if library_file(code.co_filename):
+        caller = _calling_user_line()
+        if caller:
+            return caller
     if frames:
         file, line = frames[-1]
         return f"{_short(file)}:{line}"
@@ -200,6 +211,16 @@ def _source(text: str, code, var: str) -> str:
         if ins.argval == name and ins.opname.startswith("LOAD") and ins.positions and ins.positions.lineno:
             return f"{_short(code.co_filename)}:{ins.positions.lineno}"
     return f"{_short(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _calling_user_line() -> str:
+    """The innermost frame of the user's own code on the stack now ("train.py:41"), or "" when there is none."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not library_file(frame.f_code.co_filename) and not frame.f_code.co_filename.startswith("<"):
+            return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
 
 
 def _short(path: str) -> str:

@@ -42,6 +42,7 @@ class Parts:
     compile_s: float = 0.0  # left out of the step and the host (measured lowering)
     engines: dict = field(default_factory=lambda: dict.fromkeys(ENGINES, 0.0))
     sync_lines: dict = field(default_factory=dict)  # source -> host-read count
+    loader: bool | None = None  # the steps' input came from a DataLoader (None: the trace does not say)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class _Rows:
         p = Parts(steps=self.steps.count, launches=self.launches / n, staging_s=self.staging / n,
                   sync_lines={k: v / n for k, v in self.lines.items()})
         p.engines = {k: self.busy.get("device:" + k, 0.0) / n for k in ENGINES}
+        p.loader = self.steps.loader  # None: a trace from before steps said where their input came from
         if self.steps.count:
             _from_steps(p, self.steps.steady())
         else:
@@ -133,12 +135,15 @@ class _StepSums:
     def __init__(self, path: str):
         self.path, self.count = path, 0
         self.all, self.warm, self.after = {}, {}, {}
+        self.loader: bool | None = None  # any step's input came from a DataLoader (None: no step said)
 
     def add(self, args: dict) -> None:
         numbers = _step_numbers(args)
         if numbers is None:
             raise TraceError(f"{self.path}: not a trace (a step's args are not finite numbers: {str(args)[:80]})")
         index, self.count = self.count, self.count + 1
+        if "loader" in args:
+            self.loader = bool(self.loader) or bool(args["loader"])
         _add(self.all, numbers)
         if numbers["compile_s"] > 0:
             self.after = {}
@@ -214,7 +219,8 @@ def advise(p: Parts) -> list[Advice]:
         Advice("HPU Graphs", now - new(p.host_s - p.dispatch_s + p.launches * HOST.graph_replay_s, p.device_s),
                "the bridge's per-op dispatch and launches are host time: wrap the model in "
                "htorch.hpu.wrap_in_hpu_graph (inference) or capture the step"),
-        Advice("more loader workers", now - new(p.host_s - p.input_s, p.device_s),
+        # A script with no DataLoader has no workers to add: its Python before the first copy is its own.
+        Advice("more loader workers", now - new(p.host_s - p.input_s, p.device_s) if p.loader is not False else 0.0,
                "the host waits for the next batch before its first copy: raise DataLoader num_workers"),
         Advice("pinned memory", now - new(p.host_s - p.staging_s, p.device_s, max(p.sync_s - p.copy_wait_s, 0.0)),
                "pageable copies are staged by the host and block it: DataLoader(pin_memory=True) and "

@@ -23,9 +23,10 @@ Events are plain tuples, cheap to record:
 ``("py", s)``, ``("op", "eager"|"lazy")``, ``("launch", kind, name, rid, Cost, compile_s)`` (kind ``lazy``,
 ``eager``, ``compiled`` or ``replay``), ``("copy", nbytes, to_device, pinned, non_blocking, source)``,
 ``("sync", what, source)``, ``("comm", kind, nbytes, group)`` (a collective issued outside every recipe, such as
-DDP's gradient all-reduces: on the network once the compute stream has produced its input), ``("step",)`` or
-``("step", simulator_s, clock_s)`` (a recorded step end: the simulator's own time in the step and the host's clock,
-both measured, so that a step's estimate stands next to what it took on this host).
+DDP's gradient all-reduces: on the network once the compute stream has produced its input), ``("loader",)`` (the
+step's input came from a DataLoader), ``("step",)`` or ``("step", simulator_s, clock_s)`` (a recorded step end:
+the simulator's own time in the step and the host's clock, both measured, so that a step's estimate stands next
+to what it took on this host).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class StepTime:
     wall_s: float | None = None  # measured on this host: from the step end before to this one
     simulator_s: float = 0.0  # measured: of that, the simulator's own work (lowering, dispatch, host kernels)
     copies: list = field(default_factory=list)  # (nbytes, pinned, non_blocking, seconds on DMA, source)
+    loader: bool = False  # its input came from a DataLoader (whose workers could prepare it)
 
     @property
     def time_s(self) -> float:
@@ -117,7 +119,7 @@ class StepTime:
                 "input_s": self.input_s, "dispatch_s": self.dispatch_s, "compile_s": self.compile_s,
                 "setup_s": self.setup_s, "device_s": self.device_s,
                 "sync_s": self.serial_s, "engines": dict(self.engines), "waits": dict(self.waits),
-                "bound": self.bound, "estimate": True, "measured_wall_s": self.wall_s,
+                "bound": self.bound, "loader": self.loader, "estimate": True, "measured_wall_s": self.wall_s,
                 "measured_simulator_s": self.simulator_s}
 
 
@@ -178,6 +180,9 @@ class Schedule:
         self.t += seconds
         self.step.start_s = self.t
         self.step.setup_s += seconds
+
+    def _loader(self) -> None:
+        self.step.loader = True
 
     def _py(self, seconds: float) -> None:
         self._host_ops(seconds, 0.0, 0)
