@@ -33,10 +33,14 @@ DEVICE_RUNS = {
     "lazy": ("mnist.py", ["--hpu", "--use-lazy-mode", "--save-model", "{tmp}/ckpt.pt"], [], {}),
     "eager": ("mnist.py", ["--hpu"], [], {"PT_HPU_LAZY_MODE": "0"}),
     "autocast": ("mnist.py", ["--hpu", "--use-lazy-mode", "--autocast"], [], {}),
-    "compile": ("mnist.py", ["--hpu", "--use-torch-compile"], [], {"PT_HPU_LAZY_MODE": "0"}),
+    "compile": ("mnist.py", ["--hpu", "--use-torch-compile"], [], {}),  # eager: the default from software 1.21
     "ddp": ("mnist.py", ["--hpu", "--use-lazy-mode", "--distributed"], ["--cards", "2"], {}),
-    "weights": ("weight_sharing.py", ["--hpu"], [], {}),
-    "sdpa": ("sdpa.py", ["--hpu"], [], {}),
+    "ddp_compile": ("mnist.py", ["--hpu", "--use-torch-compile", "--distributed"], ["--cards", "2"],
+                    {"PT_HPU_LAZY_MODE": "0"}),
+    "ddp_compile_lazy": ("mnist.py", ["--hpu", "--use-lazy-mode", "--use-torch-compile", "--distributed"],
+                         ["--cards", "2"], {}),
+    "weights": ("weight_sharing.py", ["--hpu"], [], {"PT_HPU_LAZY_MODE": "1"}),
+    "sdpa": ("sdpa.py", ["--hpu"], [], {"PT_HPU_LAZY_MODE": "1"}),
 }
 DRIVER = """
 import json, runpy, sys
@@ -112,16 +116,19 @@ def test_a_gaudi_script_tracks_the_cpu(runs, name, reference, mode, rtol):
     got, want = losses(tmp / f"hpu_{name}.json"), losses(tmp / f"cpu_{reference}.json")
     assert len(got) == STEPS
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want[:STEPS]), rtol=rtol, atol=rtol)
-    assert report["mode"] == mode and report["exit_code"] == 0
+    assert report["mode"] == mode and report["exit_code"] == 0 and report["release"] == "1.22.0"
 
 
-def test_ddp_over_two_ranks_tracks_one_cpu_process_with_both_batches(runs):
-    tmp, report = _ok(runs, "ddp")
-    ranks = [losses(tmp / f"hpu_ddp.json.rank{r}") for r in range(2)]
+@pytest.mark.parametrize("name, mode", [("ddp", "lazy"), ("ddp_compile", "eager"), ("ddp_compile_lazy", "lazy")])
+def test_ddp_over_two_ranks_tracks_one_cpu_process_with_both_batches(runs, name, mode):
+    """DDP, alone and around a compiled model (its gradient buckets are device tensors the compiled backward
+    writes), in each mode."""
+    tmp, report = _ok(runs, name)
+    ranks = [losses(tmp / f"hpu_{name}.json.rank{r}") for r in range(2)]
     mean = [(a + b) / 2 for a, b in zip(*ranks)]  # equal shards: the mean of the ranks' losses is the global loss
     torch.testing.assert_close(torch.tensor(mean), torch.tensor(losses(tmp / "cpu_mnist_b32.json")[:STEPS]),
                                rtol=1e-4, atol=1e-4)
-    assert [r["rank"] for r in report["ranks"]] == [0, 1] and all(r["mode"] == "lazy" for r in report["ranks"])
+    assert [r["rank"] for r in report["ranks"]] == [0, 1] and all(r["mode"] == mode for r in report["ranks"])
 
 
 def test_checkpoint_save_and_resume_continue_the_run(runs):

@@ -20,6 +20,7 @@ storage is counted by the allocator (``serve/device_memory.py``).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import Counter
 
@@ -48,8 +49,9 @@ class DeviceFallbackError(RuntimeError):
 class Device:
     """The process's hpu device: its mode, settings, placement decisions and what it saw."""
 
-    def __init__(self, mode: str, settings: Settings):
+    def __init__(self, mode: str, settings: Settings, release: str = ""):
         self.mode = mode
+        self.release = release
         self.settings = settings
         self.table = optable.shared_table()
         self.placed: dict = {}  # (op, dtypes) -> None (on the device) or the fallback's log line
@@ -65,13 +67,15 @@ class Device:
         self.on_estimate = lambda seconds: None  # the report's per-step device time (set by enable())
         self.measure = lambda: 0.0  # device seconds estimated so far (the report's)
         self.timeline = Recorder(mode)  # the run's events for its step timeline (hpu_backend/timeline/)
+        self.lock = threading.RLock()
 
     def __call__(self, func, args, kwargs):
-        self.timeline.enter()  # the user's Python stops here; the simulator's own time is not the host's
-        try:
-            return self._call(func, args, kwargs)
-        finally:
-            self.timeline.leave()
+        with self.lock:  # one op at a time: the recorder and the ledger are the device's, whatever thread calls
+            self.timeline.enter()  # the user's Python stops here; the simulator's own time is not the host's
+            try:
+                return self._call(func, args, kwargs)
+            finally:
+                self.timeline.leave()
 
     def launch_kind(self) -> str:
         """How a recipe run now was launched: by this device's op or step end (its mode), else a compiled graph."""
@@ -84,14 +88,26 @@ class Device:
         for a in flat:
             if isinstance(a, HpuTensor):
                 wrappers[id(a.host)] = a
-                device = device or a.device
+                if device is None:
+                    device = a.device
+                elif a.device != device and func not in _CROSS_DEVICE:
+                    raise _mixed(device, a.device)
                 real = real and type(a.host) is torch.Tensor
                 a = a.host
             hosts.append(a)
+        if func in _NO_OP:
+            return None
+        if type(flat[0]) is torch.Tensor and func not in _CROSS_DEVICE and func._schema.is_mutable:
+            # a host tensor written in place from a device one, without a copy (c.add_(t)): a real device refuses
+            raise _mixed(flat[0].device, next(t.device for t in flat if isinstance(t, HpuTensor)))
+        if func is aten._to_copy.default and isinstance(kwargs.get("device"), torch.device) \
+                and kwargs["device"].type == HPU:
+            device = torch.hpu.resolve(kwargs["device"])
         read = _host_read(func, flat)
         hosts = [CPU if isinstance(a, torch.device) and a.type == HPU else a for a in hosts]
         args, kwargs = pytree.tree_unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
+            args, kwargs = pytree.tree_map_only(torch.Tensor, _host_side, (args, kwargs))
             return _wrap(func(*args, **kwargs), wrappers, device)
         if read:
             self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
@@ -265,6 +281,25 @@ def _upload(func, flat: list) -> bool:
     """A copy from a host tensor into a device tensor (``tensor.to("hpu")``, ``dst.copy_(cpu_tensor)``)."""
     return func is aten.copy_.default and isinstance(flat[0], HpuTensor) and len(flat) > 1 \
         and isinstance(flat[1], torch.Tensor) and not isinstance(flat[1], HpuTensor)
+
+
+def _host_side(t: torch.Tensor) -> torch.Tensor:
+    """A traced tensor a compiled graph made on the device itself (``arange(n, device=x.device)``): a plain
+    tensor whose device is hpu, beside the host tensors of the device tensors. Device memory is host memory
+    here, so the op reads it as a host tensor (a copy the backend's lowering removes)."""
+    return t.to(CPU) if t.device.type == HPU and not isinstance(t, HpuTensor) else t
+
+
+# Ops whose tensors may lie on different devices: copies between them.
+_CROSS_DEVICE = frozenset({aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
+                           aten._copy_from_and_resize.default, aten.set_.source_Tensor, aten.set_.source_Storage,
+                           aten.set_.source_Storage_storage_offset})
+_NO_OP = frozenset({aten.record_stream.default})  # memory is freed when the host tensor is: no stream to hold it
+
+
+def _mixed(first, second) -> RuntimeError:
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{first} and {second}!")
 
 
 def _wrap(out, wrappers: dict, device):

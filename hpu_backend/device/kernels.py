@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 
 from ..gaudi.mixed_precision import op_lists
+from ..serve import device_memory as memory
 from . import tensor
 from .dispatch import is_pinned, pinned
-from .tensor import HPU, HpuTensor
+from .tensor import HPU, HpuTensor, untraced
 
 aten = torch.ops.aten
 _AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
@@ -27,19 +28,34 @@ _CASTABLE = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _device(device) -> torch.device | None:
+    """The card a request names. Index 0 is this process's current card: torch's C++ side resolves an index-less
+    ``hpu`` (``.to("hpu")``) through a Python backend's device guard, which always answers 0, while factories
+    pass it on index-less; both then land on ``torch.hpu.set_device``'s card, as on a Gaudi rank. A card past
+    ``device_count()`` is refused, as a real device refuses a nonexistent ordinal."""
     if device is None:
         return None
-    device = torch.device(device)
-    return device if device.index is not None else torch.device(HPU, torch.hpu.current_device())
+    return torch.hpu.resolve(torch.device(device))
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    device = _device(device)
+    memory.check_request(_nbytes(size, dtype))
     host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
-    return HpuTensor(host, _device(device))
+    return HpuTensor(host, device)
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), _device(device))
+    device = _device(device)
+    span = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    memory.check_request(_nbytes([span], dtype))
+    return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), device)
+
+
+def _nbytes(size, dtype) -> int:
+    count = 1
+    for n in size:
+        count *= int(n)
+    return count * (dtype or torch.get_default_dtype()).itemsize
 
 
 def _copy_from(src, dst, non_blocking=False):
@@ -84,18 +100,19 @@ def register(lib: torch.library.Library, every_op: torch.library.Library) -> Non
     """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library) and ``every_op`` (a ``_`` IMPL
     library, for the autocast key's fallthrough); the caller keeps both alive."""
     every_op.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")  # ops on no list: as they come
-    lib.impl("empty.memory_format", _empty, "PrivateUse1")
-    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
-    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("empty.memory_format", untraced(_empty), "PrivateUse1")
+    lib.impl("empty_strided", untraced(_empty_strided), "PrivateUse1")
+    lib.impl("_copy_from", untraced(_copy_from), "PrivateUse1")
     for name in HOST_FACTORIES:
         packet = getattr(aten, name)
         for overload in packet.overloads():
             op = getattr(packet, overload)
             if not op._schema.is_mutable and any(a.name == "device" for a in op._schema.arguments):
-                lib.impl(f"{name}.{overload}" if overload != "default" else name, _host_factory(op), "PrivateUse1")
+                lib.impl(f"{name}.{overload}" if overload != "default" else name, untraced(_host_factory(op)),
+                         "PrivateUse1")
     # DataLoader(pin_memory=True) pins for the current accelerator, now the hpu device: torch asks a C++
     # backend for a pinned-memory allocator, which a Python backend cannot give, so pinning is a host copy.
-    lib.impl("_pin_memory", _pin_memory, "CPU")
+    lib.impl("_pin_memory", untraced(_pin_memory), "CPU")
     lib.impl("is_pinned", _is_pinned, "CPU")
     lower, fp32 = op_lists()
     casts = {name: torch.float32 for name in fp32}
@@ -104,7 +121,8 @@ def register(lib: torch.library.Library, every_op: torch.library.Library) -> Non
         packet = getattr(aten, name, None)
         for overload in packet.overloads() if packet is not None else ():
             lib.impl(f"{name}.{overload}" if overload != "default" else name,
-                     _autocast_kernel(getattr(packet, overload), dtype), "AutocastPrivateUse1")
+                     untraced(_autocast_kernel(getattr(packet, overload), dtype)),
+                     "AutocastPrivateUse1")
 
 
 def _autocast_kernel(op, dtype: torch.dtype | None):

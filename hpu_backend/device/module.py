@@ -59,6 +59,16 @@ def set_device(device) -> None:
     _current[0] = index
 
 
+def resolve(device: torch.device) -> torch.device:
+    """``hpu``, ``hpu:0`` or ``hpu:N`` as the card it is in this process (see ``kernels._device``): index 0 and no
+    index mean the current card; RuntimeError for a card that does not exist."""
+    index = device.index or _current[0]
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"hpu device {index} does not exist: device_count() is {device_count()} "
+                           "(HPU_SIM_CARDS sets the simulated cards per process)")
+    return torch.device(HPU, index)
+
+
 def _index(device) -> int:
     if isinstance(device, int):
         return device
@@ -97,11 +107,16 @@ def get_device_properties(device=None) -> DeviceProperties:
 
 # -- streams and events: host-synchronous (an op has run when its call returns) -------------------------------------
 
-class Stream:
-    """A device stream. Work runs as it is issued, so a stream has nothing outstanding."""
+class Stream(torch.Stream):
+    """A device stream (a ``torch.Stream``, so ``Tensor.record_stream`` takes it). Work runs as it is issued, so a
+    stream has nothing outstanding."""
 
-    def __init__(self, device=None, priority: int = 0):
-        self.device = torch.device(HPU, _index(device if device is not None else _current[0]))
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        return super().__new__(cls, device=torch.device(HPU, _index(device if device is not None else _current[0])),
+                               priority=priority)
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        pass
 
     def synchronize(self) -> None:
         """Nothing is outstanding."""

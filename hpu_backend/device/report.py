@@ -59,6 +59,7 @@ def build(device, times: StepTimes) -> dict[str, Any]:
     steady = [s["estimated_device_s"] for s in steps[2:]] or [s["estimated_device_s"] for s in steps]
     return {
         "mode": device.mode,
+        "release": device.release,  # the Gaudi software release simulated (device/release.py)
         "target": device.settings.target,
         "steps": steps,
         "lazy_graph_steps": graphs,

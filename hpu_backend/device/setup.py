@@ -18,7 +18,7 @@ from ..serve import device_memory as memory
 from ..serve.session import session_for
 from ..settings import Settings
 from ..timeline import trace, whatif
-from . import kernels, module, report as reporting, tensor
+from . import kernels, module, release, report as reporting, swap, tensor
 from .dispatch import Device
 
 MODES = ("lazy", "eager")
@@ -30,13 +30,15 @@ class DeviceSetupError(RuntimeError):
 
 
 def enable(mode: str | None = None, options: dict | None = None) -> types.ModuleType:
-    """Enable the hpu device in ``mode`` ("lazy" | "eager"; None: ``PT_HPU_LAZY_MODE``, unset or 1 → lazy,
-    0 → eager) with backend ``options`` (target, cache, strict, ...); returns the ``torch.hpu`` module.
+    """Enable the hpu device in ``mode`` ("lazy" | "eager"; None: ``PT_HPU_LAZY_MODE``, 1 → lazy, 0 → eager, unset
+    → the simulated release's default, eager from Gaudi software 1.21 on: ``release.py``) with backend ``options``
+    (target, cache, strict, ...); returns the ``torch.hpu`` module.
     Idempotent; a later call with another mode or options switches the device after running pending work.
 
     Call it before the process's first backward: torch's autograd engine sizes its per-device queues then, and
     a device that did not exist yet cannot run a backward (torch fails an internal assertion)."""
     mode = _mode(mode)
+    _release()
     settings = Settings.from_options(options or {})
     current = _state.get("device")
     if current is not None and (current.mode, current.settings) == (mode, settings):
@@ -47,7 +49,7 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     memory.start()  # every device tensor and every run of a compiled graph counts from now on
     memory.set_target(settings.target)
     module.TARGET[0] = settings.target
-    device = _state["device"] = Device(mode, settings)
+    device = _state["device"] = Device(mode, settings, release.release())
     if "times" not in _state:
         _state["times"] = reporting.StepTimes()
         # The device is a front end like the others: it compiles in the session in use, else the process's
@@ -100,12 +102,19 @@ def current() -> Device | None:
     return _state.get("device")
 
 
+def _release() -> None:
+    try:
+        release.release()
+    except release.ReleaseError as e:
+        raise DeviceSetupError(str(e)) from None
+
+
 def _mode(mode: str | None) -> str:
     if mode is None:
-        value = os.environ.get(lazy_mode.ENV_VAR, "1").strip()
-        if value not in ("", "0", "1"):
-            raise DeviceSetupError(f"{lazy_mode.ENV_VAR}={value!r}: use 1 (lazy mode, the default) or 0 (eager)")
-        return "eager" if value == "0" else "lazy"
+        try:
+            return release.mode_from_env()
+        except release.ReleaseError as e:
+            raise DeviceSetupError(str(e)) from None
     if mode not in MODES:
         raise DeviceSetupError(f"hpu device mode {mode!r}: use one of {', '.join(MODES)}")
     return mode
@@ -155,6 +164,7 @@ def _register() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch.serialization.register_package(15, _no_tag, _host_storage)
+    torch.utils.swap_tensors = swap.swap_tensors  # module.to("hpu") of weakly referenced parameters (swap.py)
     lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")
     kernels.register(lib, every_op)
     _state["lib"] = (lib, every_op)

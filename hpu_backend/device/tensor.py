@@ -12,9 +12,11 @@ host tensors (``__tensor_flatten__``) and runs them through the backend like any
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.utils._pytree as pytree
+from torch._C._dynamo.eval_frame import set_eval_frame
 
 from ..serve import device_memory as memory
 
@@ -28,19 +30,27 @@ class HpuTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, host: torch.Tensor, device: torch.device | None = None, requires_grad: bool = False):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, host.shape, strides=host.stride(), storage_offset=host.storage_offset(), dtype=host.dtype,
-            device=device or DEFAULT_DEVICE[0], requires_grad=requires_grad)
-        r.host = host
-        if type(host) is torch.Tensor:  # a real allocation (not a traced one): counted against the HBM
-            memory.allocate(host)
-        return r
+        prior = set_eval_frame(None)  # see untraced()
+        try:
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, host.shape, strides=host.stride(), storage_offset=host.storage_offset(), dtype=host.dtype,
+                device=device or current_card(), requires_grad=requires_grad)
+            r.host = host
+            if type(host) is torch.Tensor:  # a real allocation (not a traced one): counted against the HBM
+                memory.allocate(host)
+            return r
+        finally:
+            set_eval_frame(prior)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return DISPATCH[0](func, args, kwargs or {})
+        prior = set_eval_frame(None)  # see untraced()
+        try:
+            return DISPATCH[0](func, args, kwargs or {})
+        finally:
+            set_eval_frame(prior)
 
     # -- tracing: the host tensor is the subclass's one inner tensor --------------------------------------------
 
@@ -57,6 +67,20 @@ class HpuTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, device, outer_size, outer_stride):
         return HpuTensor(inner["_traced_host"], device)
 
+    # -- what torch changes in place without an op ---------------------------------------------------------------
+
+    @property
+    def data(self) -> torch.Tensor:
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        """``p.data = t``: torch gives ``p`` the metadata of ``t``; ``p`` takes ``t``'s host tensor too, so that
+        it reads and writes the very memory ``t`` does (a parameter made a view of a flat buffer stays one)."""
+        _TENSOR_DATA.__set__(self, new)
+        if isinstance(new, HpuTensor):
+            self.host = new.host
+
     # -- host reads and serialization ---------------------------------------------------------------------------
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -71,8 +95,19 @@ class HpuTensor(torch.Tensor):
         return self.cpu().tolist()
 
     def numpy(self, *, force: bool = False):
+        if force:  # torch documents force=True as a copy to host memory first
+            return self.detach().cpu().resolve_conj().resolve_neg().numpy()
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. "
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
+
+    def __dlpack__(self, *args, **kwargs):
+        """DLPack knows no Gaudi device: refused in one line, as torch refuses a device DLPack cannot name."""
+        raise BufferError(f"a {self.device} tensor cannot be shared through DLPack (DLPack has no Gaudi device): "
+                          "copy it to host memory with .cpu() first")
+
+    def __dlpack_device__(self):
+        raise BufferError(f"a {self.device} tensor cannot be shared through DLPack (DLPack has no Gaudi device): "
+                          "copy it to host memory with .cpu() first")
 
     def __deepcopy__(self, memo):
         """A copy made by the device (a pending op in lazy mode, filled when its graph runs), never a copy of
@@ -94,7 +129,27 @@ class HpuTensor(torch.Tensor):
                 (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
 
-DEFAULT_DEVICE = [torch.device(HPU, 0)]
+_TENSOR_DATA = torch.Tensor.data  # torch's own descriptor, which the property above extends
+
+
+def current_card() -> torch.device:
+    """The device of a tensor made with no device named: this process's current card (``torch.hpu.set_device``)."""
+    return torch.device(HPU, torch.hpu.current_device())
+
+
+def untraced(fn):
+    """``fn`` with Dynamo's frame evaluation off while it runs. The device's code is the simulator, called from
+    the dispatcher; when the caller runs under torch.compile between graphs (DDP's hooks, a graph break), Dynamo
+    would otherwise compile the simulator's own frames (its clocks, its ``no_dispatch()`` blocks) as user code.
+    (What ``torch._dynamo.disable`` does, without importing Dynamo or its wrapper's cost on every op.)"""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        prior = set_eval_frame(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            set_eval_frame(prior)
+    return run
 DISPATCH: list = [None]  # the device's dispatch function, set by enable()
 BEFORE_COMPILED: list = [lambda: None]  # what a compiled graph's read of a host tensor does first
 

@@ -68,7 +68,8 @@ def render(report: dict[str, Any]) -> list[str]:
     """The report as lines for people (the JSON has everything)."""
     who = f"rank {report['rank']}: " if "rank" in report else ""
     lines = [f"── hpu_backend: {who}{report.get('script', '?')} exited {report.get('exit_code')} after "
-             f"{report.get('wall_s', 0):.1f} s; {report.get('mode', '?')} mode on {report.get('target', '?')}"]
+             f"{report.get('wall_s', 0):.1f} s; {report.get('mode', '?')} mode on {report.get('target', '?')}"
+             + (f", Gaudi software {report['release']} (simulated)" if report.get("release") else "")]
     lines += [f"   {line}" for line in _body(report)]
     return lines
 

@@ -66,6 +66,18 @@ def dtype_from_name(name: str) -> torch.dtype:
         raise RecipeLoadError(f"unknown dtype {name!r}") from None
 
 
+def host_device(name: str) -> torch.device:
+    """The device a recipe's ``device=`` argument names, as the host runs it: the simulated hpu device's
+    memory is host memory, so a tensor a recipe makes on ``hpu`` (``arange(n, device=x.device)`` in a compiled
+    graph) is made on the CPU, beside the host tensors of its device inputs."""
+    device = torch.device(name)
+    return torch.device("cpu") if device.type == "hpu" else device
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t if t.device.type in (device.type, "meta") else t.to(device)  # meta: the recipe's dry run
+
+
 def load_constant(c: Constant) -> torch.Tensor:
     """The constant's tensor; its bytes must be exactly what its shape and dtype declare (checked
     before anything is allocated, so a forged shape cannot ask for more memory than was stored)."""
@@ -120,7 +132,7 @@ class _Codegen:
         if tag == "dtype":
             return self.bind(dtype_from_name(v))
         if tag == "device":
-            return self.bind(torch.device(str(v)))
+            return self.bind(host_device(str(v)))
         if tag == "layout" and v in LAYOUTS:
             return self.bind(LAYOUTS[v])
         if tag == "memory_format" and v in MEMORY_FORMATS:
@@ -180,6 +192,8 @@ class _Codegen:
         for name, const in r.constants.items():
             self.var[name] = self.bind(load_constant(const), "k")
         last_use = self.last_uses()
+        self.made_on = {n.name: n.out[0].device for n in r.nodes
+                        if len(n.out) == 1 and n.out[0].kind == "tensor" and n.out[0].device not in ("", "cpu")}
         self.lines.append("def run(args):")
         if passed:
             self.lines.append(f"    {', '.join(self.var[n] for n in passed)}, = args")
@@ -194,8 +208,15 @@ class _Codegen:
             self.var[node.name] = f"v{i}"
             self.lines.extend(self.statement(node, f"v{i}", expr))
             self.free(last_use.get(node.name, ()))
-        self.lines.append(f"    return [{', '.join(self.arg(o) for o in r.outputs)}]")
+        self.lines.append(f"    return [{', '.join(self.output(o) for o in r.outputs)}]")
         return "\n".join(self.lines) + "\n"
+
+    def output(self, o: Any) -> str:
+        """An output as the caller gets it: a tensor the graph made on the hpu device (``host_device`` made it
+        on the host) goes back to the device, as a device tensor."""
+        expr = self.arg(o)
+        made = self.made_on.get(o.get("r")) if isinstance(o, dict) else None
+        return f"{self.bind(_to_device, 'd')}({expr}, {self.bind(torch.device(made))})" if made else expr
 
     def foldable(self, node) -> bool:
         """A view of fixed inputs only (``t(weight)``): computed once at build time. Only views, so that

@@ -83,6 +83,20 @@ def mem_get_info() -> tuple[int, int]:
     return max(total - _stats["InUse"], 0), total
 
 
+def check_request(nbytes: int) -> None:
+    """Refuse a device allocation of ``nbytes`` that cannot fit, before the host is asked for the memory (a 1 TiB
+    request is the device's out-of-memory error, not the host allocator's)."""
+    limit = capacity()
+    if _stats["InUse"] + nbytes > limit:
+        raise DeviceOutOfMemoryError(_oom_text(nbytes, limit))
+
+
+def _oom_text(nbytes: int, limit: int) -> str:
+    limited = ", limited by " + CAPACITY_ENV if limit != device(_target[0]).hbm_bytes else ""
+    return (f"hpu out of memory: tried to allocate {_size(nbytes)}; {_size(_stats['InUse'])} in use "
+            f"of {_size(limit)} ({_target[0]} HBM{limited})")
+
+
 def allocate(t: torch.Tensor) -> None:
     """Count a device tensor's storage (once, until it is freed); DeviceOutOfMemoryError past the capacity."""
     storage = t.untyped_storage()
@@ -91,9 +105,7 @@ def allocate(t: torch.Tensor) -> None:
     with _lock:
         limit = capacity()
         if _stats["InUse"] + storage.nbytes() > limit:
-            raise DeviceOutOfMemoryError(
-                f"hpu out of memory: tried to allocate {_size(storage.nbytes())}; {_size(_stats['InUse'])} in use "
-                f"of {_size(limit)} ({_target[0]} HBM{', limited by ' + CAPACITY_ENV if limit != device(_target[0]).hbm_bytes else ''})")
+            raise DeviceOutOfMemoryError(_oom_text(storage.nbytes(), limit))
         _stats["InUse"] += _add(t)
         _stats["MaxInUse"] = max(_stats["MaxInUse"], _stats["InUse"])
 
@@ -163,7 +175,7 @@ def on_run(recipe, args: list, outputs) -> None:
         held = 0
         for values in (args, outs):
             for v in values:
-                if isinstance(v, torch.Tensor) and not v.is_meta:
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu":  # device tensors: counted when made
                     held += _add(v)
         _stats["InUse"] += held
         arena = _arena(recipe)

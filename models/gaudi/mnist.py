@@ -5,8 +5,8 @@ Written for the simulator's tests and as an example: it runs unchanged on a Gaud
 reference the tests compare losses against. The dataset is random 28x28 "digits" from a fixed generator (no
 download, no torchvision), so every run and every device sees the same samples.
 
+    hpurecipe run models/gaudi/mnist.py --hpu                          # eager (the default from software 1.21)
     hpurecipe run models/gaudi/mnist.py --hpu --use-lazy-mode          # lazy mode, mark_step as Intel places it
-    PT_HPU_LAZY_MODE=0 hpurecipe run models/gaudi/mnist.py --hpu        # eager
     hpurecipe run models/gaudi/mnist.py --hpu --autocast                # bf16 autocast on the device
     hpurecipe run models/gaudi/mnist.py --hpu --use-torch-compile       # torch.compile(backend="hpu_backend")
     hpurecipe run --cards 2 models/gaudi/mnist.py --hpu --distributed   # DDP over hccl, 2 ranks
@@ -114,6 +114,8 @@ def main():
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
     if args.hpu:
+        if args.use_lazy_mode:  # lazy mode is chosen before the bridge loads (eager is the default from 1.21 on)
+            os.environ.setdefault("PT_HPU_LAZY_MODE", "1")
         import habana_frameworks.torch.core as htcore  # noqa: F401  (loads the device)
 
         device = torch.device("hpu")

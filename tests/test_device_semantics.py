@@ -1,0 +1,173 @@
+"""The device behaves as a real device does where torch's clients lean on it: ``.data`` assignment and views of
+flat buffers (DeepSpeed ZeRO), ``module.to`` of weakly referenced parameters, tensors made inside a compiled
+graph, card indices, copies to and from the host, streams, threads and out-of-memory; each compared with the
+same code on the CPU."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import pytest
+import torch
+
+import hpu_backend.device as hd
+
+hd.enable("eager")  # before the process's first backward (see test_device.py)
+
+
+def both(fn):
+    """``fn(device)`` on the CPU and on the device, the device's result brought to the host."""
+    want = fn("cpu")
+    got = fn("hpu")
+    return (got.cpu() if isinstance(got, torch.Tensor) else got), want
+
+
+def test_data_assignment_moves_the_parameter_onto_the_new_values(device_mode):
+    def run(device):
+        p = torch.nn.Parameter(torch.zeros(3, device=device))
+        p.data = torch.ones(3, device=device)
+        return p.detach() * 2
+    got, want = both(run)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_parameter_made_a_view_of_a_flat_buffer_sees_the_buffers_updates(device_mode):
+    """DeepSpeed ZeRO-1/2: every parameter's ``.data`` becomes a slice of one flat buffer the optimizer updates."""
+    def run(device):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2).to(device)
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        offset = 0
+        for p in model.parameters():
+            p.data = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        flat.add_(0.5)  # the optimizer's step on the flat buffer
+        return model(torch.ones(3, 4, device=device)).detach()
+    got, want = both(run)
+    torch.testing.assert_close(got, want)
+
+
+def test_module_to_moves_parameters_something_holds_weakly():
+    lin = torch.nn.Linear(4, 4)
+    fired = []
+    weakref.finalize(lin.weight, lambda: fired.append(True))
+    ref = weakref.ref(lin.bias)
+    weight = lin.weight
+    want = lin(torch.ones(2, 4)).detach()
+    lin.to("hpu")
+    assert lin.weight is weight and lin.weight.device.type == "hpu" and ref() is lin.bias
+    assert isinstance(lin.weight, torch.nn.Parameter) and not fired
+    torch.testing.assert_close(lin(torch.ones(2, 4, device="hpu")).detach().cpu(), want)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_compiled_graph_makes_tensors_on_the_device(device_mode, dynamic):
+    """Every Hugging Face model makes ``position_ids`` with ``arange(n, device=x.device)`` inside its graph."""
+    def fn(x):
+        pos = torch.arange(x.shape[-1], device=x.device)
+        return x + pos, torch.ones(2, device=x.device) * x.shape[0], pos
+    compiled = torch.compile(fn, backend="hpu_backend", dynamic=dynamic)
+    for n in (5, 7):
+        x = torch.randn(3, n)
+        out = compiled(x.to("hpu"))
+        assert all(t.device.type == "hpu" for t in out)
+        for g, w in zip(out, fn(x)):
+            torch.testing.assert_close(g.cpu(), w)
+
+
+def test_index_zero_and_no_index_are_the_current_card_and_others_are_checked(monkeypatch):
+    monkeypatch.setenv("HPU_SIM_CARDS", "3")
+    try:
+        torch.hpu.set_device(1)
+        made = [torch.zeros(2).to("hpu"), torch.zeros(2, device="hpu"), torch.zeros(2).hpu(),
+                torch.zeros(2).to(torch.device("hpu")), torch.randn(2, device="hpu:0")]
+        assert {str(t.device) for t in made} == {"hpu:1"}
+        assert str((made[0] + made[1]).device) == "hpu:1"
+        with pytest.raises(RuntimeError, match="hpu device 3 does not exist"):
+            torch.zeros(2, device="hpu:3")
+        other = torch.ones(2, device="hpu:2")
+        assert str(other.to("hpu:1").device) == "hpu:1"  # a copy between cards
+        with pytest.raises(RuntimeError, match="same device"):
+            made[0] + other  # as torch refuses cuda:0 + cuda:1
+    finally:
+        torch.hpu.set_device(0)
+
+
+def test_host_tensor_written_in_place_from_a_device_one_is_refused(device_mode):
+    c = torch.zeros(3)
+    with pytest.raises(RuntimeError, match="same device, but found at least two devices, cpu and hpu:0"):
+        c.add_(torch.ones(3, device="hpu"))
+    c.copy_(torch.ones(3, device="hpu"))  # a copy is how a value comes back
+    assert c.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_numpy_force_copies_and_dlpack_is_one_line(device_mode):
+    t = torch.arange(3.0, device="hpu") * 2
+    assert t.numpy(force=True).tolist() == [0.0, 2.0, 4.0]
+    with pytest.raises(TypeError, match="Tensor.cpu"):
+        t.numpy()
+    with pytest.raises(BufferError, match="DLPack has no Gaudi device"):
+        torch.from_dlpack(t)
+
+
+def test_record_stream_takes_a_device_stream():
+    s = torch.hpu.Stream()
+    assert isinstance(s, torch.Stream) and s.device.type == "hpu"
+    t = torch.ones(3, device="hpu")
+    t.record_stream(s)
+    assert (t * 2).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_threads_share_the_device(device_mode):
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            x = torch.full((4,), float(i), device="hpu")
+            for _ in range(5):
+                x = x * 2 + 1
+            results[i] = x.cpu()
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i in range(12):
+        want = torch.full((4,), float(i))
+        for _ in range(5):
+            want = want * 2 + 1
+        torch.testing.assert_close(results[i], want)
+
+
+def test_a_request_past_the_hbm_is_the_devices_out_of_memory_error():
+    with pytest.raises(torch.OutOfMemoryError, match="hpu out of memory: tried to allocate 1024.00 GiB"):
+        torch.empty(1 << 40, dtype=torch.uint8, device="hpu")
+    with pytest.raises(torch.OutOfMemoryError, match="hpu out of memory"):
+        torch.zeros(1 << 38, device="hpu")
+
+
+@pytest.mark.parametrize("release, lazy, mode", [
+    ("", "", "eager"), ("1.21", "", "eager"), ("1.20.0", "", "lazy"), ("1.22.0", "1", "lazy"), ("1.19", "0", "eager")])
+def test_the_mode_follows_the_simulated_release_unless_set(monkeypatch, release, lazy, mode):
+    from hpu_backend.device import release as releases
+
+    monkeypatch.setenv("HPU_SIM_RELEASE", release)
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", lazy)
+    assert releases.mode_from_env() == mode
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("PT_HPU_LAZY_MODE", "2", "PT_HPU_LAZY_MODE='2': use 1 (lazy mode) or 0"),
+    ("PT_HPU_LAZY_MODE", "banana", "PT_HPU_LAZY_MODE='banana'"),
+    ("HPU_SIM_RELEASE", "2.0", "HPU_SIM_RELEASE='2.0': not a Gaudi software release"),
+])
+def test_a_bad_mode_or_release_is_one_line(monkeypatch, name, value, words):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(hd.DeviceSetupError) as e:
+        hd.enable()
+    assert words in str(e.value) and "\n" not in str(e.value)
