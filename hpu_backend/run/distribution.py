@@ -17,16 +17,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..device.release import release
+
 NAME = "habana-torch-plugin"
-# The Gaudi software release the simulated device stands for: the one optimum-habana 1.21.2 is validated
-# against (its CURRENTLY_VALIDATED_SYNAPSE_VERSION), so that it warns of no version mismatch.
-RELEASE = "1.24.0"
 ENV = "HPU_BACKEND_DIST_PATH"  # the published folder, inherited by the processes the script starts
 
 
 def publish(env: dict | None = None) -> str:
-    """Make ``habana-torch-plugin`` ``RELEASE`` visible here and in child processes; the folder holding it.
-    Idempotent: a process that inherits a published folder (a rank, a spawned worker) reuses it."""
+    """Make ``habana-torch-plugin`` of the simulated release (``HPU_SIM_RELEASE``, ``device/release.py``) visible
+    here and in child processes; the folder holding it. Idempotent: a process that inherits a published folder
+    (a rank, a spawned worker) reuses it."""
     env = os.environ if env is None else env
     inherited = env.get(ENV)
     folder = inherited if inherited and _holds_metadata(inherited) else _write()
@@ -50,7 +50,7 @@ def _holds_metadata(folder: str) -> bool:
 
 
 def _dist_info() -> str:
-    return f"{NAME.replace('-', '_')}-{RELEASE}.dist-info"
+    return f"{NAME.replace('-', '_')}-{release()}.dist-info"
 
 
 def _write() -> str:
@@ -58,7 +58,7 @@ def _write() -> str:
     atexit.register(_remove, folder, os.getpid())
     info = Path(folder) / _dist_info()
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {RELEASE}\n"
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {release()}\n"
                                    "Summary: The simulated Intel Gaudi PyTorch bridge (hpu_backend)\n")
     (info / "INSTALLER").write_text("hpu_backend\n")
     (info / "RECORD").write_text("")
