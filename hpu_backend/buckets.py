@@ -55,23 +55,36 @@ class Policy:
 
 
 def parse_policy(text: str) -> Policy:
-    kind, _, rest = str(text).strip().partition(":")
-    try:
-        nums = [int(x) for x in rest.replace(":", ",").split(",") if x.strip()] if rest else []
-    except ValueError:
-        raise BucketError(f"bucket policy {text!r}: numbers expected; forms: {FORMS}") from None
-    if any(n < 1 for n in nums):
-        raise BucketError(f"bucket policy {text!r}: numbers must be ≥ 1; forms: {FORMS}")
-    if kind == "exact" and not nums:
+    kind, colon, rest = str(text).strip().partition(":")
+    nums = _numbers(text, rest.split("," if kind == "list" else ":")) if colon else []
+    if kind == "exact" and not colon:
         return Policy("exact")
+    if kind in ("exp", "lin") and len(nums) == 2 and nums[0] > nums[1]:
+        what = "MIN" if kind == "exp" else "STEP"
+        raise BucketError(f"bucket policy {text!r}: {what} {nums[0]} is above MAX {nums[1]}; forms: {FORMS}")
     if kind == "exp" and len(nums) <= 2:
         return Policy("exp", step=nums[0] if nums else 1, limit=nums[1] if len(nums) > 1 else None)
     if kind == "lin" and len(nums) in (1, 2):
         return Policy("lin", step=nums[0], limit=nums[1] if len(nums) > 1 else None)
     if kind == "list" and nums:
-        bounds = tuple(sorted(set(nums)))
-        return Policy("list", bounds=bounds, limit=bounds[-1])
+        if any(a >= b for a, b in zip(nums, nums[1:])):  # a typo in a hand-written list, not an order to fix
+            raise BucketError(f"bucket policy {text!r}: boundaries must increase (e.g. list:1,4,16); forms: {FORMS}")
+        return Policy("list", bounds=tuple(nums), limit=nums[-1])
     raise BucketError(f"bucket policy {text!r} does not parse; forms: {FORMS}")
+
+
+MAX_BOUND = 2 ** 31 - 1  # a bucket bound past any tensor dimension is a typo
+
+
+def _numbers(text: str, fields: list[str]) -> list[int]:
+    """The numbers after ``KIND:``, every field present (``exp:1:`` has an empty one) and from 1 to MAX_BOUND."""
+    stripped = [x.strip() for x in fields]
+    if not all(x.isascii() and x.isdigit() for x in stripped):
+        raise BucketError(f"bucket policy {text!r}: whole numbers expected between the separators; forms: {FORMS}")
+    nums = [int(x) for x in stripped]
+    if any(not 1 <= n <= MAX_BOUND for n in nums):
+        raise BucketError(f"bucket policy {text!r}: numbers must be from 1 to {MAX_BOUND}; forms: {FORMS}")
+    return nums
 
 
 def policies_for(setting: Any, symbols: list[str]) -> list[Policy]:

@@ -25,8 +25,11 @@ class SettingsError(ValueError):
     """An unknown option or a value of the wrong form (raised by ``Settings.from_options``)."""
 
 
-def _key(default: Any, env: str, doc: str, key: bool | str = True):
-    return field(default=default, metadata={"env": env, "doc": doc, "key": key})
+MAX_WHOLE = 2 ** 31 - 1  # whole-number settings count nodes or recompiles: past this, a typo (10e30)
+
+
+def _key(default: Any, env: str, doc: str, key: bool | str = True, choices: tuple[str, ...] = ()):
+    return field(default=default, metadata={"env": env, "doc": doc, "key": key, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,8 @@ class Settings:
         False, "HPU_BACKEND_STRICT",
         "raise on a lowering failure or CPU fallback instead of running that graph eagerly "
         "(also PT_HPU_USE_EAGER_FALLBACK=0)", key=False)
-    target: str = _key("gaudi2", "HPU_BACKEND_TARGET", "device for the plan and estimate: gaudi2 | gaudi3")
+    target: str = _key("gaudi2", "HPU_BACKEND_TARGET", "device for the plan and estimate: gaudi2 | gaudi3",
+                       choices=TARGETS)
     buckets: Any = _key(
         "exp", "HPU_BACKEND_BUCKETS",
         "shape bucketing: exact | exp[:MIN[:MAX]] | lin:STEP[:MAX] | list:B1,B2,...; "
@@ -46,7 +50,7 @@ class Settings:
     dtype_policy: str = _key(
         "native", "HPU_BACKEND_DTYPE_POLICY",
         "storage dtypes of the plan and estimate: native (as traced) | fp8 (matmul operands, weights and KV "
-        "cache in fp8; plans only, with execute=false)")
+        "cache in fp8; plans only, with execute=false)", choices=DTYPE_POLICIES)
     max_compound_op_size: int = _key(
         0, "PT_HPU_MAX_COMPOUND_OP_SIZE",
         "most nodes in one device cluster; a larger cluster is cut in schedule order (0: no limit)", key="when_set")
@@ -83,10 +87,6 @@ class Settings:
         return settings
 
     def _check(self) -> None:
-        if self.target not in TARGETS:
-            raise SettingsError(f"option 'target' must be one of {TARGETS}, got {self.target!r}")
-        if self.dtype_policy not in DTYPE_POLICIES:
-            raise SettingsError(f"option 'dtype_policy' must be one of {DTYPE_POLICIES}, got {self.dtype_policy!r}")
         if self.dtype_policy != "native" and self.execute:
             raise SettingsError(f"option dtype_policy={self.dtype_policy!r} plans storage the simulated device "
                                 "cannot execute: use it with execute=false (prebuild, capacity planning)")
@@ -133,8 +133,8 @@ def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
             number = int(str(value).strip()) if not isinstance(value, bool) else None
         except ValueError:
             number = None
-        if number is None or number < 0:
-            raise SettingsError(f"{where} must be a whole number >= 0, got {value!r}")
+        if number is None or not 0 <= number <= MAX_WHOLE:
+            raise SettingsError(f"{where} must be a whole number from 0 to {MAX_WHOLE}, got {value!r}")
         return number
     if f.name == "buckets":
         return _buckets(value, where)
@@ -142,6 +142,9 @@ def _parse(f: dataclasses.Field, value: Any, where: str) -> Any:
         return _cache_config(value, where)
     if not isinstance(value, str):
         raise SettingsError(f"{where} must be a string, got {value!r}")
+    choices = f.metadata["choices"]
+    if choices and value not in choices:
+        raise SettingsError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
     return value
 
 

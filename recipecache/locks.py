@@ -22,7 +22,7 @@ class DirLock:
     def __init__(self, path: Path, timeout_s: float):
         self.path = path
         self.timeout_s = timeout_s
-        self._lock = FileLock(str(path), mode=0o600)
+        self._lock, self._pid = FileLock(str(path), mode=0o600), os.getpid()
 
     @contextmanager
     def hold(self):
@@ -33,6 +33,8 @@ class DirLock:
         # filelock opens its file with O_TRUNC, following links: make sure a regular file with no other name
         # (no hard link from outside the cache) is there first; anything else is refused (OSError).
         os.close(open_regular(self.path, os.O_RDONLY | os.O_CREAT, one_name=True))
+        if self._pid != os.getpid():  # a forked child (a DataLoader worker): its own lock, not the parent's
+            self._lock, self._pid = FileLock(str(self.path), mode=0o600), os.getpid()
         try:
             self._lock.acquire(timeout=self.timeout_s, poll_interval=_POLL_S)
         except Timeout:

@@ -171,3 +171,32 @@ def test_a_bad_mode_or_release_is_one_line(monkeypatch, name, value, words):
     with pytest.raises(hd.DeviceSetupError) as e:
         hd.enable()
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_path):
+    """Forked DataLoader workers inherit the recipe cache's lock objects: each process takes its own."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = tmp_path / "loader.py"
+    script.write_text(
+        "import torch, hpu_backend.device as hd\n"
+        "hd.enable('lazy')\n"
+        "from hpu_backend import gaudi\n"
+        "ds = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(8, 2).to('hpu')\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2):\n"
+        "    loss = torch.nn.functional.cross_entropy(model(x.to('hpu')), y.to('hpu'))\n"
+        "    loss.backward(); gaudi.mark_step(); opt.step(); opt.zero_grad(); gaudi.mark_step()\n"
+        "print('loss', loss.item())\n")
+    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=os.pathsep.join([str(root), str(root / "cli")]))
+    env.pop("PT_HPU_RECIPE_CACHE_CONFIG", None)  # the default cache under HOME, as a user's run has it
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "loss" in done.stdout
+    assert "background job failed" not in done.stderr and "inherited across fork" not in done.stderr

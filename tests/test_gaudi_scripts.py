@@ -129,6 +129,8 @@ def test_ddp_over_two_ranks_tracks_one_cpu_process_with_both_batches(runs, name,
     torch.testing.assert_close(torch.tensor(mean), torch.tensor(losses(tmp / "cpu_mnist_b32.json")[:STEPS]),
                                rtol=1e-4, atol=1e-4)
     assert [r["rank"] for r in report["ranks"]] == [0, 1] and all(r["mode"] == mode for r in report["ranks"])
+    for r in report["ranks"]:  # DDP's bucket all-reduces are on each rank's timeline, with no hook to attach
+        assert sum(s["engines"].get("Network", 0) for s in r["timeline"]["steps"]) > 0
 
 
 def test_checkpoint_save_and_resume_continue_the_run(runs):

@@ -152,7 +152,7 @@ def test_script_failure_is_the_scripts_own(tmp_path):
     (["missing.py"], "missing.py: no such script", 1),
     (["--cards", "0", "{script}"], "--cards must be 1 or more, got 0", 2),
     (["--target", "gaudi9", "{script}"], "--target must be one of gaudi2, gaudi3, got 'gaudi9'", 2),
-    (["--timeout", "0", "{script}"], "--timeout must be more than 0 seconds", 2),
+    (["--timeout", "0", "{script}"], "--timeout must be a number of seconds more than 0, got 0", 2),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message, code):
     path = script(tmp_path, "print('ran')\n")

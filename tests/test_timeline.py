@@ -418,3 +418,16 @@ def test_analyze_train_writes_the_planned_step_as_a_trace(tmp_path):
     kinds = {e["args"].get("kind") for e in doc["traceEvents"] if e.get("cat") == "Network"}
     assert kinds == {"all_gather", "reduce_scatter"}
     assert any(e.get("cat") == "TPC" and e["name"] == "optimizer step (AdamW)" for e in doc["traceEvents"])
+
+
+def test_the_report_puts_each_steps_measured_wall_time_beside_the_estimate():
+    """A step's estimate is a Gaudi's; what it took here is measured beside it: the script's share and the
+    simulator's own (their sum is the step's wall time, each step end carrying the host's clock)."""
+    from hpu_backend.timeline.model import Schedule
+
+    events = [("py", 0.5), ("op", "eager"), ("py", 0.010), ("step", 0.030, 10.0),
+              ("op", "eager"), ("py", 0.012), ("step", 0.028, 10.040)]
+    steps = Schedule("gaudi2").run(events).finish()
+    assert steps[0].wall_s is None and steps[0].simulator_s == 0.030
+    assert steps[1].wall_s == pytest.approx(0.040) and steps[1].simulator_s == 0.028
+    assert steps[1].summary()["measured_wall_s"] == pytest.approx(0.040)

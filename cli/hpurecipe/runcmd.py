@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import OneLineUsage, mapped
+from .errors import OneLineUsage, UsageError, mapped
 
 # Everything after SCRIPT is the script's, options included (``--hpu``, even ``--cards``).
 CONTEXT = {"allow_interspersed_args": False, "ignore_unknown_options": True, "allow_extra_args": True}
@@ -25,14 +25,22 @@ def run(ctx: typer.Context,
             show_default=False)] = None,
         trace: Annotated[Optional[Path], typer.Option(
             "--trace", help="Write the step timeline as a Chrome/Perfetto trace (one file per rank).",
-            show_default=False)] = None) -> None:
+            show_default=False)] = None,
+        prefix: Annotated[bool, typer.Option(
+            "--prefix", help="Start each line a rank prints with \\[rankN]: (as torchrun --tee shows ranks).")] = False,
+        oversubscribe: Annotated[bool, typer.Option(
+            "--oversubscribe", help="Start more ranks than this machine's memory holds (about 300 MB each).")]
+        = False) -> None:
     """Run SCRIPT [ARGS...] as `python SCRIPT ARGS` would, on the simulated hpu device, Intel's module names
     answered by the simulator; a report (mode, compiles per step, recompiles, fallbacks, syncs, memory,
     estimated device time) goes to stderr at exit, or to --report. The recipes it built stay in the cache."""
     from hpu_backend.run import launch
 
+    if script.startswith("-") and not Path(script).is_file():  # an option of ours misspelt, not a script's name
+        raise UsageError(f"no such option: {script} (hpurecipe run's options come before SCRIPT; "
+                         "see hpurecipe run --help)")
     code = launch(script, list(ctx.args), cards, str(report) if report else None, timeout, target,
-                  str(trace) if trace else None)
+                  str(trace) if trace else None, prefix, oversubscribe)
     if code:
         raise typer.Exit(code)
 

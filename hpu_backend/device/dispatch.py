@@ -82,7 +82,7 @@ class Device:
         return ("lazy" if self.lazy else "eager") if self.timeline.depth else "compiled"
 
     def _call(self, func, args, kwargs):
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         wrappers, device, real = {}, None, True
         hosts = []
         for a in flat:
@@ -90,22 +90,23 @@ class Device:
                 wrappers[id(a.host)] = a
                 if device is None:
                     device = a.device
-                elif a.device != device and func not in _CROSS_DEVICE:
+                elif a.device != device and id(func) not in _CROSS_DEVICE:
                     raise _mixed(device, a.device)
                 real = real and type(a.host) is torch.Tensor
                 a = a.host
+            elif type(a) is torch.device and a.type == HPU:
+                a = CPU  # the device's memory is the host's
             hosts.append(a)
-        if func in _NO_OP:
+        if id(func) in _NO_OP:
             return None
-        if type(flat[0]) is torch.Tensor and func not in _CROSS_DEVICE and func._schema.is_mutable:
+        if type(flat[0]) is torch.Tensor and id(func) not in _CROSS_DEVICE and func._schema.is_mutable:
             # a host tensor written in place from a device one, without a copy (c.add_(t)): a real device refuses
             raise _mixed(flat[0].device, next(t.device for t in flat if isinstance(t, HpuTensor)))
         if func is aten._to_copy.default and isinstance(kwargs.get("device"), torch.device) \
                 and kwargs["device"].type == HPU:
             device = torch.hpu.resolve(kwargs["device"])
         read = _host_read(func, flat)
-        hosts = [CPU if isinstance(a, torch.device) and a.type == HPU else a for a in hosts]
-        args, kwargs = pytree.tree_unflatten(hosts, spec)
+        args, kwargs = _unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
             args, kwargs = pytree.tree_map_only(torch.Tensor, _host_side, (args, kwargs))
             return _wrap(func(*args, **kwargs), wrappers, device)
@@ -113,6 +114,8 @@ class Device:
             self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
             return func(*args, **kwargs)  # a host value or tensor: not wrapped
         self.ops += 1
+        if func.namespace == "c10d":
+            self._collective(func, hosts)
         if _upload(func, flat):
             self._copy_in(flat)
             self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
@@ -145,6 +148,16 @@ class Device:
         if key is not None and len(self.estimates) < _EAGER_KEYS:
             self.estimates[key] = (self.measure() - before, self.timeline.last)
         return out
+
+    def _collective(self, func, hosts: list) -> None:
+        """A collective on device tensors, on the step timeline's network row (DDP's bucket all-reduces)."""
+        import torch.distributed as dist
+
+        nbytes = sum(a.numel() * a.element_size() for a in hosts if isinstance(a, torch.Tensor))
+        group = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        kind = func._schema.name.removeprefix("c10d::").rstrip("_")
+        self.timeline.comm({"allreduce": "all_reduce", "allgather": "all_gather",
+                            "reduce_scatter": "reduce_scatter"}.get(kind, kind), nbytes, group)
 
     # -- host reads -----------------------------------------------------------------------------------------
 
@@ -190,7 +203,7 @@ class Device:
     def place(self, func, hosts: list) -> bool:
         """True when the op falls back to the CPU (logged and counted; DeviceFallbackError in strict mode)."""
         dtypes = tuple(sorted({str(a.dtype).removeprefix("torch.") for a in hosts if isinstance(a, torch.Tensor)}))
-        key = (func, dtypes)
+        key = (id(func), dtypes)  # ops are never freed: their ids are stable (OpOverload's hash is Python's)
         line = self.placed.get(key, 0)
         if line == 0:
             line = self.placed[key] = self._decide(func, dtypes)
@@ -254,13 +267,17 @@ _VIEWS: dict = {}
 
 
 def _eager_key(func, hosts: list, kwargs: dict):
-    """The op and what its recipe depends on: each tensor's shape, strides and dtype, and every other value
-    (None when a value has no stable hash)."""
-    parts = [func, tuple(kwargs)]
+    """The op and what its estimate depends on: each tensor's shape, strides and dtype, and every other value
+    but floats (None when a value has no stable hash). A float (an optimizer's step size and bias corrections,
+    new every step) changes what an eager op computes, not what it costs: on Gaudi an eager op is no graph, and
+    a new float value compiles nothing."""
+    parts = [id(func), tuple(kwargs)]
     for a in hosts:
         if isinstance(a, torch.Tensor):
             parts.append((tuple(a.shape), a.stride(), a.dtype))
-        elif a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+        elif type(a) is float:
+            parts.append(float)
+        elif a is None or isinstance(a, (bool, int, str, torch.dtype, torch.device, torch.layout,
                                          torch.memory_format)):
             parts.append(a)
         else:
@@ -270,10 +287,10 @@ def _eager_key(func, hosts: list, kwargs: dict):
 
 def _is_view(func) -> bool:
     """An op that returns a view of its input (not one that writes it)."""
-    found = _VIEWS.get(func)
+    found = _VIEWS.get(id(func))
     if found is None:
         schema = func._schema
-        found = _VIEWS[func] = not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
+        found = _VIEWS[id(func)] = not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
     return found
 
 
@@ -291,10 +308,10 @@ def _host_side(t: torch.Tensor) -> torch.Tensor:
 
 
 # Ops whose tensors may lie on different devices: copies between them.
-_CROSS_DEVICE = frozenset({aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
-                           aten._copy_from_and_resize.default, aten.set_.source_Tensor, aten.set_.source_Storage,
-                           aten.set_.source_Storage_storage_offset})
-_NO_OP = frozenset({aten.record_stream.default})  # memory is freed when the host tensor is: no stream to hold it
+_CROSS_DEVICE = frozenset(map(id, (aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
+                                    aten._copy_from_and_resize.default, aten.set_.source_Tensor,
+                                    aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)))
+_NO_OP = frozenset({id(aten.record_stream.default)})  # memory is freed when the host tensor is: no stream to hold it
 
 
 def _mixed(first, second) -> RuntimeError:
@@ -302,8 +319,45 @@ def _mixed(first, second) -> RuntimeError:
                         f"{first} and {second}!")
 
 
+def _flatten(args: tuple, kwargs: dict) -> tuple[list, tuple]:
+    """An op's arguments as one flat list and how to rebuild them: aten ops take values and lists of values,
+    flattened here without pytree's generality (its cost, on every op, was most of the device's own); anything
+    nested deeper goes to pytree."""
+    flat, shape = [], []
+    for a in (*args, *kwargs.values()):
+        if type(a) is list or type(a) is tuple:
+            if any(type(x) is list or type(x) is tuple or type(x) is dict for x in a):
+                leaves, spec = pytree.tree_flatten((args, kwargs))
+                return leaves, (None, spec)
+            shape.append((type(a), len(a)))
+            flat.extend(a)
+        else:
+            shape.append(None)
+            flat.append(a)
+    return flat, (len(args), shape, tuple(kwargs))
+
+
+def _unflatten(flat: list, spec: tuple) -> tuple[tuple, dict]:
+    if spec[0] is None:
+        return pytree.tree_unflatten(flat, spec[1])
+    n, shape, keys = spec
+    values, i = [], 0
+    for s in shape:
+        if s is None:
+            values.append(flat[i])
+            i += 1
+        else:
+            values.append(s[0](flat[i:i + s[1]]))
+            i += s[1]
+    return tuple(values[:n]), dict(zip(keys, values[n:]))
+
+
 def _wrap(out, wrappers: dict, device):
     def one(t):
         found = wrappers.get(id(t))
         return found if found is not None else HpuTensor(t, device)
+    if type(out) is torch.Tensor:
+        return one(out)
+    if (type(out) is tuple or type(out) is list) and all(type(t) is torch.Tensor or t is None for t in out):
+        return type(out)(t if t is None else one(t) for t in out)
     return pytree.tree_map_only(torch.Tensor, one, out)

@@ -9,6 +9,7 @@ and an unset ``PT_HPU_LAZY_MODE`` follows that release's default.
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 RELEASE_ENV = "HPU_SIM_RELEASE"
 LAZY_ENV = "PT_HPU_LAZY_MODE"
@@ -21,9 +22,9 @@ class ReleaseError(ValueError):
     """An unknown release or an invalid ``PT_HPU_LAZY_MODE``: one line naming the variable and what is allowed."""
 
 
-def release() -> str:
+def release(env: Mapping[str, str] | None = None) -> str:
     """The simulated release: ``HPU_SIM_RELEASE`` (``1.21`` or ``1.21.0``), else the newest known."""
-    text = os.environ.get(RELEASE_ENV, "").strip()
+    text = (os.environ if env is None else env).get(RELEASE_ENV, "").strip()
     if not text:
         return NEWEST
     name = text if text.count(".") == 2 else f"{text}.0"
@@ -33,11 +34,11 @@ def release() -> str:
     return name
 
 
-def mode_from_env() -> str:
+def mode_from_env(env: Mapping[str, str] | None = None) -> str:
     """``lazy`` or ``eager``: ``PT_HPU_LAZY_MODE`` when set, else the simulated release's default."""
-    value = os.environ.get(LAZY_ENV, "").strip()
+    value = (os.environ if env is None else env).get(LAZY_ENV, "").strip()
     if value == "":
-        return DEFAULT_MODES[release()]
+        return DEFAULT_MODES[release(env)]
     if value not in ("0", "1"):
         raise ReleaseError(f"{LAZY_ENV}={value!r}: use 1 (lazy mode) or 0 (eager mode with torch.compile; "
                            f"the default from Gaudi software 1.21 on)")

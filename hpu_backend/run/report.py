@@ -100,7 +100,16 @@ def _timeline(t: dict[str, Any]) -> str:
     ms = _ms
     return (f"step timeline: {ms(t.get('step_s'))} per step (estimate{_which(t)}; host {ms(t.get('host_s'))}, of "
             f"which Python {ms(t.get('python_s'))} measured; device {ms(t.get('device_s'))}; syncs "
-            f"{ms(t.get('sync_s'))}) — {t.get('bound') or '?'}-bound{_compiled(t.get('compiles') or {})}")
+            f"{ms(t.get('sync_s'))}) — {t.get('bound') or '?'}-bound{_compiled(t.get('compiles') or {})}"
+            + _here(t.get("measured")))
+
+
+def _here(m: dict[str, Any] | None) -> str:
+    """What a steady step took on this host, and where that went (measured)."""
+    if not m:
+        return ""
+    return (f"; on this host {_ms(m['wall_s'])} per step (measured: the script and torch {_ms(m['python_s'])}, "
+            f"the simulator {_ms(m['simulator_s'])})")
 
 
 def _which(t: dict[str, Any]) -> str:

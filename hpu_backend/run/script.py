@@ -2,7 +2,8 @@
 
 The script is ``__main__`` with its own ``sys.argv`` and its directory first on ``sys.path``; its stdout is its
 own; an exception it raises prints its own traceback (as Python shows it: from the script's first frame,
-without the launcher's) and exits 1; ``sys.exit(n)`` exits ``n``. At exit, whatever happened, the run's report
+without the launcher's) and exits 1; ``sys.exit(n)`` exits ``n``; Ctrl-C prints its ``KeyboardInterrupt``
+traceback and exits 130, as Python does. At exit, whatever happened, the run's report
 goes to stderr or to a JSON file (``report.py``).
 """
 
@@ -74,8 +75,9 @@ def _run(path: Path) -> int:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as e:
         return _exit_code(e.code)
-    except KeyboardInterrupt:
-        raise
+    except KeyboardInterrupt as e:  # Python's own ending for Ctrl-C: the traceback, then 128 + SIGINT
+        _print_script_traceback(e)
+        return 128 + signal.SIGINT
     except BaseException as e:
         if _raised_by_us(e):  # the simulated device refused (out of memory, strict fallback): one line
             print(f"hpu_backend.run: error: {one_line(e)}{_where(e, path)}", file=sys.stderr)

@@ -38,6 +38,7 @@ _target = ["gaudi2"]
 _capacity: list[int | None] = [None]  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
 _started = [False]
 CAPACITY_ENV = "HPU_BACKEND_HBM_BYTES"
+_LARGE = 1 << 26  # bytes: requests from this size up are checked before the host allocates them
 
 
 class DeviceOutOfMemoryError(torch.OutOfMemoryError):
@@ -71,9 +72,21 @@ def capacity() -> int:
     if _capacity[0] is not None:
         return _capacity[0]
     text = os.environ.get(CAPACITY_ENV, "").strip()
-    if text.isdigit():
-        return int(text)
+    if text:
+        return _env_capacity(text)
     return int(device(_target[0]).hbm_bytes)
+
+
+def _env_capacity(text: str) -> int:
+    """``HPU_BACKEND_HBM_BYTES`` with its units (``1GB``, ``16GiB``); a value that is not a size is an error
+    naming it, never a silent fall back to the target's HBM."""
+    from ..settings import SettingsError
+    from ..units import SIZE_FORMS, parse_size
+
+    nbytes = parse_size(text)
+    if nbytes is None:
+        raise SettingsError(f"environment variable {CAPACITY_ENV}={text!r} is not valid: use {SIZE_FORMS}")
+    return nbytes
 
 
 def mem_get_info() -> tuple[int, int]:
@@ -84,8 +97,11 @@ def mem_get_info() -> tuple[int, int]:
 
 
 def check_request(nbytes: int) -> None:
-    """Refuse a device allocation of ``nbytes`` that cannot fit, before the host is asked for the memory (a 1 TiB
-    request is the device's out-of-memory error, not the host allocator's)."""
+    """Refuse a large device allocation of ``nbytes`` that cannot fit before the host is asked for the memory (a
+    1 TiB request is the device's out-of-memory error, not the host allocator's); a small one is checked by
+    ``allocate`` once made, as every allocation is."""
+    if nbytes < _LARGE:
+        return
     limit = capacity()
     if _stats["InUse"] + nbytes > limit:
         raise DeviceOutOfMemoryError(_oom_text(nbytes, limit))

@@ -6,16 +6,23 @@ in its span's args), host, device and what syncs serialize. A trace of the same 
 ``/device:HPU`` process with engine rows) is read by its rows alone: the host's busy time is the union of its
 spans, the device's the union of its engines', the step the trace's length. Gains come from the parts:
 a step takes max(host, device) + serialized syncs, and each remedy changes one part.
+
+Memory stays bounded whatever the trace's size: steps are summed as they stream by (never kept), and a trace
+naming more rows or sync sources than any step timeline has is refused.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .host import HOST
 from .trace import TraceError, events
 
 ENGINES = ("MME", "TPC", "DMA", "Network")
+STEP_KEYS = ("time_s", "host_s", "dispatch_s", "input_s", "device_s", "sync_s", "compile_s")
+MAX_ROWS = 10_000  # rows (pid, tid) and sync sources: a step timeline has tens; more is not a trace we read
+SKIP = 2  # the first steps are warm-up (as model.steady)
 
 
 @dataclass
@@ -46,18 +53,19 @@ class Advice:
 
 def read(path: str) -> Parts:
     """The trace's mean step parts (TraceError: one line)."""
-    rows = _Rows()
+    rows = _Rows(path)
     for e in events(path):
         rows.add(e)
     return rows.parts(path)
 
 
 class _Rows:
-    def __init__(self):
+    def __init__(self, path: str):
+        self.path = path
         self.names: dict = {}  # (pid, tid) -> row name
         self.device_pids: set = set()
         self.busy: dict = {}  # row -> seconds
-        self.steps: list[dict] = []
+        self.steps = _StepSums(path)
         self.launches = 0
         self.staging = 0.0
         self.lines: dict = {}
@@ -75,6 +83,7 @@ class _Rows:
             self.device_pids.add(e.get("pid"))
         elif e.get("name") == "thread_name":
             self.names[(e.get("pid"), e.get("tid"))] = name
+            _bounded(self.names, "rows", self.path)
 
     def _span(self, e: dict) -> None:
         row = self.names.get((e.get("pid"), e.get("tid")), str(e.get("cat", "")))
@@ -83,7 +92,7 @@ class _Rows:
         args = e.get("args") or {}
         dur = float(e.get("dur") or 0) / 1e6
         if row == "Steps":
-            self.steps.append(args)
+            self.steps.add(args)
             return
         start = float(e.get("ts") or 0) / 1e6
         self.begin, self.end = min(self.begin, start), max(self.end, start + dur)
@@ -93,39 +102,89 @@ class _Rows:
         if str(e.get("name", "")).startswith("stage "):
             self.staging += dur
         if row == "Sync" and str(e.get("name", "")).startswith("read back") and args.get("source"):
-            self.lines[args["source"]] = self.lines.get(args["source"], 0) + 1
+            source = str(args["source"])[:200]
+            self.lines[source] = self.lines.get(source, 0) + 1
+            _bounded(self.lines, "sync sources", self.path)
+        _bounded(self.busy, "rows", self.path)
 
     def parts(self, path: str) -> Parts:
         if not self.device_pids:
             raise TraceError(f"{path}: a trace, but with no device rows (no /device:HPU process)")
-        n = len(self.steps) or 1
-        p = Parts(steps=len(self.steps), launches=self.launches / n, staging_s=self.staging / n,
+        n = self.steps.count or 1
+        p = Parts(steps=self.steps.count, launches=self.launches / n, staging_s=self.staging / n,
                   sync_lines={k: v / n for k, v in self.lines.items()})
         p.engines = {k: self.busy.get("device:" + k, 0.0) / n for k in ENGINES}
-        if self.steps:
-            _from_steps(p, steady(self.steps))
+        if self.steps.count:
+            _from_steps(p, self.steps.steady())
         else:
             _from_rows(p, self.busy, max(self.end - self.begin, 0.0))
         return p
 
 
-def steady(steps: list[dict], skip: int = 2) -> list[dict]:
-    """As ``model.steady``, over the step spans' args."""
-    last = max((i for i, s in enumerate(steps) if float(s.get("compile_s") or 0) > 0), default=-1)
-    return steps[max(last + 1, skip):] or steps[skip:] or steps
+def _bounded(table: dict, what: str, path: str) -> None:
+    if len(table) > MAX_ROWS:
+        raise TraceError(f"{path}: not a step timeline (more than {MAX_ROWS} {what})")
 
 
-def _from_steps(p: Parts, steps: list[dict]) -> None:
-    n = len(steps)
-    mean = {k: sum(float(s.get(k) or 0) for s in steps) / n
-            for k in ("time_s", "host_s", "dispatch_s", "input_s", "device_s", "sync_s", "compile_s")}
+class _StepSums:
+    """The step spans' numbers, summed as they stream by: over every step, over the steps past the warm-up, and
+    over the steps past the warm-up and the last step that compiled (``steady`` of a list, in O(1) memory)."""
+
+    def __init__(self, path: str):
+        self.path, self.count = path, 0
+        self.all, self.warm, self.after = {}, {}, {}
+
+    def add(self, args: dict) -> None:
+        numbers = _step_numbers(args)
+        if numbers is None:
+            raise TraceError(f"{self.path}: not a trace (a step's args are not finite numbers: {str(args)[:80]})")
+        index, self.count = self.count, self.count + 1
+        _add(self.all, numbers)
+        if numbers["compile_s"] > 0:
+            self.after = {}
+        elif index >= SKIP:
+            _add(self.after, numbers)
+        if index >= SKIP:
+            _add(self.warm, numbers)
+
+    def steady(self) -> dict:
+        """Mean of each number over the steady steps."""
+        sums = next(s for s in (self.after, self.warm, self.all) if s)
+        n = sums.pop("_n")
+        return {k: v / n for k, v in sums.items()}
+
+
+def _add(sums: dict, numbers: dict) -> None:
+    for k, v in numbers.items():
+        sums[k] = sums.get(k, 0.0) + v
+    sums["_n"] = sums.get("_n", 0) + 1
+
+
+def _step_numbers(args: dict) -> dict | None:
+    """The numbers a step span carries (engines and the copy wait flattened); None if one is not a finite
+    number."""
+    engines, waits = args.get("engines") or {}, args.get("waits") or {}
+    if not isinstance(engines, dict) or not isinstance(waits, dict):
+        return None
+    raw = {**{k: args.get(k) for k in STEP_KEYS}, "copy_wait": waits.get("copy"),
+           **{"engine:" + k: engines.get(k) for k in ENGINES}}
+    out = {}
+    for k, v in raw.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            return None
+        out[k] = float(v or 0)
+    return out
+
+
+def _from_steps(p: Parts, mean: dict) -> None:
+    """The parts from the steady steps' mean numbers (``_StepSums.steady``)."""
     # Compiles are not the steady state (a warm-up's or an analysis's trace compiles in every step): left out.
     p.compile_s = mean["compile_s"]
     p.step_s, p.host_s = mean["time_s"] - p.compile_s, mean["host_s"] - p.compile_s
     p.dispatch_s = mean["dispatch_s"]
     p.input_s, p.device_s, p.sync_s = mean["input_s"], mean["device_s"], mean["sync_s"]
-    p.copy_wait_s = sum(float((s.get("waits") or {}).get("copy") or 0) for s in steps) / n
-    p.engines = {k: sum(float((s.get("engines") or {}).get(k) or 0) for s in steps) / n for k in ENGINES}
+    p.copy_wait_s = mean["copy_wait"]
+    p.engines = {k: mean["engine:" + k] for k in ENGINES}
 
 
 def _from_rows(p: Parts, busy: dict, wall: float) -> None:

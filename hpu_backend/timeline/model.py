@@ -22,7 +22,10 @@ the largest part bounds the step: ``host``, ``device`` or ``sync``.
 Events are plain tuples, cheap to record:
 ``("py", s)``, ``("op", "eager"|"lazy")``, ``("launch", kind, name, rid, Cost, compile_s)`` (kind ``lazy``,
 ``eager``, ``compiled`` or ``replay``), ``("copy", nbytes, to_device, pinned, non_blocking, source)``,
-``("sync", what, source)``, ``("step",)``.
+``("sync", what, source)``, ``("comm", kind, nbytes, group)`` (a collective issued outside every recipe, such as
+DDP's gradient all-reduces: on the network once the compute stream has produced its input), ``("step",)`` or
+``("step", simulator_s, clock_s)`` (a recorded step end: the simulator's own time in the step and the host's clock,
+both measured, so that a step's estimate stands next to what it took on this host).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
-from ..targets import device as device_spec
+from ..targets import COLLECTIVES, device as device_spec, fabric
 from .host import HOST, HostCosts
 
 HOST_ROWS = ("Steps", "Host ops", "Launch", "Compile", "Sync")
@@ -89,6 +92,8 @@ class StepTime:
     engines: dict = field(default_factory=lambda: {"MME": 0.0, "TPC": 0.0, "DMA": 0.0, "Network": 0.0})
     waits: dict = field(default_factory=lambda: {"sync": 0.0, "copy": 0.0, "queue": 0.0})
     syncs: list = field(default_factory=list)  # (what, source, waited seconds)
+    wall_s: float | None = None  # measured on this host: from the step end before to this one
+    simulator_s: float = 0.0  # measured: of that, the simulator's own work (lowering, dispatch, host kernels)
     copies: list = field(default_factory=list)  # (nbytes, pinned, non_blocking, seconds on DMA, source)
 
     @property
@@ -112,7 +117,8 @@ class StepTime:
                 "input_s": self.input_s, "dispatch_s": self.dispatch_s, "compile_s": self.compile_s,
                 "setup_s": self.setup_s, "device_s": self.device_s,
                 "sync_s": self.serial_s, "engines": dict(self.engines), "waits": dict(self.waits),
-                "bound": self.bound, "estimate": True}
+                "bound": self.bound, "estimate": True, "measured_wall_s": self.wall_s,
+                "measured_simulator_s": self.simulator_s}
 
 
 class Link(NamedTuple):
@@ -133,6 +139,7 @@ class Schedule:
 
     def __init__(self, target: str = "gaudi2", host: HostCosts = HOST, spans: bool = False):
         self.host, self.link, self.keep = host, Link.of(target), spans
+        self.net = fabric(target)
         self.t = 0.0  # the host thread
         self.free = {"compute": 0.0, "DMA": 0.0, "Network": 0.0}
         self.landed = 0.0  # when the last host→device copy is on the device
@@ -142,6 +149,7 @@ class Schedule:
         self._open: list | None = None  # the host-ops span being extended: [start, ops, python_s, dispatch_s]
         self._copied = False  # a host→device copy happened in this step (ends the input phase)
         self._started = False  # the first device call was scheduled
+        self._clock_at: float | None = None  # the host's clock at the last recorded step end
 
     def run(self, events: Iterable[tuple]) -> "Schedule":
         for e in events:
@@ -273,6 +281,15 @@ class Schedule:
         self._device("DMA", name, start, seconds, args)
         return start + seconds
 
+    def _comm(self, kind: str, nbytes: int, group: int) -> None:
+        known = kind if kind in COLLECTIVES else "all_gather"  # broadcast and the rest: one pass of the bytes
+        seconds = self.net.collective_s(known, nbytes, min(group, self.net.cards_per_server))
+        begin = max(self.t, self.free["compute"], self.free["Network"])
+        self.free["Network"] = begin + seconds
+        self.step.engines["Network"] += seconds
+        self.step.device_s += seconds
+        self._device("Network", f"{kind} ({nbytes} B)", begin, seconds, {"bytes": nbytes, "group": group})
+
     # -- copies and syncs ---------------------------------------------------------------------------------
 
     def _copy(self, nbytes: int, to_device: bool, pinned: bool, non_blocking: bool, source: str) -> None:
@@ -296,7 +313,12 @@ class Schedule:
         self._busy("Sync", f"read back ({what})", self.host.sync_s, {"source": source, "estimate": True})
         self.step.syncs.append((what, source, waited))
 
-    def _step(self) -> None:
+    def _step(self, simulator_s: float = 0.0, clock_s: float | None = None) -> None:
+        if clock_s is not None:
+            self.step.simulator_s = simulator_s
+            if self._clock_at is not None:
+                self.step.wall_s = clock_s - self._clock_at
+            self._clock_at = clock_s
         self._wait(self.prev_device_end, "queue", "device queue full (one step ahead)", {})
         self._close_ops()
         step = self.step

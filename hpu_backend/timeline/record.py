@@ -43,6 +43,7 @@ class Recorder:
         self.depth = 0  # nested calls into the simulator
         self.left_at = clock()
         self.paused_at, self.paused = self.left_at, False
+        self.simulator_s = 0.0  # the simulator's own time in the step under way (measured, not a Gaudi's)
         self.ids: dict = {}  # (recipe name, bucket) -> recipe id
         self.costs: dict = {}  # id(recipe) -> (recipe, Cost): the recipe is kept so its id is never reused
         self.last: tuple | None = None  # the last launch's (name, rid, Cost), for eager ops run again
@@ -63,6 +64,7 @@ class Recorder:
     def resume(self) -> None:
         """Control goes back to the user's Python."""
         self.left_at, self.paused = self.clock(), False
+        self.simulator_s += self.left_at - self.paused_at
 
     def enter(self) -> None:
         """A call of the user's reached the simulator (calls may nest)."""
@@ -112,12 +114,21 @@ class Recorder:
     def copy(self, nbytes: int, to_device: bool, pinned: bool, non_blocking: bool, source: str) -> None:
         self.add(("copy", int(nbytes), to_device, pinned, non_blocking, source))
 
+    def comm(self, kind: str, nbytes: int, group: int) -> None:
+        """A collective the host issued on device tensors (DDP's gradient all-reduces, outside every recipe)."""
+        self.add(("comm", kind, int(nbytes), int(group)))
+
     def sync(self, what: str, source: str) -> None:
         self.add(("sync", what, source))
 
     def step_end(self) -> None:
-        """``mark_step()`` ended (its start called ``enter()``): the step boundary, and the user's clock again."""
-        self.add(("step",))
+        """``mark_step()`` ended (its start called ``enter()``): the step boundary with the host's clock and the
+        simulator's own time in the step (both measured), and the user's clock again."""
+        now = self.clock()
+        self.add(("step", self.simulator_s + (now - self.paused_at if self.paused else 0.0), now))
+        self.simulator_s = 0.0
+        if self.paused:
+            self.paused_at = now
         if self.depth:
             self.leave()
 

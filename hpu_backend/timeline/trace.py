@@ -7,13 +7,22 @@ the user's Python with the bridge's dispatch, launches, compiles and syncs. Time
 ends of a span on whole nanoseconds, so that spans on a row nest or are disjoint as Perfetto requires. Every span
 whose time comes from the cost model or a bridge constant carries ``"estimate": true`` in its args; measured
 time says so (``"measured"``). The writer puts one event per line inside the ``traceEvents`` array; the reader
-accepts any trace-event JSON (an object with ``traceEvents``, or a bare array), whatever its line breaks.
+accepts any trace-event JSON (an object with ``traceEvents``, or a bare array), whatever its line breaks, and
+checks each event against the schema written here (``check_event``).
+
+A trace is written as a cache file is: to a temporary file in the same folder, renamed over the path, so it
+never goes through a link (symbolic or hard) planted at the path, never into a FIFO, and never half-written;
+a path that is a link, a directory or not a regular file is refused before a run (``check_writable``). Reads
+open regular files only (a FIFO would block forever).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
+import tempfile
 from typing import IO, Iterator
 
 from .model import DEVICE_ROWS, HOST_ROWS, Span
@@ -32,12 +41,29 @@ def device_process(rank: int) -> str:
 
 
 def write(path: str, spans: list[Span], rank: int = 0, other: dict | None = None) -> None:
-    """Write ``spans`` to ``path`` (TraceError for a missing folder or a read-only place)."""
+    """Write ``spans`` to ``path`` (TraceError for a missing folder, a read-only place, or a path that is not a
+    regular file)."""
+    check_writable(path)
+    tmp = None
     try:
-        with open(path, "w") as f:
+        fd, tmp = tempfile.mkstemp(prefix=".trace-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+        with os.fdopen(fd, "w") as f:
             _write(f, spans, rank, other or {})
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a trace from the colleague it is meant for
+        os.replace(tmp, path)  # replaces a link planted since the check; never writes through it
+        tmp = None
     except OSError as e:
         raise TraceError(f"--trace {path}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            _remove(tmp)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # never created, or already gone
+        pass
 
 
 def rank_path(path: str, rank: int, world: int) -> str:
@@ -49,12 +75,28 @@ def rank_path(path: str, rank: int, world: int) -> str:
 
 
 def check_writable(path: str) -> None:
-    """Fail early, before a run, for a trace path that cannot be written (its folder missing or read-only)."""
+    """Fail early, before a run, for a trace path that cannot be written: its folder missing or read-only, or the
+    path a link, a directory, a FIFO or another file that is not a regular one."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise TraceError(f"--trace {path}: no such directory {folder}")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise TraceError(f"--trace {path}: {_kind(mode)}, not a regular file (a trace is never written through a "
+                         "link or into a FIFO: remove it or choose another path)")
+    if not os.access(folder, os.W_OK) or (mode is not None and not os.access(path, os.W_OK)):
         raise TraceError(f"--trace {path}: not writable (read-only file system or no permission)")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "a special file"
 
 
 def _write(f: IO[str], spans: list[Span], rank: int, other: dict) -> None:
@@ -97,13 +139,60 @@ def _ns(t_s: float) -> int:
 
 
 def events(path: str, chunk: int = CHUNK) -> Iterator[dict]:
-    """The trace events of ``path``, one at a time, read ``chunk`` bytes at a time (TraceError: one line)."""
+    """The trace events of ``path``, one at a time, read ``chunk`` bytes at a time, each checked against the
+    schema we write (TraceError: one line)."""
+    f = _open_regular(path)
+    with f:
+        for event in _Stream(f, path, chunk).events():
+            check_event(event, path)
+            yield event
+
+
+def _open_regular(path: str) -> IO[str]:
+    """``path`` opened for reading if it is a regular file; a FIFO is refused without waiting for a writer."""
     try:
-        f = open(path, encoding="utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise TraceError(f"{path}: {e.strerror or e}") from None
-    with f:
-        yield from _Stream(f, path, chunk).events()
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise TraceError(f"{path}: {_kind(mode)}, not a regular file (a trace is a file)")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, encoding="utf-8", errors="replace")
+
+
+_SCALAR_ID = (int, str)  # pid and tid: what the trace-event format allows (we write ints)
+
+
+def check_event(e: dict, path: str) -> None:
+    """One event against the schema ``write`` produces: ``ph`` a string; ``pid``/``tid`` a number or a string;
+    ``ts``/``dur`` finite numbers (``dur`` not negative); ``name``/``cat`` strings; ``args`` an object."""
+    ph = e.get("ph")
+    if not isinstance(ph, str):
+        raise TraceError(f"{path}: not a trace (an event's \"ph\" is {_what(ph)}, not a string)")
+    for key in ("pid", "tid"):
+        if key in e and (not isinstance(e[key], _SCALAR_ID) or isinstance(e[key], bool)):
+            raise TraceError(f"{path}: not a trace (an event's \"{key}\" is {_what(e[key])}, not a number or a "
+                             "string)")
+    for key in ("ts", "dur"):
+        if key in e and not _finite(e[key], minimum=0.0 if key == "dur" else -math.inf):
+            raise TraceError(f"{path}: not a trace (an event's \"{key}\" is {_what(e[key])}, not a finite "
+                             f"number{' >= 0' if key == 'dur' else ''})")
+    for key, kind, name in (("name", str, "a string"), ("cat", str, "a string"), ("args", dict, "an object")):
+        if key in e and not isinstance(e[key], kind):
+            raise TraceError(f"{path}: not a trace (an event's \"{key}\" is {_what(e[key])}, not {name})")
+
+
+def _finite(value, minimum: float = -math.inf) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and value >= minimum
+
+
+def _what(value) -> str:
+    """A value as an error names it: short, whatever its size."""
+    text = json.dumps(value, default=str) if not isinstance(value, (list, dict)) else type(value).__name__
+    return {"list": "a list", "dict": "an object"}.get(text, text[:40])
 
 
 class _Stream:
@@ -182,6 +271,8 @@ class _Stream:
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise TraceError(f"{self.path}: not a trace (an event nested deeper than a trace event is)") from None
             except json.JSONDecodeError:
                 if len(self.buf) - self.pos > MAX_EVENT_BYTES:
                     raise TraceError(f"{self.path}: not JSON, or an event over {MAX_EVENT_BYTES} bytes") from None

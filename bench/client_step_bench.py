@@ -1,0 +1,136 @@
+"""A client's step on the hpu device against the same step on the CPU: a tiny Hugging Face GPT-2 (2 layers, hidden 64,
+as a GaudiTrainer fine-tune makes it) trained with AdamW, and ``generate()`` of 16 greedy tokens.
+
+One fresh process per device mode (eager, lazy, compiled with ``backend="hpu_backend"``). Inside it the CPU model
+and the device model step in turn (interleaved, so a change in the machine's load hits both), after warm-up steps;
+a mode's figure is the median of its steps, and its ratio is device over CPU. Losses and tokens are checked against
+the CPU's in every step.
+
+    OMP_NUM_THREADS=1 python bench/client_step_bench.py [--steps 8] [--warmup 3]
+
+Writes bench/results/client_step_bench.json (and .png with matplotlib) and prints one line per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import maybe_plot
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "client_step_bench.json"
+MODES = ("eager", "lazy", "compile")
+NEW_TOKENS = 16
+
+
+def _model():
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _trainer(device: str, compiled: bool, mark_step):
+    import torch
+
+    model = _model().to(device)
+    forward = torch.compile(model, backend="hpu_backend") if compiled else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def step() -> float:
+        loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
+        mark_step()
+        opt.step()
+        opt.zero_grad()
+        mark_step()
+        return loss.item()  # the step is done when its loss is on the host
+    return step
+
+
+def _generator(device: str):
+    import torch
+
+    model = _model().to(device).eval()
+    prompt = torch.randint(1, 128, (1, 8), generator=torch.Generator().manual_seed(2)).to(device)
+
+    def step() -> list[int]:
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                 pad_token_id=0)
+        return out[0].tolist()
+    return step
+
+
+def _timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def worker(mode: str, steps: int, warmup: int) -> dict:
+    import hpu_backend.device as hd
+
+    hd.enable("eager" if mode == "compile" else mode)
+    from hpu_backend import gaudi
+
+    rows = {}
+    pairs = {"train_step": (_trainer("cpu", False, lambda: None), _trainer("hpu", mode == "compile", gaudi.mark_step)),
+             "generate_16": (_generator("cpu"), _generator("hpu"))}
+    for name, (cpu, hpu) in pairs.items():
+        cpu_s, hpu_s, same = [], [], True
+        for i in range(warmup + steps):
+            (tc, want), (th, got) = _timed(cpu), _timed(hpu)
+            same = same and (got == want if isinstance(want, list) else abs(got - want) <= 1e-5 * max(1, abs(want)))
+            if i >= warmup:
+                cpu_s.append(tc)
+                hpu_s.append(th)
+        c, h = statistics.median(cpu_s), statistics.median(hpu_s)
+        rows[name] = {"cpu_s": c, "hpu_s": h, "ratio": h / c, "matches_cpu": same}
+    return {"mode": mode, "rows": rows, "report_step_s": hd.report()["timeline"]["step_s"]}
+
+
+def run(mode: str, steps: int, warmup: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, __file__, "--worker", mode, "--steps", str(steps), "--warmup", str(warmup)],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--worker", choices=MODES)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.warmup)))
+        return
+    results = [run(mode, args.steps, args.warmup) for mode in MODES]
+    out = {"model": "GPT-2, 2 layers, hidden 64, batch 4 x 32 tokens; generate 16 tokens from 8", "steps": args.steps,
+           "warmup": args.warmup, "load_average_1min": os.getloadavg()[0],
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"), "modes": results}
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    maybe_plot("client_step_bench", list(MODES),
+               {f"{name} (device / CPU)": [r["rows"][name]["ratio"] for r in results]
+                for name in ("train_step", "generate_16")}, "device time / CPU time (median)")
+    for r in results:
+        line = "; ".join(f"{name} {row['hpu_s'] * 1e3:.1f} ms vs CPU {row['cpu_s'] * 1e3:.1f} ms = {row['ratio']:.2f}x"
+                         f"{'' if row['matches_cpu'] else ' (DIFFERS from the CPU)'}" for name, row in r["rows"].items())
+        print(f"{r['mode']}: {line}")
+
+
+if __name__ == "__main__":
+    main()
