@@ -143,7 +143,8 @@ from habana_dataloader import HabanaDataLoader
 ask = "import importlib.metadata as m; print(m.version('habana-torch-plugin'))"
 child = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True).stdout.strip()
 print(json.dumps({"outside": outside, "version": importlib.metadata.version("habana-torch-plugin"), "child": child,
-                  "random": hpu_random is torch.hpu.random and len(hpu_random.default_generators) == 1,
+                  "random": hpu_random is torch.hpu.random and len(hpu_random.default_generators) == 1
+                            and hpu_random.default_generators[0] is torch.default_generator,
                   "device": htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi2,
                   "fp16": htexp._is_fp16_supported(), "lazy": is_lazy(),
                   "memory": torch.hpu.memory_stats(0)["Limit"] == torch.hpu.mem_get_info("hpu:0")[1],
@@ -155,8 +156,9 @@ print(json.dumps({"outside": outside, "version": importlib.metadata.version("hab
 
 @pytest.mark.parametrize("lazy", ["0", "1"])
 def test_client_names_and_the_release_distribution_under_simulate(lazy):
-    env = {**os.environ, "PT_HPU_LAZY_MODE": lazy, "HPU_SIM_RELEASE": "1.21"}
-    env.pop("HPU_BACKEND_DIST_PATH", None)
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("HPU_BACKEND_DIST_PATH", "HPU_SIM_CARDS", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    env.update(PT_HPU_LAZY_MODE=lazy, HPU_SIM_RELEASE="1.21")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(NAMES)], env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -6,6 +6,7 @@ runs it. On cpu: transformers' own Trainer with the same arguments (the referenc
 import sys
 
 import torch
+import torch._dynamo.utils
 import tiny
 
 kind, device, mode, out = sys.argv[1:5]
@@ -28,4 +29,5 @@ else:
 trainer.train()
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
 weights = {name: value.detach().cpu() for name, value in model.state_dict().items()}
-torch.save({"kind": kind, "weights": weights, "losses": losses}, out)
+graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # what torch.compile captured (0 without it)
+torch.save({"kind": kind, "weights": weights, "losses": losses, "graphs": graphs}, out)
