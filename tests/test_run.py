@@ -83,7 +83,7 @@ def test_intel_names_resolve_under_the_launcher_only(tmp_path):
     seen = json.loads(out.read_text())
     assert seen == {"heavy": [], "argv": [str(out), "--hpu"], "main": "__main__", "hpu_is_torch_hpu": True, "mark_step": True,
                     "sdpa": True, "optimizers": [True, True, True], "attr_import": True, "metrics": True,
-                    "permute": True, "hccl": True, "missing": True, "world": [1, -1, -1]}
+                    "permute": True, "hccl": True, "missing": True, "world": [1, 0, 0]}  # one rank, as torchrun
     doc = json.loads(report.read_text())  # one process: the shape of N ranks, with one
     assert doc["world_size"] == 1 and [(r["rank"], r["exit_code"]) for r in doc["ranks"]] == [(0, 0)]
 

@@ -25,8 +25,6 @@ import torch
 from ..serve import device_memory as memory
 from . import tensor
 from .tensor import HPU
-from ..serve.device_memory import (max_memory_allocated, mem_get_info, memory_allocated, memory_stats,  # noqa: F401
-                            reset_peak_memory_stats)
 
 _names = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
 TARGET = ["gaudi2"]  # set by enable()
@@ -164,7 +162,39 @@ class Event:
         return (end.time - self.time) * 1e3
 
 
-# -- memory ---------------------------------------------------------------------------------------------------
+# -- memory: one allocator per process (one card per rank), so ``device`` only names the card asked about -----------
+
+def memory_allocated(device=None) -> int:
+    return memory.memory_allocated()
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory.max_memory_allocated()
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    memory.reset_peak_memory_stats()
+
+
+reset_max_memory_allocated = reset_peak_memory_stats  # DeepSpeed's accelerator calls Intel's older name
+
+
+def memory_stats(device=None) -> dict:
+    return memory.memory_stats()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    return memory.mem_get_info()
+
+
+def memory_cached(device=None) -> int:
+    """Intel's older name of ``memory_reserved``."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    return max_memory_reserved(device)
+
 
 def memory_reserved(device=None) -> int:
     return memory.memory_allocated()
@@ -240,3 +270,26 @@ def is_autocast_enabled() -> bool:
 
 def get_autocast_dtype() -> torch.dtype:
     return torch.get_autocast_dtype("hpu")
+
+
+def is_autocast_hpu_enabled() -> bool:
+    """Intel's name of ``is_autocast_enabled`` (Optimum Habana asks it before casting)."""
+    return is_autocast_enabled()
+
+
+def get_autocast_hpu_dtype() -> torch.dtype:
+    return get_autocast_dtype()
+
+
+# -- dynamic shapes: the backend compiles shape buckets and recompiles on its own --------------------------------
+
+def enable_dynamic_shape() -> None:
+    """Gaudi's switch for its graph compiler's dynamic-shape support; here buckets are chosen per recipe
+    (``hpu_backend/buckets.py``), so the switch changes nothing."""
+
+
+def disable_dynamic_shape() -> None:
+    """See ``enable_dynamic_shape``."""
+
+
+from . import random  # noqa: E402  - ``torch.hpu.random``, Intel's RNG submodule (it reads the functions above)

@@ -63,7 +63,7 @@ def sdp_kernel(enable_recompute: bool = True):
         yield
     finally:
         enable_recompute_sdp(before)
-PADDING_SIDES = ("left", "right")
+PADDING_SIDES = ("left", "right", "None")  # "None": no padding (Optimum passes it without valid_sequence_lengths)
 
 
 class FusedSDPA:
@@ -78,6 +78,7 @@ class FusedSDPA:
                valid_sequence_lengths, padding_side)
         recompute = recompute_sdp_enabled() if recompute_mode is None else recompute_mode
         _check_kernel(query, key, value, recompute)
+        key, value = _grouped(query, key), _grouped(query, value)
         keep = None
         if valid_sequence_lengths is not None:
             attn_mask, keep = _padding_mask(query, key, valid_sequence_lengths, is_causal, padding_side)
@@ -107,6 +108,8 @@ def _check(query, key, value, attn_mask, dropout_p, is_causal, softmax_mode, rec
                          "(fold the causal mask into attn_mask)")
     if valid_sequence_lengths is not None:
         _check_lengths(query, attn_mask, valid_sequence_lengths)
+        if padding_side == "None":
+            raise ValueError("FusedSDPA.apply: valid_sequence_lengths needs padding_side='left' or 'right'")
 
 
 def _check_kernel(query, key, value, recompute: bool) -> None:
@@ -119,6 +122,17 @@ def _check_kernel(query, key, value, recompute: bool) -> None:
         raise ValueError(f"FusedSDPA.apply: K/V batch size {key.shape[0]}/{value.shape[0]} differs from Q's "
                          f"{query.shape[0]}; Gaudi's FusedSDPA in recompute mode needs the same batch size in "
                          f"Q, K and V (expand K and V to Q's batch, or pass recompute_mode=False)")
+
+
+def _grouped(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """K or V with fewer heads than Q (grouped-query attention, which Gaudi's kernel takes as is): each K/V
+    head serves ``heads_q / heads_kv`` consecutive query heads, as ``enable_gqa``; repeated to Q's heads here."""
+    if query.dim() != 4 or kv.dim() != 4 or kv.shape[1] == query.shape[1]:
+        return kv
+    if query.shape[1] % kv.shape[1]:
+        raise ValueError(f"FusedSDPA.apply: {query.shape[1]} query heads are not a multiple of {kv.shape[1]} "
+                         "key/value heads (grouped-query attention needs each K/V head to serve whole groups)")
+    return kv.repeat_interleave(query.shape[1] // kv.shape[1], dim=1)
 
 
 def _check_lengths(query, attn_mask, lengths) -> None:

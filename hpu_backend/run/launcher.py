@@ -43,10 +43,26 @@ def launch(script: str, args: list[str], cards: int = 1, report: str | None = No
     if trace is not None:
         _check_trace(trace, cards if in_ranks else 1)
     if not in_ranks:
+        _one_rank_env(os.environ)
         return _run_here(script, args, report, trace)
     from .ranks import run_ranks
 
     return run_ranks(script, args, cards, report, timeout, trace, prefix)
+
+
+def _one_rank_env(env) -> None:
+    """One rank's torchrun variables where the caller set none: DeepSpeed and Accelerate read them to start a
+    one-process group (without them DeepSpeed goes to MPI discovery and wants mpi4py)."""
+    from .ranks import free_port
+
+    if any(name in env for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        return  # started by mpirun: the rank is MPI's to say (initialize_distributed_hpu reads it)
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1"}
+    for name, value in defaults.items():
+        env.setdefault(name, value)
+    if "MASTER_PORT" not in env:
+        env["MASTER_PORT"] = str(free_port())
 
 
 def _run_here(script: str, args: list[str], report: str | None, trace: str | None) -> int:

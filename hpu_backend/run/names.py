@@ -19,6 +19,8 @@ import sys
 import types
 from typing import Callable
 
+from ..gaudi import hpu_ops
+from . import distribution
 from .errors import RunError
 
 ROOT = "habana_frameworks"
@@ -51,8 +53,11 @@ def _core() -> dict:
     from .. import gaudi
 
     _device().enable()  # as Intel's core: loading it starts the device (lazy unless PT_HPU_LAZY_MODE=0)
+    from ..gaudi import intel_utils
+
     return {"mark_step": gaudi.mark_step, "hpu": _hpu_module(), "is_enabled_weight_permute_pass": _permute_pass,
-            "get_device_count": lambda: _hpu_module().device_count(), "hpu_initialize": _no_op}
+            "get_device_count": lambda: _hpu_module().device_count(), "hpu_initialize": _no_op,
+            "step_closure": intel_utils.step_closure, "hpu_set_env": intel_utils.hpu_set_env}
 
 
 def _permute_pass() -> bool:
@@ -89,8 +94,14 @@ def _hccl() -> dict:
 
 def _kernels() -> dict:
     from .. import gaudi
+    from ..gaudi import hpex_kernels, rotary
 
-    return {"FusedSDPA": gaudi.FusedSDPA}
+    return {"FusedSDPA": gaudi.FusedSDPA, "CTCLoss": hpex_kernels.CTCLoss,
+            "RotaryPosEmbeddingHelperV1": rotary.RotaryPosEmbeddingHelperV1,
+            "RotaryPosEmbeddingHelperV2": rotary.RotaryPosEmbeddingHelperV2,
+            "RotaryPosEmbeddingHelperV3": rotary.RotaryPosEmbeddingHelperV3,
+            "RotaryPosEmbeddingMode": rotary.RotaryPosEmbeddingMode,
+            "apply_rotary_pos_emb": rotary.apply_rotary_pos_emb}
 
 
 def _optimizers() -> dict:
@@ -102,7 +113,28 @@ def _optimizers() -> dict:
 def _normalization() -> dict:
     from .. import gaudi
 
-    return {"FusedClipNorm": gaudi.FusedClipNorm}
+    from ..gaudi import hpex_kernels
+
+    return {"FusedClipNorm": gaudi.FusedClipNorm, "FusedRMSNorm": hpex_kernels.FusedRMSNorm}
+
+
+def _experimental() -> dict:
+    from ..gaudi import intel_utils
+
+    return {"_get_device_type": intel_utils._get_device_type, "synDeviceType": intel_utils.synDeviceType,
+            "_is_fp16_supported": intel_utils._is_fp16_supported, "hpu": _hpu_module()}
+
+
+def _internal() -> dict:
+    from ..gaudi import intel_utils
+
+    return {"is_lazy": intel_utils.is_lazy}
+
+
+def _dataloader() -> dict:
+    from ..gaudi import intel_utils
+
+    return {"HabanaDataLoader": intel_utils.HabanaDataLoader}
 
 
 def _metrics() -> dict:
@@ -128,27 +160,42 @@ MODULES: dict[str, tuple[bool, Callable[[], dict]]] = {
     f"{ROOT}.torch.utils": (True, _package),
     f"{ROOT}.torch.utils.debug": (False, _debug),
     f"{ROOT}.torch.utils.library_loader": (False, _library_loader),
+    f"{ROOT}.torch.utils.experimental": (False, _experimental),
+    f"{ROOT}.torch.utils.internal": (False, _internal),
     f"{ROOT}.torch.distributed": (True, _package),
     f"{ROOT}.torch.distributed.hccl": (False, _hccl),
+    "habana_dataloader": (False, _dataloader),  # Intel's data loader package: torch's DataLoader here
 }
 HPU = f"{ROOT}.torch.hpu"
+
+
+def _hpu_random() -> types.ModuleType:
+    _hpu_module()
+    from ..device import random
+
+    return random
+
+
+# Names that are existing module objects, not built from a table: ``torch.hpu`` and its ``random``.
+ALIASES: dict[str, Callable[[], types.ModuleType]] = {HPU: _hpu_module, f"{HPU}.random": _hpu_random}
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers the names of ``MODULES`` (and ``HPU``) with module objects; every other name is not ours."""
 
     def find_spec(self, fullname: str, path=None, target=None):
-        if fullname == HPU:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        if fullname in ALIASES:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname == HPU)
         if fullname in MODULES:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=MODULES[fullname][0])
         return None
 
     def create_module(self, spec):
-        return _hpu_module() if spec.name == HPU else None  # None: a fresh module object
+        alias = ALIASES.get(spec.name)
+        return alias() if alias is not None else None  # None: a fresh module object
 
     def exec_module(self, module: types.ModuleType) -> None:
-        if module.__spec__.name == HPU:
+        if module.__spec__.name in ALIASES:
             return
         module.__dict__.update(MODULES[module.__spec__.name][1]())
         if module.__spec__.submodule_search_locations is not None:
@@ -161,7 +208,7 @@ def _submodules(package: str) -> Callable[[str], types.ModuleType]:
 
     def attr(name: str) -> types.ModuleType:
         child = f"{package}.{name}"
-        if child not in MODULES and child != HPU:
+        if child not in MODULES and child not in ALIASES:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return importlib.import_module(child)
 
@@ -213,3 +260,5 @@ def simulate() -> None:
                        "host; the simulator does not shadow a real Gaudi stack")
     _device().enable()
     sys.meta_path.append(_FINDER)  # last: any real package found by the other finders would come first
+    distribution.publish()  # `pip list` and importlib.metadata see habana-torch-plugin, as on a Gaudi host
+    hpu_ops.register()  # torch.ops.hpu.*, as Intel's bridge library defines them when it loads

@@ -1,0 +1,37 @@
+"""Tiny models from configs and a tokenizer trained here, for the client scripts (no downloads)."""
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CORPUS = ["the quick brown fox jumps over the lazy dog", "a gaudi card runs the graph the bridge compiled",
+          "deep speed shards the optimizer state across the ranks", "optimum trains and generates on the card",
+          "every step ends with a mark step in lazy mode"] * 4
+VOCAB = 128
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer of ``VOCAB`` tokens trained on ``CORPUS``."""
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<unk>", "<s>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
+                                   eos_token="<s>")
+
+
+def model(kind: str) -> torch.nn.Module:
+    """A 2-layer model of hidden size 64, seeded: the same weights in every process. No dropout: its draws are
+    not what the comparison is about."""
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def dataset(length: int = 16) -> list[dict]:
+    """Causal-LM examples: the corpus tokenized into rows of ``length`` tokens."""
+    ids = [i for line in CORPUS for i in tokenizer()(line)["input_ids"]]
+    rows = [torch.tensor(ids[i:i + length]) for i in range(0, len(ids) - length + 1, length)]
+    return [{"input_ids": row, "labels": row} for row in rows]
