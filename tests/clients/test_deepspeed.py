@@ -1,7 +1,6 @@
 """DeepSpeed 0.19.8, unchanged, on the simulated device (``DS_ACCELERATOR=hpu``): ``deepspeed.initialize`` with
 ZeRO and DeepSpeed's ``FusedAdam`` (``torch.ops.hpu.optimizer_adamw``), against plain torch on the CPU (the same
-model, data, clipping and AdamW). Two ranks wait for the device's card indices in torch's autograd engine
-(``/work/wt/NOTES-clients.md``)."""
+model, data, clipping and AdamW), on one rank and on two (each rank on its card: ``set_device(LOCAL_RANK)``)."""
 
 from __future__ import annotations
 
@@ -17,4 +16,14 @@ def test_zero_with_fused_adam_on_one_rank_matches_the_cpu(client, tmp_path, stag
     client("deepspeed_zero.py", "cpu", stage, tmp_path / "cpu.json", 1, launcher=False)
     hpu, cpu = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("hpu", "cpu"))
     assert hpu["optimizer"] == "FusedAdam" and hpu["device"] == "hpu"
+    torch.testing.assert_close(torch.tensor(hpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("stage, lazy", [(1, "0"), (2, "1"), (3, "0")])
+def test_zero_with_fused_adam_on_two_ranks_matches_the_cpu(client, tmp_path, stage, lazy):
+    client("deepspeed_zero.py", "hpu", stage, tmp_path / "hpu.json", cards=2, DS_ACCELERATOR="hpu",
+           PT_HPU_LAZY_MODE=lazy)
+    client("deepspeed_zero.py", "cpu", stage, tmp_path / "cpu.json", 2, launcher=False)
+    hpu, cpu = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("hpu", "cpu"))
+    assert hpu["optimizer"] == "FusedAdam" and len(hpu["losses"]) == 2
     torch.testing.assert_close(torch.tensor(hpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=0)
