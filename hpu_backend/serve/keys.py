@@ -63,7 +63,7 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     groups = recipe.facts.get("collectives")
     if groups:  # a collective's cost depends on its group's size (only present in graphs with collectives)
         graph.append(sorted([names[k], _plain(v)] for k, v in groups.items()))
-    settings_part = settings.key_fields()
+    settings_part = settings_fields(settings, bool(recipe.symbols))
     tc = toolchain()
     parts = {
         "graph": _digest(graph),
@@ -75,6 +75,15 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     detail = {"settings": _plain(settings_part), "toolchain": tc,
               "inputs": [_spec(s) for s in recipe.inputs], "guards": recipe.guards}
     return GraphKey(parts, detail)
+
+
+def settings_fields(settings: Settings, symbolic: bool) -> dict[str, Any]:
+    """The settings part of a key: every field that changes a recipe, but the bucket policy for a graph without
+    shape symbols (it has one shape, which no policy changes; keying it made a static graph miss for nothing)."""
+    fields = settings.key_fields()
+    if not symbolic:
+        fields.pop("buckets", None)
+    return fields
 
 
 PROGRAM_PARTS = ("dynamo_graph", "inputs", "guards", "state", "settings", "toolchain")
@@ -126,7 +135,7 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     inputs = [_input(v, real, rename) for v, real in zip(fakes, example_inputs)]
     parts = {"dynamo_graph": _digest(graph), "inputs": _digest(inputs), "guards": _digest(_dynamo_guards(rename)),
              "state": _digest(_global_state()),
-             "settings": _digest(_plain(settings.key_fields())),
+             "settings": _digest(_plain(settings_fields(settings, bool(rename)))),
              "toolchain": _digest(sorted(dict(toolchain(), program_format=PROGRAM_VERSION).items()))}
     return ProgramKey(_digest([parts[p] for p in PROGRAM_PARTS])[:32], parts, rename, sources)
 
@@ -145,9 +154,47 @@ def _target(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
     if node.op == "call_function":
         target = node.target
         if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-            return str(target)
+            formulas = _custom_op_formulas(target)
+            return [str(target), formulas] if formulas else str(target)
         return _qualified_name(target)
     raise Unkeyable(f"graph node kind {node.op}")
+
+
+def _custom_op_formulas(op: Any) -> list | None:
+    """What AOTAutograd traces of a ``torch.library.custom_op`` besides its name: its registered backward,
+    setup_context and fake implementation, by their code (the kernel itself stays one opaque node, called at run
+    time, so its body is not keyed). A backward edited under the same op name is then another program (PyTorch's
+    FX graph cache missed this: pytorch #144344). None for every other op."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(getattr(op, "_name", ""))
+    if opdef is None:
+        return None
+    return [_code_digest(f) for f in (opdef._backward_fn, opdef._setup_context_fn, opdef._abstract_fn)]
+
+
+def _code_digest(fn: Any) -> str | None:
+    """A digest of a function's code: bytecode, constants, names, defaults and plain closure values; the same in
+    every process of one Python version, whatever the file's path or line."""
+    if fn is None:
+        return None
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise Unkeyable(f"custom op formula {fn!r:.60} has no Python code to key")
+    cells = [c.cell_contents for c in (fn.__closure__ or ()) if _plain_value(c.cell_contents)]
+    defaults = list(fn.__defaults__ or ())
+    return _digest([_code_tree(code), defaults if _plain_value(defaults) else None, cells])
+
+
+def _code_tree(code: Any) -> list:
+    consts = [_code_tree(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
+    return [code.co_code, consts, list(code.co_names), code.co_argcount]
+
+
+def _plain_value(v: Any) -> bool:
+    if isinstance(v, (tuple, list)):
+        return all(_plain_value(x) for x in v)
+    return v is None or isinstance(v, (bool, int, float, str))
 
 
 def _qualified_name(target: Any) -> str:
