@@ -5,7 +5,8 @@
 ``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons, RecompileCauses: the
 class of each recompile's failed guard; ``recompiles()`` lists them in full, with guard, value and source line),
 ``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss; ProgramHit, ProgramMiss count Dynamo
-graphs served from a stored program, skipping AOTAutograd, or traced), ``cpu_fallback`` (TotalNumber,
+graphs served from a stored program, skipping AOTAutograd, or traced; MissReasons counts what differed, old → new,
+for misses of an entry the cache holds under another key), ``cpu_fallback`` (TotalNumber,
 FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
 ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
 """
@@ -28,7 +29,7 @@ _lock = threading.Lock()
 _COUNTERS: dict[str, dict[str, Any]] = {
     "graph_compilation": {"TotalNumber": 0, "TotalTime": 0, "Reasons": Counter(), "RecompileCauses": Counter()},
     "recipe_cache": {"TotalHit": 0, "TotalMiss": 0, "RecipeHit": Counter(), "RecipeMiss": Counter(),
-                     "ProgramHit": 0, "ProgramMiss": 0},
+                     "ProgramHit": 0, "ProgramMiss": 0, "MissReasons": Counter()},
     "cpu_fallback": {"TotalNumber": 0, "FallbackOps": Counter()},
     "mark_step": {"TotalNumber": 0},
 }
@@ -87,6 +88,12 @@ def record_program(hit: bool) -> None:
     """A Dynamo graph served from a stored program (hit: no AOTAutograd trace) or traced (miss)."""
     with _lock:
         _COUNTERS["recipe_cache"]["ProgramHit" if hit else "ProgramMiss"] += 1
+
+
+def record_miss_reasons(reasons: tuple[str, ...]) -> None:
+    """A miss of an entry the cache holds under another key: what differed ("torch 2.13.0 → 2.13.1")."""
+    with _lock:
+        _COUNTERS["recipe_cache"]["MissReasons"].update(reasons)
 
 
 def record_fallback(op: str, count: int = 1) -> None:

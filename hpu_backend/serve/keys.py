@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import torch
 
-from ..formats.keyparts import PARTS, toolchain
+from ..formats.keyparts import PARTS, RECIPE_INPUT_FIELDS, readable_inputs, toolchain
 from ..formats.program import PROGRAM_VERSION
 from ..formats.recipe import Recipe
 from ..settings import Settings
@@ -73,7 +73,7 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
         "toolchain": _digest(sorted(tc.items())),
     }
     detail = {"settings": _plain(settings_part), "toolchain": tc,
-              "inputs": [_spec(s) for s in recipe.inputs], "guards": recipe.guards}
+              "inputs": [dict(zip(RECIPE_INPUT_FIELDS, _spec(s))) for s in recipe.inputs], "guards": recipe.guards}
     return GraphKey(parts, detail)
 
 
@@ -101,6 +101,7 @@ class ProgramKey:
     parts: dict[str, str]
     rename: dict[str, str]  # Dynamo symbol name -> s0, s1, ...
     sources: list[list[int]]  # per normalized symbol: [input index, dim] (-1: a SymInt input)
+    detail: dict[str, Any] = field(default_factory=dict)  # readable parts, stored to explain a later miss
 
 
 def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settings) -> ProgramKey:
@@ -133,11 +134,12 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     graph = [[n.op, _target(gm, n), _canon(n.args, names), _canon(dict(n.kwargs), names),
               *([_canon(a, names)] if (a := recorded_annotations(n)) else [])] for n in gm.graph.nodes]
     inputs = [_input(v, real, rename) for v, real in zip(fakes, example_inputs)]
+    state, fields = _global_state(), _plain(settings_fields(settings, bool(rename)))
+    tc = dict(toolchain(), program_format=PROGRAM_VERSION)
     parts = {"dynamo_graph": _digest(graph), "inputs": _digest(inputs), "guards": _digest(_dynamo_guards(rename)),
-             "state": _digest(_global_state()),
-             "settings": _digest(_plain(settings_fields(settings, bool(rename)))),
-             "toolchain": _digest(sorted(dict(toolchain(), program_format=PROGRAM_VERSION).items()))}
-    return ProgramKey(_digest([parts[p] for p in PROGRAM_PARTS])[:32], parts, rename, sources)
+             "state": _digest(state), "settings": _digest(fields), "toolchain": _digest(sorted(tc.items()))}
+    detail = {"inputs": readable_inputs(inputs), "state": state, "settings": fields, "toolchain": tc}
+    return ProgramKey(_digest([parts[p] for p in PROGRAM_PARTS])[:32], parts, rename, sources, detail)
 
 
 def _target(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
