@@ -126,7 +126,7 @@ def entry_meta(recipe: Recipe, parts: dict[str, str], detail: dict[str, Any], se
         "bucket": {s: list(r) for s, r in recipe.bucket.items()},
         "compile_time_s": float(recipe.facts.get("compile_time_s", 0.0)),
         "key_parts": dict(parts),
-        "key_detail": {k: detail[k] for k in ("settings", "toolchain", "bucket", "inputs") if k in detail},
+        "key_detail": {k: detail[k] for k in ("settings", "toolchain", "bucket") if k in detail},
     }
 
 
