@@ -278,7 +278,8 @@ def check_toolchain(bundle: Bundle, force: bool) -> list[str]:
     differ = [f"{k}: bundle {theirs.get(k)!r}, here {v!r}" for k, v in ours.items() if theirs.get(k) != v]
     if differ and not force:
         raise BundleError("bundle was built by another toolchain (" + "; ".join(differ) + "): "
-                          + usable_entries(bundle) + "; its recipes would never be used here. Import anyway with --force")
+                          + usable_entries(bundle) + "; its recipes would never be used here. "
+                          "Import anyway with --force")
     return differ
 
 

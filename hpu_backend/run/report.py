@@ -29,7 +29,7 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
 def _cache_missed() -> dict[str, int]:
     from ..metrics import metric_global
 
-    return dict(metric_global("recipe_cache").stats()).get("MissReasons") or {}
+    return dict(metric_global("cache_misses").stats())["Reasons"]
 
 
 def trace(path: str) -> str:
