@@ -116,16 +116,20 @@ def _describe(part: str, was: Any, now: Any) -> list[str]:
     return [] if was == now else [f"{part} {_show(was)} → {_show(now)}"]
 
 
-def readable_inputs(specs: list[list]) -> list[dict[str, Any]]:
-    """A program key's input specs as ``{field: value}`` (tensors: INPUT_FIELDS; others: kind and value)."""
-    return [dict(zip(INPUT_FIELDS, s)) if s[:1] == ["tensor"] else {"kind": s[0], "value": s[1:]} for s in specs]
+def readable_input(spec: Any) -> Any:
+    """A program key's input spec (a list, as keyed and stored) as ``{field: value}``; anything else as it is."""
+    if isinstance(spec, list) and spec[:1] == ["tensor"]:
+        return dict(zip(INPUT_FIELDS, spec))
+    if isinstance(spec, list) and spec:
+        return {"kind": spec[0], "value": spec[1:]}
+    return spec
 
 
 def _inputs(was: list, now: list) -> list[str]:
     if len(was) != len(now):
         return [f"inputs {len(was)} → {len(now)}"]
     lines = []
-    for i, (a, b) in enumerate(zip(was, now)):
+    for i, (a, b) in enumerate(zip(map(readable_input, was), map(readable_input, now))):
         if isinstance(a, dict) and isinstance(b, dict):
             lines += [f"input {i} {k} {_show(a.get(k))} → {_show(b.get(k))}" for k in dict.fromkeys([*a, *b])
                       if a.get(k) != b.get(k)]

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import torch
 
-from ..formats.keyparts import PARTS, RECIPE_INPUT_FIELDS, readable_inputs, toolchain
+from ..formats.keyparts import PARTS, RECIPE_INPUT_FIELDS, toolchain
 from ..formats.program import PROGRAM_VERSION
 from ..formats.recipe import Recipe
 from ..settings import Settings
@@ -138,7 +138,7 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     tc = dict(toolchain(), program_format=PROGRAM_VERSION)
     parts = {"dynamo_graph": _digest(graph), "inputs": _digest(inputs), "guards": _digest(_dynamo_guards(rename)),
              "state": _digest(state), "settings": _digest(fields), "toolchain": _digest(sorted(tc.items()))}
-    detail = {"inputs": readable_inputs(inputs), "state": state, "settings": fields, "toolchain": tc}
+    detail = {"inputs": inputs, "state": state, "settings": fields, "toolchain": tc}  # as keyed: compact
     return ProgramKey(_digest([parts[p] for p in PROGRAM_PARTS])[:32], parts, rename, sources, detail)
 
 
