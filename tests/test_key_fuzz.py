@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import subprocess
 import sys
 
 import pytest
@@ -167,3 +169,36 @@ def test_the_run_report_has_a_line_for_misses_it_explains():
                            "cache_missed": {"torch 2.13.0 → 2.13.1": 3}})
     assert any("torch 2.13.0 → 2.13.1 ×3" in line for line in lines)
     assert not any("another key" in line for line in report.render({"script": "s.py"}))
+
+
+# -- a custom op's formulas, keyed by their code -------------------------------------------------------------------
+
+FORMULA = '''
+def backward(ctx, grad):
+    if ctx.mode in {"alpha", "beta", "gamma", "delta"}:
+        return grad * (2, 3)[0]
+    return grad.neg()
+'''
+
+DIGEST = f'''
+from hpu_backend.serve.keys import _code_digest
+space = {{}}
+exec({FORMULA!r}, space)
+print(_code_digest(space["backward"]))
+'''
+
+
+def test_a_formulas_key_is_the_same_in_every_process_and_follows_its_code():
+    from hpu_backend.serve.keys import _code_digest
+
+    space: dict = {}
+    exec(FORMULA, space)
+    here = _code_digest(space["backward"])
+    env = dict(os.environ, PYTHONHASHSEED="12345")  # set literals iterate in another order there
+    other = subprocess.run([sys.executable, "-c", DIGEST], capture_output=True, text=True, env=env, cwd=ROOT,
+                           timeout=120)
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.strip() == here
+    edited: dict = {}
+    exec(FORMULA.replace("(2, 3)[0]", "(2, 3)[1]"), edited)
+    assert _code_digest(edited["backward"]) != here

@@ -189,8 +189,17 @@ def _code_digest(fn: Any) -> str | None:
 
 
 def _code_tree(code: Any) -> list:
-    consts = [_code_tree(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
-    return [code.co_code, consts, list(code.co_names), code.co_argcount]
+    return [code.co_code, [_const(c) for c in code.co_consts], list(code.co_names), code.co_argcount]
+
+
+def _const(c: Any) -> Any:
+    if hasattr(c, "co_code"):
+        return _code_tree(c)
+    if isinstance(c, frozenset):  # ``x in {"a", "b"}``: its order follows string hashes, which vary per process
+        return sorted(repr(x) for x in c)
+    if isinstance(c, tuple):
+        return [_const(x) for x in c]
+    return repr(c)
 
 
 def _plain_value(v: Any) -> bool:
