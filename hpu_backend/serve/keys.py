@@ -107,8 +107,8 @@ class ProgramKey:
 def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settings) -> ProgramKey:
     """Key of the program for a Dynamo graph, from the graph itself: no AOTAutograd trace.
 
-    Parts: the graph (ops by qualified name, arguments with value names normalized, constants'
-    bytes, annotations that change a recipe), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
+    Parts: the graph (ops by qualified name, a custom op's registered backward and fake by their code, arguments
+    with value names normalized, constants' bytes, annotations that change a recipe), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
     device type), Dynamo's guards on the shape symbols, global state AOTAutograd reads (grad
     mode, autocast per device, deterministic algorithms, AOTAutograd's configuration), settings and
     toolchain. Unkeyable when something has no stable form.
@@ -177,7 +177,8 @@ def _custom_op_formulas(op: Any) -> list | None:
 
 def _code_digest(fn: Any) -> str | None:
     """A digest of a function's code: bytecode, constants, names, defaults and plain closure values; the same in
-    every process of one Python version, whatever the file's path or line."""
+    every process of one Python version, whatever the file's path or line. Functions it calls are keyed by name
+    only (an edit inside a helper the backward calls is not seen: keep a formula's arithmetic in the formula)."""
     if fn is None:
         return None
     code = getattr(fn, "__code__", None)
