@@ -63,7 +63,7 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     groups = recipe.facts.get("collectives")
     if groups:  # a collective's cost depends on its group's size (only present in graphs with collectives)
         graph.append(sorted([names[k], _plain(v)] for k, v in groups.items()))
-    settings_part = settings_fields(settings, bool(recipe.symbols))
+    settings_part = settings_fields(settings, bool(recipe.symbols), {node.op for node in recipe.nodes})
     tc = toolchain()
     parts = {
         "graph": _digest(graph),
@@ -77,12 +77,17 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     return GraphKey(parts, detail)
 
 
-def settings_fields(settings: Settings, symbolic: bool) -> dict[str, Any]:
+def settings_fields(settings: Settings, symbolic: bool, ops: set[str] | None = None) -> dict[str, Any]:
     """The settings part of a key: every field that changes a recipe, but the bucket policy for a graph without
-    shape symbols (it has one shape, which no policy changes; keying it made a static graph miss for nothing)."""
+    shape symbols (it has one shape, which no policy changes), and, given the graph's ``ops``, only the names
+    of ``place_on_cpu`` that name one of them (the others place nothing of it). Both made misses for nothing."""
+    from ..lowering.passes.place import placed_on_cpu_by
+
     fields = settings.key_fields()
     if not symbolic:
         fields.pop("buckets", None)
+    if ops is not None and "place_on_cpu" in fields:
+        fields["place_on_cpu"] = sorted(n for n in fields["place_on_cpu"] if any(placed_on_cpu_by(op, n) for op in ops))
     return fields
 
 
