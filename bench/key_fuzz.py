@@ -64,6 +64,8 @@ BY_DESIGN = {
 
 # Settings whose value is keyed whole although some graphs do not depend on it (by the mutation's detail).
 SETTING_BY_DESIGN = {
+    "place_on_cpu": "a program is keyed before AOTAutograd shows which aten ops its graph has, so it keys every "
+                    "name; its recipes key only the names of their own ops, and hit",
     "dtype_policy": "dtype_policy=fp8 changes the storage of matmul operands, weights and KV cache only (plans, "
                     "execute=false); a graph without them builds the same recipe, but the setting is keyed whole "
                     "rather than per op",

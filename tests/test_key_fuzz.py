@@ -66,13 +66,24 @@ def test_a_needless_miss_is_found_when_the_key_holds_what_the_recipe_ignores(fuz
     assert not verdict.changed and sorted(verdict.needless) == ["program", "recipe"], verdict
 
 
-def _warm(fuzzer, tmp_path):
+def _warm(fuzzer, tmp_path, case=None):
     import hpu_backend.device as device
 
     device.enable("eager")
     custom = fuzzer.CustomOp(f"keyfuzz_test_{id(tmp_path)}")
-    fuzzer.run_compiled(fuzzer.Case(), custom, tmp_path / "warm")
+    fuzzer.run_compiled(case or fuzzer.Case(), custom, tmp_path / "warm")
     return custom, tmp_path / "warm"
+
+
+def test_place_on_cpu_is_keyed_in_a_recipe_only_by_the_names_of_its_ops(fuzzer, tmp_path):
+    train = fuzzer.Case(graph=fuzzer.Graph(unary="sigmoid"), inputs=(fuzzer.Input(requires_grad=True), fuzzer.Input()))
+    custom, warm = _warm(fuzzer, tmp_path, train)
+    placed = fuzzer.replace(train, options=(("place_on_cpu", "aten::sigmoid,aten::digamma"),))
+    verdict = fuzzer.trial(train, "settings", "place_on_cpu", placed, custom, warm, tmp_path)
+    # The forward runs sigmoid on the CPU now: it missed. Its backward (sigmoid_backward) is the same recipe: no
+    # needless miss of it, and no wrong hit of anything.
+    assert verdict.changed and not verdict.served_hit and verdict.needless == [] and verdict.wrong_hits == []
+    assert verdict.mismatch == ""
 
 
 # -- every miss says why -----------------------------------------------------------------------------------------
