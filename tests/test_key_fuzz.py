@@ -58,8 +58,9 @@ def test_the_fuzzer_finds_a_wrong_hit_when_the_key_ignores_a_custom_ops_backward
 def test_a_needless_miss_is_found_when_the_key_holds_what_the_recipe_ignores(fuzzer, tmp_path, monkeypatch):
     from hpu_backend.serve import keys
 
-    monkeypatch.setattr(keys, "settings_fields", lambda settings, symbolic: dict(settings.key_fields(),
-                                                                                 model=settings.model))
+    real = keys.settings_fields
+    monkeypatch.setattr(keys, "settings_fields", lambda settings, *args: dict(real(settings, *args),
+                                                                             model=settings.model))
     custom, warm = _warm(fuzzer, tmp_path)
     labelled = fuzzer.replace(fuzzer.Case(), options=(("model", "another"),))  # a label, stored with entries
     verdict = fuzzer.trial(fuzzer.Case(), "settings", "model", labelled, custom, warm, tmp_path)
