@@ -171,6 +171,8 @@ def _serve(pkey: ProgramKey, session: Session, gm, example_inputs, name_of, reas
         program = store.load_program(pkey.key)
         if program is not None:
             served = serve(program, pkey.key, gm, example_inputs, session, name_of, reason)  # may restart
+        elif missed := store.why_missed("program", pkey.parts, pkey.detail, name_of("program")):
+            emit(Event("program", program=pkey.key, missed=missed))
     except LoweringError as e:
         log.warning("hpu_backend: stored program for %s cannot be served (%s); quarantined, compiling instead",
                     name_of("program"), e.reason)

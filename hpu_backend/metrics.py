@@ -5,7 +5,9 @@
 ``graph_compilation`` (TotalNumber, TotalTime and AvgTime in microseconds, Reasons, RecompileCauses: the
 class of each recompile's failed guard; ``recompiles()`` lists them in full, with guard, value and source line),
 ``recipe_cache`` (TotalHit, TotalMiss, RecipeHit, RecipeMiss; ProgramHit, ProgramMiss count Dynamo
-graphs served from a stored program, skipping AOTAutograd, or traced), ``cpu_fallback`` (TotalNumber,
+graphs served from a stored program, skipping AOTAutograd, or traced), ``cache_misses`` (TotalNumber,
+Reasons: misses of an entry the cache holds for the same graph under another key, and what differed, old → new),
+``cpu_fallback`` (TotalNumber,
 FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
 ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
 """
@@ -29,6 +31,7 @@ _COUNTERS: dict[str, dict[str, Any]] = {
     "graph_compilation": {"TotalNumber": 0, "TotalTime": 0, "Reasons": Counter(), "RecompileCauses": Counter()},
     "recipe_cache": {"TotalHit": 0, "TotalMiss": 0, "RecipeHit": Counter(), "RecipeMiss": Counter(),
                      "ProgramHit": 0, "ProgramMiss": 0},
+    "cache_misses": {"TotalNumber": 0, "Reasons": Counter()},
     "cpu_fallback": {"TotalNumber": 0, "FallbackOps": Counter()},
     "mark_step": {"TotalNumber": 0},
 }
@@ -87,6 +90,14 @@ def record_program(hit: bool) -> None:
     """A Dynamo graph served from a stored program (hit: no AOTAutograd trace) or traced (miss)."""
     with _lock:
         _COUNTERS["recipe_cache"]["ProgramHit" if hit else "ProgramMiss"] += 1
+
+
+def record_miss_reasons(reasons: tuple[str, ...]) -> None:
+    """A miss of an entry the cache holds under another key: what differed ("torch 2.13.0 → 2.13.1")."""
+    with _lock:
+        m = _COUNTERS["cache_misses"]
+        m["TotalNumber"] += 1
+        m["Reasons"].update(reasons)
 
 
 def record_fallback(op: str, count: int = 1) -> None:

@@ -11,7 +11,7 @@ import typer
 
 from hpu_backend.formats.program import parse_payload
 from hpu_backend.formats.recipe import RecipeFormatError
-from hpu_backend.formats.keyparts import explain as explain_keys
+from hpu_backend.formats.keyparts import entry_kind, explain as explain_keys, miss_reasons, nearest
 from hpu_backend.aot.cachepolicy import recipe_problem
 from recipecache import EntryInfo, RecipeCache
 
@@ -208,14 +208,21 @@ def verify(package: PackageFile = None, cache_dir: CacheDir = None, fix: Annotat
         raise typer.Exit(1)
 
 
-def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = False) -> None:
-    """Why two recipes have different keys: the key parts that differ, with readable values where recorded."""
+def explain(key_a: Key, key_b: Annotated[Optional[str], typer.Argument(
+                help="The entry to compare with (without it: --miss).", show_default=False)] = None,
+            miss: Annotated[bool, typer.Option("--miss", help="Why KEY_A's graph missed the entry the cache holds "
+                                               "for it under another key: what differs, old → new.")] = False,
+            cache_dir: CacheDir = None, json: Json = False) -> None:
+    """Why two recipes have different keys: the key parts that differ, with readable values where recorded.
+    With --miss and one key: why that entry's lookup missed the same graph's nearest entry under another key."""
     cache = _existing(cache_dir, inspect=True)
     infos = cache.entries()
+    if miss or key_b is None:
+        if key_b is not None:
+            raise CliError("explain --miss takes one key: the entry whose lookup missed")
+        return _explain_miss(cache, resolve_key(cache, key_a, infos), infos, json)
     a, b = resolve_key(cache, key_a, infos), resolve_key(cache, key_b, infos)
-    entries = [cache.peek(k) for k in (a, b)]  # inspection, not use: no hit counted
-    if None in entries:
-        raise CliError(f"entry {(a, b)[entries.index(None)]} vanished or is unreadable; run: hpurecipe verify")
+    entries = _peek(cache, a, b)
     rows = explain_keys(entries[0].meta, entries[1].meta)
     if json:
         return render.emit_json({"a": a, "b": b, "differ": rows})
@@ -224,6 +231,29 @@ def explain(key_a: Key, key_b: Key, cache_dir: CacheDir = None, json: Json = Fal
     render.table(["part", a[:12], b[:12]], ([r["part"], render.bucket(r["a"]) if r["part"] == "bucket" else r["a"],
                                               render.bucket(r["b"]) if r["part"] == "bucket" else r["b"]]
                                              for r in rows))
+
+
+def _peek(cache: RecipeCache, *keys: str) -> list:
+    entries = [cache.peek(k) for k in keys]  # inspection, not use: no hit counted
+    if None in entries:
+        raise CliError(f"entry {keys[entries.index(None)]} vanished or is unreadable; run: hpurecipe verify")
+    return entries
+
+
+def _explain_miss(cache: RecipeCache, key: str, infos: list[EntryInfo], json: bool) -> None:
+    """The same graph's nearest other entry, and what differs from it, old → new."""
+    new = _peek(cache, key)[0].meta
+    kind, parts = entry_kind(new), new.get("key_parts", {})
+    old = nearest([i.meta for i in infos if i.key != key], kind, parts)
+    old_key = next((i.key for i in infos if old is not None and i.meta is old), None)
+    reasons = [] if old is None else miss_reasons(old, parts, new.get("key_detail", {}))
+    if json:
+        return render.emit_json({"key": key, "kind": kind, "nearest": old_key, "differ": reasons})
+    if old is None:
+        return render.note("The cache holds no other entry for the graph of {} ({}): nothing to explain.",
+                           key[:12], kind)
+    render.note("{} ({}) misses {}, the same graph under another key: {}", key[:12], kind, old_key[:12],
+                "; ".join(reasons))
 
 
 def _existing(cache_dir, inspect: bool = False) -> RecipeCache:

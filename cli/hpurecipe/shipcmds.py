@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, write_bundle
+from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, unusable, write_bundle
 from hpu_backend.aot.manifests import manifest_name, read_manifests, write_manifest
 
 from . import render
@@ -58,6 +58,9 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
     --precompiled DIR, write the bundle's precompiled directory there and check it."""
     found = read_bundle(bundle, bundle_key())
     differ = check_toolchain(found, force)
+    partly = unusable(found)
+    if partly and not json:  # said before anything is copied: these entries will never be hit here
+        render.warn(f"{partly}; the others are imported, but will never be used by this toolchain")
     if precompiled is not None:
         write_precompiled(precompiled, found.precompiled, bundle)
     cache = open_cache(cache_dir, create=True)
@@ -74,7 +77,8 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
         return render.emit_json({"entries": len(found.entries), "imported": added,
                                  "precompiled": sorted(found.precompiled) if precompiled is not None else [],
                                  "present": len(found.entries) - added, "manifests": len(found.manifests),
-                                 "toolchain_differs": differ, "signature_checked": found.signed})
+                                 "toolchain_differs": differ, "signature_checked": found.signed,
+                                 **({"unusable": partly} if partly else {})})
     render.note("Imported {} ({} already there) and {} into {}.", render.plural(added, "entry"),
                 len(found.entries) - added, render.plural(len(found.manifests), "manifest"), cache.path)
     if differ:

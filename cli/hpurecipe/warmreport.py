@@ -50,6 +50,8 @@ def finish(report: WarmReport, config, json: bool, check: bool) -> None:
         if s["fallback_ops"]:
             render.note("CPU fallback ops: {} (they run on the host, not the device)",
                         ", ".join(s["fallback_ops"]))
+        for line in s.get("missed", []):  # the cache held these graphs, built under another key: say what differs
+            render.warn(f"missed an entry the cache holds under another key: {line}")
     if report.fit is not None and not report.fit.fits:
         why = not_kept(report.fit, config)
         if check or report.fit.stored_nothing:  # a CI warm step must not pass having stored nothing

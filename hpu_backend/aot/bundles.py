@@ -37,7 +37,7 @@ from recipecache.entry import PREFIX_SIZE, DIGEST_SIZE, decode_prefix
 from recipecache.safeio import open_regular
 from recipecache.signing import KEY_ENV, signing_key
 
-from ..formats.keyparts import toolchain
+from ..formats.keyparts import toolchain, usable
 from ..errors import one_line
 from ..formats.program import Program, parse_payload
 from ..formats.writes import declaration_problem
@@ -272,10 +272,26 @@ def _entry(path: Path, key: str, data: bytes) -> Entry:
 
 
 def check_toolchain(bundle: Bundle, force: bool) -> list[str]:
-    """The toolchain fields that differ from ours; BundleError if any differ and not ``force``."""
+    """The toolchain fields that differ from ours; BundleError if any differ and not ``force``, saying how many of
+    its entries could hit here ("0 of 412 entries usable here: built with torch 2.11.0 (here 2.13.0)")."""
     ours, theirs = toolchain(), bundle.info.get("toolchain") or {}
     differ = [f"{k}: bundle {theirs.get(k)!r}, here {v!r}" for k, v in ours.items() if theirs.get(k) != v]
     if differ and not force:
-        raise BundleError("bundle was built by another toolchain (" + "; ".join(differ)
-                          + "); its recipes would never be used here. Import anyway with --force")
+        raise BundleError("bundle was built by another toolchain (" + "; ".join(differ) + "): "
+                          + usable_entries(bundle) + "; its recipes would never be used here. "
+                          "Import anyway with --force")
     return differ
+
+
+def usable_entries(bundle: Bundle) -> str:
+    """How many of the bundle's entries this toolchain can hit, and why not the others, from the toolchain each
+    entry recorded: "3 of 412 entries usable here: built with torch 2.11.0 (here 2.13.0)"."""
+    count, why = usable([e.meta for e in bundle.entries])
+    text = f"{count} of {len(bundle.entries)} entries usable here"
+    return text + (": built with " + ", ".join(why) if why else "")
+
+
+def unusable(bundle: Bundle) -> str | None:
+    """The warning for a bundle some of whose entries cannot hit here (None: all can), before any is copied."""
+    count, _ = usable([e.meta for e in bundle.entries])
+    return None if count == len(bundle.entries) else usable_entries(bundle)

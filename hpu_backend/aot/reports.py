@@ -76,6 +76,7 @@ class PointResult:
     check_error: str = ""
     programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
     fallback_ops: list[str] = field(default_factory=list)  # ops its recipes run on the CPU (placement fallbacks)
+    missed: list[str] = field(default_factory=list)  # misses of entries the cache holds under another key: why
     used: list[UsedRecipe] = field(default_factory=list, repr=False)  # live recipes, for analysis; not in JSON
 
     @property
@@ -109,7 +110,8 @@ class WarmReport:
                 "compiled": sum(p.compiled for p in self.points), "hits": sum(p.hits for p in self.points),
                 "recipes": len(keys), "seconds": round(self.seconds, 3),
                 "mismatches": sum(bool(p.check_error) for p in self.points),
-                "fallback_ops": sorted({op for p in self.points for op in p.fallback_ops})}
+                "fallback_ops": sorted({op for p in self.points for op in p.fallback_ops}),
+                **({"missed": missed} if (missed := sorted({m for p in self.points for m in p.missed})) else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "points": [p.to_dict() for p in self.points],

@@ -30,14 +30,16 @@ from .modelfile import ModelFileError, ModelSpec, load_model_file, model_call, p
 from .reports import PointResult, UsedRecipe, WarmReport
 
 
-def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str]]:
-    """``fn()``, the recipes it used and the keys of the programs it used, from the events graphs emit.
+def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str], list[str]]:
+    """``fn()``, the recipes it used, the keys of the programs it used and why the cache missed entries it holds
+    under another key (one line per miss: "fx_graph_0001_fw: torch 2.13.0 → 2.13.1"), from the events graphs emit.
 
     Dynamo may serve a point with graphs compiled long before (by an earlier warm-up, or by the server
     itself); their ``use`` events name the recipes they run.
     """
     used: dict[int, UsedRecipe] = {}
     programs: set[str] = set()
+    missed: list[str] = []
 
     def on_event(e: Event):
         if e.recipe is not None and (id(e.recipe) not in used or e.kind == "use"):
@@ -46,10 +48,12 @@ def _tracked(fn: Callable[[], Any]) -> tuple[Any, list[UsedRecipe], list[str]]:
             used[id(e.recipe)] = UsedRecipe(e.graph, e.recipe, e.key, dict(e.env or {}), why)
         if e.program:
             programs.add(e.program)
+        if e.missed:
+            missed.append(f"{e.graph or 'program ' + (e.program or '')[:12]}: {'; '.join(e.missed)}")
 
     with listen(on_event):
         out = fn()
-    return out, list(used.values()), sorted(programs)
+    return out, list(used.values()), sorted(programs), missed
 
 
 def keys_of(used: list[UsedRecipe]) -> list[str]:
@@ -83,10 +87,10 @@ def _run_point(compiled, spec, point, train, eager) -> PointResult:
     inputs = spec.inputs(point)
     start = time.perf_counter()
     with metrics.metric_localcontext("graph_compilation") as gc:
-        out, used, programs = _tracked(lambda: _run_model(compiled, spec, inputs, train, point))
+        out, used, programs, missed = _tracked(lambda: _run_model(compiled, spec, inputs, train, point))
     built = dict(gc.stats())["TotalNumber"]
     result = PointResult(point, keys_of(used), built, max(len(used) - built, 0), time.perf_counter() - start,
-                         programs=programs, fallback_ops=fallback_ops(used), used=used)
+                         programs=programs, fallback_ops=fallback_ops(used), used=used, missed=missed)
     if eager is not None:
         _compare(result, out, _run_model(eager, spec, inputs, train, point))
     return result

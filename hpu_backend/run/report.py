@@ -21,7 +21,16 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
                            "rank": int(os.environ.get("RANK", "0")),
                            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
     out.update(device.report())
+    missed = _cache_missed()
+    if missed:  # entries the cache held under another key: what differed (none: the field is left out)
+        out["cache_missed"] = missed
     return out
+
+
+def _cache_missed() -> dict[str, int]:
+    from ..metrics import metric_global
+
+    return dict(metric_global("cache_misses").stats())["Reasons"]
 
 
 def trace(path: str) -> str:
@@ -109,6 +118,9 @@ def _body(r: dict[str, Any]) -> list[str]:
         lines.append(_timeline(r["timeline"]))
     if r.get("trace"):
         lines.append(f"trace: {r['trace']}")
+    if r.get("cache_missed"):
+        lines.append("cache misses of entries held under another key: "
+                     + "; ".join(f"{why} ×{n}" for why, n in r["cache_missed"].items()))
     return lines
 
 

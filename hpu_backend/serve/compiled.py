@@ -263,7 +263,7 @@ class CompiledGraph:
             self.buckets.move_to_end(bucket)
             return taken
         named = {s: list(b) for s, b in zip(self.symbols, bucket)}
-        taken, hit = self._from_store(named)
+        taken, hit, missed = self._from_store(named)
         if taken is None:
             taken = self._compile(named)
         fallback_ops = fallback.report(taken.recipe, strict=self.ctx.settings.strict)  # strict check, log lines
@@ -272,7 +272,7 @@ class CompiledGraph:
             hbm.check(taken.recipe, strict=self.ctx.settings.strict)
         self.buckets[bucket] = taken
         emit(Event("take", self.ctx.name, taken.recipe, hit, taken.key, self.program,
-                   compiled_for=taken.compiled_for, source=self))
+                   compiled_for=taken.compiled_for, source=self, missed=missed))
         self._let_go_past_capacity()
         return taken
 
@@ -282,14 +282,17 @@ class CompiledGraph:
             _, dropped = self.buckets.popitem(last=False)
             self.known = {values: t for values, t in self.known.items() if t is not dropped}
 
-    def _from_store(self, bucket: dict[str, list[int]]) -> tuple[Taken | None, bool]:
+    def _from_store(self, bucket: dict[str, list[int]]) -> tuple[Taken | None, bool, tuple[str, ...]]:
+        """(taken, hit, why it missed: what differs from the same graph's entry under another key, if any)."""
         if self.gkey is None:
-            return None, False
-        key = self.gkey.for_bucket(bucket)[0]
+            return None, False, ()
+        key, parts, detail = self.gkey.for_bucket(bucket)
         with _phase("load"):
             found = self.store.load(key, self._executor)
         metrics.record_cache(self.ctx.name, hit=found is not None)
-        return (None, False) if found is None else (Taken(*found, key, proven=False, outside=True), True)
+        if found is None:
+            return None, False, self.store.why_missed("recipe", parts, detail, self.ctx.name)
+        return Taken(*found, key, proven=False, outside=True), True, ()
 
     def _compile(self, bucket: dict[str, list[int]]) -> Taken:
         reason = self.first_reason if not self.buckets else "new bucket"

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import torch
 
-from ..formats.keyparts import PARTS, toolchain
+from ..formats.keyparts import PARTS, RECIPE_INPUT_FIELDS, toolchain
 from ..formats.program import PROGRAM_VERSION
 from ..formats.recipe import Recipe
 from ..settings import Settings
@@ -63,7 +63,7 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     groups = recipe.facts.get("collectives")
     if groups:  # a collective's cost depends on its group's size (only present in graphs with collectives)
         graph.append(sorted([names[k], _plain(v)] for k, v in groups.items()))
-    settings_part = settings.key_fields()
+    settings_part = settings_fields(settings, bool(recipe.symbols), {node.op for node in recipe.nodes})
     tc = toolchain()
     parts = {
         "graph": _digest(graph),
@@ -73,8 +73,22 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
         "toolchain": _digest(sorted(tc.items())),
     }
     detail = {"settings": _plain(settings_part), "toolchain": tc,
-              "inputs": [_spec(s) for s in recipe.inputs], "guards": recipe.guards}
+              "inputs": [dict(zip(RECIPE_INPUT_FIELDS, _spec(s))) for s in recipe.inputs], "guards": recipe.guards}
     return GraphKey(parts, detail)
+
+
+def settings_fields(settings: Settings, symbolic: bool, ops: set[str] | None = None) -> dict[str, Any]:
+    """The settings part of a key: every field that changes a recipe, but the bucket policy for a graph without
+    shape symbols (it has one shape, which no policy changes), and, given the graph's ``ops``, only the names
+    of ``place_on_cpu`` that name one of them (the others place nothing of it). Both made misses for nothing."""
+    from ..lowering.passes.place import placed_on_cpu_by
+
+    fields = settings.key_fields()
+    if not symbolic:
+        fields.pop("buckets", None)
+    if ops is not None and "place_on_cpu" in fields:
+        fields["place_on_cpu"] = sorted(n for n in fields["place_on_cpu"] if any(placed_on_cpu_by(op, n) for op in ops))
+    return fields
 
 
 PROGRAM_PARTS = ("dynamo_graph", "inputs", "guards", "state", "settings", "toolchain")
@@ -92,13 +106,14 @@ class ProgramKey:
     parts: dict[str, str]
     rename: dict[str, str]  # Dynamo symbol name -> s0, s1, ...
     sources: list[list[int]]  # per normalized symbol: [input index, dim] (-1: a SymInt input)
+    detail: dict[str, Any] = field(default_factory=dict)  # readable parts, stored to explain a later miss
 
 
 def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settings) -> ProgramKey:
     """Key of the program for a Dynamo graph, from the graph itself: no AOTAutograd trace.
 
-    Parts: the graph (ops by qualified name, arguments with value names normalized, constants'
-    bytes, annotations that change a recipe), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
+    Parts: the graph (ops by qualified name, a custom op's registered backward and fake by their code, arguments
+    with value names normalized, constants' bytes, annotations that change a recipe), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
     device type), Dynamo's guards on the shape symbols, global state AOTAutograd reads (grad
     mode, autocast per device, deterministic algorithms, AOTAutograd's configuration), settings and
     toolchain. Unkeyable when something has no stable form.
@@ -124,11 +139,12 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     graph = [[n.op, _target(gm, n), _canon(n.args, names), _canon(dict(n.kwargs), names),
               *([_canon(a, names)] if (a := recorded_annotations(n)) else [])] for n in gm.graph.nodes]
     inputs = [_input(v, real, rename) for v, real in zip(fakes, example_inputs)]
+    state, fields = _global_state(), _plain(settings_fields(settings, bool(rename)))
+    tc = dict(toolchain(), program_format=PROGRAM_VERSION)
     parts = {"dynamo_graph": _digest(graph), "inputs": _digest(inputs), "guards": _digest(_dynamo_guards(rename)),
-             "state": _digest(_global_state()),
-             "settings": _digest(_plain(settings.key_fields())),
-             "toolchain": _digest(sorted(dict(toolchain(), program_format=PROGRAM_VERSION).items()))}
-    return ProgramKey(_digest([parts[p] for p in PROGRAM_PARTS])[:32], parts, rename, sources)
+             "state": _digest(state), "settings": _digest(fields), "toolchain": _digest(sorted(tc.items()))}
+    detail = {"inputs": inputs, "state": state, "settings": fields, "toolchain": tc}  # as keyed: compact
+    return ProgramKey(_digest([parts[p] for p in PROGRAM_PARTS])[:32], parts, rename, sources, detail)
 
 
 def _target(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
@@ -145,9 +161,57 @@ def _target(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
     if node.op == "call_function":
         target = node.target
         if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-            return str(target)
+            formulas = _custom_op_formulas(target)
+            return [str(target), formulas] if formulas else str(target)
         return _qualified_name(target)
     raise Unkeyable(f"graph node kind {node.op}")
+
+
+def _custom_op_formulas(op: Any) -> list | None:
+    """What AOTAutograd traces of a ``torch.library.custom_op`` besides its name: its registered backward,
+    setup_context and fake implementation, by their code (the kernel itself stays one opaque node, called at run
+    time, so its body is not keyed). A backward edited under the same op name is then another program (PyTorch's
+    FX graph cache missed this: pytorch #144344). None for every other op."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(getattr(op, "_name", ""))
+    if opdef is None:
+        return None
+    return [_code_digest(f) for f in (opdef._backward_fn, opdef._setup_context_fn, opdef._abstract_fn)]
+
+
+def _code_digest(fn: Any) -> str | None:
+    """A digest of a function's code: bytecode, constants, names, defaults and plain closure values; the same in
+    every process of one Python version, whatever the file's path or line. Functions it calls are keyed by name
+    only (an edit inside a helper the backward calls is not seen: keep a formula's arithmetic in the formula)."""
+    if fn is None:
+        return None
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise Unkeyable(f"custom op formula {fn!r:.60} has no Python code to key")
+    cells = [c.cell_contents for c in (fn.__closure__ or ()) if _plain_value(c.cell_contents)]
+    defaults = list(fn.__defaults__ or ())
+    return _digest([_code_tree(code), defaults if _plain_value(defaults) else None, cells])
+
+
+def _code_tree(code: Any) -> list:
+    return [code.co_code, [_const(c) for c in code.co_consts], list(code.co_names), code.co_argcount]
+
+
+def _const(c: Any) -> Any:
+    if hasattr(c, "co_code"):
+        return _code_tree(c)
+    if isinstance(c, frozenset):  # ``x in {"a", "b"}``: its order follows string hashes, which vary per process
+        return sorted(repr(x) for x in c)
+    if isinstance(c, tuple):
+        return [_const(x) for x in c]
+    return repr(c)
+
+
+def _plain_value(v: Any) -> bool:
+    if isinstance(v, (tuple, list)):
+        return all(_plain_value(x) for x in v)
+    return v is None or isinstance(v, (bool, int, float, str))
 
 
 def _qualified_name(target: Any) -> str:

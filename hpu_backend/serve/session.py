@@ -45,6 +45,7 @@ class Event:
     env: dict[str, int] | None = None  # "use": the call's symbol values
     compiled_for: str = ""  # "take" of a lowered recipe: "new graph" | "guard failure" | "new bucket"
     source: Any = None  # the emitting CompiledGraph, for tests and benchmarks that call it
+    missed: tuple[str, ...] = ()  # "take" or "program" missed: what differs from the entry under another key
 
 
 Listener = Callable[[Event], None]

@@ -14,7 +14,8 @@ from typing import Any, Callable, TypeVar
 
 from recipecache import CacheConfig, CacheError, DisabledCache, RecipeCache, open_cache
 
-from ..formats.keyparts import toolchain_id
+from .. import metrics
+from ..formats.keyparts import miss_reasons, nearest, new_shape, toolchain_id
 from .keys import ProgramKey
 from ..formats.program import Program
 from ..formats.recipe import Recipe, RecipeFormatError
@@ -41,6 +42,23 @@ class RecipeStore:
         # How many buckets a compiled graph keeps taken up: the memory tier's size. A memory tier turned off
         # (0) keeps no entries, but a graph still needs its working set: the default size then.
         self.capacity = capacity if capacity > 0 else CacheConfig.memory_entries
+        self._held: list[dict] | None = None  # the entries' metadata at the first miss, to explain misses by
+
+    def why_missed(self, kind: str, parts: dict[str, str], detail: dict[str, Any], name: str) -> tuple[str, ...]:
+        """Why a lookup of a ``kind`` ("recipe" | "program") entry missed when the cache holds the same graph under
+        another key: what differs, old → new (logged as a warning, counted in the metrics); () when it holds no
+        such entry, or one for another shape only (a new shape is no key problem). The cache's index is read
+        once, at the store's first miss: entries this process adds are its own, never the reason it missed."""
+        if self._held is None:
+            self._held = [info.meta for info in self.disk.entries()]
+        old = nearest(self._held, kind, parts)
+        reasons = () if old is None else tuple(miss_reasons(old, parts, detail))
+        if new_shape(reasons):  # also () when nothing was found
+            return ()
+        log.warning("hpu_backend: %s missed the %s cache, which holds it under another key: %s", name, kind,
+                    "; ".join(reasons))
+        metrics.record_miss_reasons(reasons)
+        return reasons
 
     def load(self, key: str, prepare: Callable[[Any], T], parse: Callable[[bytes], Any] = Recipe.from_bytes
              ) -> tuple[Any, T] | None:
@@ -98,7 +116,7 @@ class RecipeStore:
     def put_program(self, pkey: ProgramKey, program: Program, settings: Settings, name: str) -> None:
         self.disk.put(pkey.key, program.to_bytes(), {
             "graph": name, "kind": "program", "mode": program.mode, "model": settings.model,
-            "target": settings.target, "bucket": {}, "key_parts": dict(pkey.parts)})
+            "target": settings.target, "bucket": {}, "key_parts": dict(pkey.parts), "key_detail": dict(pkey.detail)})
 
 
 def entry_meta(recipe: Recipe, parts: dict[str, str], detail: dict[str, Any], settings: Settings) -> dict:

@@ -142,6 +142,11 @@ def _user_placed_on_cpu(op: str, names: frozenset) -> bool:
     return bool(names) and bool({_short_name(op), optable.qualified_name(op), op} & names)
 
 
+def placed_on_cpu_by(op: str, name: str) -> bool:
+    """Whether the PT_HPU_PLACE_ON_CPU entry ``name`` places ``op`` (recipe keys keep only the entries that do)."""
+    return _user_placed_on_cpu(op, frozenset([name]))
+
+
 def _short_name(op: str) -> str:
     """How the bridge prints an op: its packet name for ATen, the qualified name for any other namespace."""
     return optable.packet_name(op) if op.startswith("aten::") else optable.qualified_name(op)
