@@ -214,3 +214,24 @@ def test_a_formulas_key_is_the_same_in_every_process_and_follows_its_code():
     edited: dict = {}
     exec(FORMULA.replace("(2, 3)[0]", "(2, 3)[1]"), edited)
     assert _code_digest(edited["backward"]) != here
+
+
+def test_a_change_of_the_op_table_is_a_change_of_the_recipe_key(monkeypatch):
+    """A recipe placed by another op table (an op that is no longer a CPU fallback) is not served: the table's
+    digest is part of the toolchain the key holds, and a miss names it."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hpu_backend.lowering import LoweringContext, lower, optable
+    from hpu_backend.serve import keys
+    from hpu_backend.settings import Settings
+
+    gm = make_fx(lambda a: (torch.relu(a) + 1,), tracing_mode="fake")(torch.randn(4, 4))
+    settings = Settings.from_options({"cache": False, "execute": False}, env={})
+    recipe = lower(gm, LoweringContext(settings=settings)).captured
+    before = keys.graph_key(recipe, settings)
+    fewer = optable.OpTable([r for r in optable.default_table().records.values() if r.op != "relu"])
+    monkeypatch.setattr(keys, "shared_table", lambda: fewer)
+    after = keys.graph_key(recipe, settings)
+    assert before.parts["toolchain"] != after.parts["toolchain"] and before.parts["graph"] == after.parts["graph"]
+    assert before.detail["toolchain"]["op_table"] != after.detail["toolchain"]["op_table"]

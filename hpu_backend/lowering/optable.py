@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
@@ -55,6 +56,12 @@ class OpTable:
 
     def __init__(self, records: Iterable[OpSupport]):
         self.records: Mapping[str, OpSupport] = MappingProxyType({r.op: r for r in records})
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """A short hash of every record: a recipe placed by another table is another recipe (its key says so)."""
+        rows = sorted((r.op, r.engine, r.kind, sorted(r.dtypes)) for r in self.records.values())
+        return hashlib.blake2b(repr(rows).encode(), digest_size=8).hexdigest()
 
     def lookup(self, op_name: str) -> OpSupport | None:
         """The record for a recipe op name (``aten::add.Tensor``) or packet name (``add``). The table

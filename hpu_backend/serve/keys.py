@@ -22,6 +22,7 @@ import torch
 from ..formats.keyparts import PARTS, RECIPE_INPUT_FIELDS, toolchain
 from ..formats.program import PROGRAM_VERSION
 from ..formats.recipe import Recipe
+from ..lowering.optable import shared_table
 from ..settings import Settings
 
 
@@ -64,7 +65,7 @@ def graph_key(recipe: Recipe, settings: Settings) -> GraphKey:
     if groups:  # a collective's cost depends on its group's size (only present in graphs with collectives)
         graph.append(sorted([names[k], _plain(v)] for k, v in groups.items()))
     settings_part = settings_fields(settings, bool(recipe.symbols), {node.op for node in recipe.nodes})
-    tc = toolchain()
+    tc = dict(toolchain(), op_table=shared_table().digest)  # a change of the op table re-places the graph
     parts = {
         "graph": _digest(graph),
         "inputs": _digest([_spec(s) for s in recipe.inputs]),
