@@ -68,12 +68,14 @@ def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady():
 def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report_says_which():
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # A learning rate no other test uses: its step constants are new to this process's recipe store, whatever
+    # ran before in it (the suite runs in random order).
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)  # the learning rate changes every step
     x = torch.randn(16, 8)
     reference = torch.nn.Linear(8, 4)
     reference.load_state_dict(model.state_dict())
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.3)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
     for _ in range(4):
         reference(x).square().mean().backward()
@@ -95,7 +97,7 @@ def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report
     for s in optimizer_steps[1:]:
         (graph,) = s.graphs
         assert "a constant changed: aten.add.Tensor argument alpha" in graph.new, graph.new
-        assert "-0.05" in graph.new or "-0.025" in graph.new or "-0.0125" in graph.new
+        assert "-0.15" in graph.new or "-0.075" in graph.new or "-0.0375" in graph.new
 
 
 def test_host_reads_mid_step_cut_the_graph_and_are_reported_with_their_line():

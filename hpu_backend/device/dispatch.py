@@ -20,6 +20,7 @@ storage is counted by the allocator (``serve/device_memory.py``).
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections import Counter
@@ -180,7 +181,8 @@ class Device:
         """A host→device copy on the timeline: its bytes, pinned or pageable source, blocking or not."""
         src = flat[1]
         non_blocking = len(flat) > 2 and flat[2] is True
-        self.timeline.copy(src.numel() * src.element_size(), True, is_pinned(src), non_blocking, user_line())
+        self.timeline.copy(src.numel() * src.element_size(), True, is_pinned(src), non_blocking, user_line(),
+                           data_loader_in_use)
 
     def sync_write(self, host: torch.Tensor) -> None:
         """Before the host writes ``host`` directly: run the pending graph if it reads or writes it."""
@@ -381,3 +383,25 @@ def _wrap(out, wrappers: dict, device):
     if (type(out) is tuple or type(out) is list) and all(type(t) is torch.Tensor or t is None for t in out):
         return type(out)(t if t is None else one(t) for t in out)
     return pytree.tree_map_only(torch.Tensor, one, out)
+
+
+LOADER_FRAMES = 40  # frames looked through, from a copy outward, for a DataLoader the copied batch came from
+
+
+def data_loader_in_use() -> bool:
+    """Whether a frame calling now holds a torch DataLoader or its iterator in a name (``for x, y in loader``):
+    only then is "more DataLoader workers" a remedy for a host that waits for its input."""
+    from torch.utils.data import DataLoader
+
+    try:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter as LoaderIter
+    except ImportError:  # torch internals moved: a loader kept in a name is still seen
+        LoaderIter = DataLoader
+    frame = sys._getframe(1)
+    for _ in range(LOADER_FRAMES):
+        if frame is None:
+            return False
+        if any(isinstance(v, (DataLoader, LoaderIter)) for v in frame.f_locals.values()):
+            return True
+        frame = frame.f_back
+    return False

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
 import time
 from typing import Callable
 
 from .model import cost_of
 
 KEPT_EVENTS = 2_000_000  # past it, the run goes on and the timeline says it was cut
-LOADER_FRAMES = 40  # frames looked through, from a copy outward, for a DataLoader the copied batch came from
 _COSTS = 10_000  # recipes whose Cost is remembered
 
 # The kind of launch under way, for recipes run inside an HPU-graph replay (set by the replay).
@@ -114,8 +112,10 @@ class Recorder:
         name, rid, cost = last
         self.add(("launch", "eager", name, rid, cost, 0.0))
 
-    def copy(self, nbytes: int, to_device: bool, pinned: bool, non_blocking: bool, source: str) -> None:
-        if to_device and not self.loader_seen and data_loader_in_use():  # the step's input comes from one
+    def copy(self, nbytes: int, to_device: bool, pinned: bool, non_blocking: bool, source: str,
+             from_loader: Callable[[], bool] = lambda: False) -> None:
+        """A copy; ``from_loader()`` says whether the step's input comes from a DataLoader (asked once a step)."""
+        if to_device and not self.loader_seen and from_loader():
             self.loader_seen = True
             self.add(("loader",))
         self.add(("copy", int(nbytes), to_device, pinned, non_blocking, source))
@@ -138,23 +138,3 @@ class Recorder:
             self.paused_at = now
         if self.depth:
             self.leave()
-
-
-
-def data_loader_in_use() -> bool:
-    """Whether a frame calling now holds a torch DataLoader or its iterator in a name (``for x, y in loader``):
-    only then is "more DataLoader workers" a remedy for a host that waits for its input."""
-    from torch.utils.data import DataLoader
-
-    try:
-        from torch.utils.data.dataloader import _BaseDataLoaderIter as LoaderIter
-    except ImportError:  # torch internals moved: a loader kept in a name is still seen
-        LoaderIter = DataLoader
-    frame = sys._getframe(1)
-    for _ in range(LOADER_FRAMES):
-        if frame is None:
-            return False
-        if any(isinstance(v, (DataLoader, LoaderIter)) for v in frame.f_locals.values()):
-            return True
-        frame = frame.f_back
-    return False
