@@ -65,6 +65,7 @@ class Device:
         self.recorder = lazy_mode.device_recorder(settings)
         self.lazy = mode == "lazy"
         self.estimates: dict = {}  # eager op and layout -> the estimated device seconds of its recipe
+        self.op_names: dict[int, str] = {}  # id of an op in ``estimates`` -> its name
         self.on_estimate = lambda seconds: None  # the report's per-step device time (set by enable())
         self.measure = lambda: 0.0  # device seconds estimated so far (the report's)
         self.timeline = Recorder(mode)  # the run's events for its step timeline (hpu_backend/timeline/)
@@ -149,6 +150,7 @@ class Device:
             self.recorder.flush("eager op", user_line())
         if key is not None and len(self.estimates) < _EAGER_KEYS:
             self.estimates[key] = (self.measure() - before, self.timeline.last)
+            self.op_names[key[0]] = str(func)  # keys hold the op's id (a cheap hash): its name, for the report
         return out
 
     def _collective(self, func, hosts: list) -> None:

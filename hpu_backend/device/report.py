@@ -150,7 +150,8 @@ def _lazy_recompiles() -> list[dict]:
 def op_layouts(device) -> dict[str, Any]:
     """Eager mode's first runs of an op at a layout (shapes, strides, dtypes, arguments), each lowered once to
     its own recipe, named by the op: ``{"total": N, "ops": {"aten.mm.default": 3, ...}}`` (most first)."""
-    ops = Counter(str(key[0]) for key in getattr(device, "estimates", {}))
+    names = getattr(device, "op_names", {})
+    ops = Counter(names.get(key[0], str(key[0])) for key in getattr(device, "estimates", {}))
     return {"total": sum(ops.values()), "ops": dict(ops.most_common())}
 
 
