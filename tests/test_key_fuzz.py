@@ -177,8 +177,8 @@ def test_a_bundle_says_how_many_of_its_entries_can_hit_before_it_is_copied(tmp_p
 def test_the_run_report_has_a_line_for_misses_it_explains():
     from hpu_backend.run import report
 
-    lines = report.render({"script": "s.py", "exit_code": 0, "wall_s": 1.0,
-                           "cache_missed": {"torch 2.13.0 → 2.13.1": 3}})
+    lines = report.render({"script": "s.py", "exit_code": 0, "wall_s": 1.0, "steps": [{"ops": 4}],
+                           "cache_missed": {"torch 2.13.0 → 2.13.1": 3}})  # a run with device work
     assert any("torch 2.13.0 → 2.13.1 ×3" in line for line in lines)
     assert not any("another key" in line for line in report.render({"script": "s.py"}))
 

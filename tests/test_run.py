@@ -256,8 +256,9 @@ def test_ctrl_c_leaves_a_cache_that_verifies_clean(tmp_path):
 def test_initialize_distributed_hpu_reads_mpi_names(monkeypatch):
     from hpu_backend.gaudi.distributed import initialize_distributed_hpu
 
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # set first, so that undo removes what the call writes
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
