@@ -5,8 +5,12 @@ same code on the CPU."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,16 +181,20 @@ def test_a_bad_mode_or_release_is_one_line(monkeypatch, name, value, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_path):
-    """Forked DataLoader workers inherit the recipe cache's lock objects: each process takes its own."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def _run_script(tmp_path, text: str, *launcher: str, **env: str):
+    """``text`` as a real script, run by Python (or by the launcher, with its options): the finished process."""
     root = Path(__file__).resolve().parent.parent
-    script = tmp_path / "loader.py"
-    script.write_text(
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "cli")]), **env)
+    command = [sys.executable, *(["-m", "hpurecipe.main", "run", *launcher] if launcher else []), str(script)]
+    return subprocess.run(command, capture_output=True, text=True, env=full, timeout=300, cwd=tmp_path)
+
+
+def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_path, monkeypatch):
+    """Forked DataLoader workers inherit the recipe cache's lock objects: each process takes its own."""
+    monkeypatch.delenv("PT_HPU_RECIPE_CACHE_CONFIG", raising=False)  # the default cache under HOME, as a user's run has it
+    done = _run_script(tmp_path, (
         "import torch, hpu_backend.device as hd\n"
         "hd.enable('lazy')\n"
         "from hpu_backend import gaudi\n"
@@ -197,10 +205,7 @@ def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_pa
         "for x, y in torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2):\n"
         "    loss = torch.nn.functional.cross_entropy(model(x.to('hpu')), y.to('hpu'))\n"
         "    loss.backward(); gaudi.mark_step(); opt.step(); opt.zero_grad(); gaudi.mark_step()\n"
-        "print('loss', loss.item())\n")
-    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=os.pathsep.join([str(root), str(root / "cli")]))
-    env.pop("PT_HPU_RECIPE_CACHE_CONFIG", None)  # the default cache under HOME, as a user's run has it
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+        "print('loss', loss.item())\n"), HOME=str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "loss" in done.stdout
     assert "background job failed" not in done.stderr and "inherited across fork" not in done.stderr
@@ -208,23 +213,13 @@ def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_pa
 
 def test_every_rank_of_a_two_card_run_trains_on_its_card(tmp_path):
     """As DeepSpeed's HPU accelerator does: set_device(LOCAL_RANK), tensors on ``hpu:{LOCAL_RANK}``, a backward."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    script = tmp_path / "ranks.py"
-    script.write_text(
+    done = _run_script(tmp_path, (
         "import os, torch\n"
         "import habana_frameworks.torch.core  # noqa: F401\n"
         "rank = int(os.environ['LOCAL_RANK'])\n"
         "torch.hpu.set_device(rank)\n"
         "x = torch.ones(2, device=f'hpu:{rank}', requires_grad=True)\n"
         "(x * (rank + 2)).sum().backward()\n"
-        "print('grad', rank, x.grad.cpu().tolist())\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "cli")]))
-    done = subprocess.run([sys.executable, "-m", "hpurecipe.main", "run", "--cards", "2", str(script)],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+        "print('grad', rank, x.grad.cpu().tolist())\n"), "--cards", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "grad 0 [2.0, 2.0]" in done.stdout and "grad 1 [3.0, 3.0]" in done.stdout
