@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
+import subprocess
 import statistics
 import sys
 import time
@@ -105,3 +107,12 @@ def ratio_plot(name: str, rows: list[dict], labels: list[str], title: str, goal:
     path = RESULTS / f"{name}.png"
     fig.savefig(path, dpi=110)
     return str(path.relative_to(ROOT))
+
+
+def run_worker(script: str, mode: str, steps: int, warmup: int) -> dict:
+    """``script --worker MODE`` in a fresh process (one thread unless OMP_NUM_THREADS says otherwise, this checkout
+    importable): the JSON it prints last."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, script, "--worker", mode, "--steps", str(steps), "--warmup", str(warmup)],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -17,12 +17,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import maybe_plot
+from common import maybe_plot, run_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "device_bench.json"
@@ -68,10 +67,7 @@ def worker(mode: str, steps: int, warmup: int) -> dict:
 
 
 def run(mode: str, steps: int, warmup: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, __file__, "--worker", mode, "--steps", str(steps), "--warmup", str(warmup)],
-                         capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, mode, steps, warmup)
 
 
 def main() -> None:
