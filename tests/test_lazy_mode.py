@@ -286,7 +286,9 @@ def test_a_graph_that_cannot_be_lowered_runs_as_recorded(monkeypatch):
 
     monkeypatch.setattr(compiled.CompiledGraph, "build", classmethod(fail))
     x = torch.randn(4, 4)
-    with gaudi.lazy():
+    # Not strict, said here: a block without options keeps the settings an earlier block of the process set
+    # (another test's strict mode, in random order).
+    with gaudi.lazy({"strict": False}):
         y = (x * 3).exp().sum(0)
         gaudi.mark_step()
     torch.testing.assert_close(y, (x * 3).exp().sum(0))
