@@ -35,7 +35,7 @@ import torch
 import torch._dynamo
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
+if __name__ == "__main__" and str(ROOT) not in sys.path:  # run from a checkout; a test imports the installed copy
     sys.path.insert(0, str(ROOT))
 
 from hpu_backend.formats import keyparts  # noqa: E402

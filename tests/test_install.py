@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -16,8 +17,16 @@ SOURCES = {"hpu_backend": ROOT / "hpu_backend", "recipecache": ROOT / "recipecac
            "hpurecipe": ROOT / "cli" / "hpurecipe"}
 
 
+def _distribution() -> metadata.Distribution | None:
+    """The distribution installed in this environment's site-packages (not an egg-info a build left in the
+    checkout, which ``metadata.distribution`` would find first if the checkout were on ``sys.path``)."""
+    site = sysconfig.get_paths()["purelib"]
+    return next(iter(metadata.distributions(name="hpu_backend", path=[site])), None)
+
+
 def _editable() -> bool:
-    direct = metadata.distribution("hpu_backend").read_text("direct_url.json") or "{}"
+    dist = _distribution()
+    direct = (dist.read_text("direct_url.json") if dist else None) or "{}"
     return bool(json.loads(direct).get("dir_info", {}).get("editable"))
 
 
@@ -29,7 +38,9 @@ installed = pytest.mark.skipif(os.environ.get("PYTHONSAFEPATH") != "1" or _edita
 
 @installed
 def test_every_source_module_is_in_the_distribution():
-    installed = {str(f) for f in metadata.files("hpu_backend") or [] if str(f).endswith(".py")}
+    dist = _distribution()
+    assert dist is not None, "hpu_backend is not installed in this environment's site-packages"
+    installed = {str(f) for f in dist.files or [] if str(f).endswith(".py")}
     missing = [f"{pkg}/{path.relative_to(src)}" for pkg, src in SOURCES.items()
                for path in src.rglob("*.py") if f"{pkg}/{path.relative_to(src)}" not in installed]
     assert not missing, f"modules missing from the installed distribution: {missing}"
