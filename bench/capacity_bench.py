@@ -2,7 +2,7 @@
 
 LLaMA 2 7B (models/llama.py:LLAMA2_7B, built on the meta device: no weights) is lowered once per target in
 fp8; every published row is then estimated by re-planning the prefill and decode steps at its sizes
-(``hpu_backend.aot.capacity``). Each estimated step is a sum over clusters of max(MME, TPC, HBM time) +
+(``hpu_backend.planning.capacity``). Each estimated step is a sum over clusters of max(MME, TPC, HBM time) +
 launch, so its raw terms (at efficiency 1) give the estimate at any efficiency factors without lowering
 again. The fit: the MME and HBM factors on a 0.01 grid in [0.20, 1.00] that minimize the largest
 |log(estimate / published)| over the six Gaudi 2 rows (TPC set to the MME factor: TPC work is a few percent
@@ -24,9 +24,9 @@ import time
 
 from common import ROOT, print_table, ratio_plot, write_results
 
-from hpu_backend.aot.capacity import decode_points, step_graphs
+from hpu_backend.planning.capacity import decode_points, step_graphs
 from hpu_backend.targets import EFFICIENCY
-from hpu_backend.aot.modelfile import load_model_file
+from hpu_backend.modelfiles.modelfile import load_model_file
 
 SOURCE_G2 = "Intel, Model Performance Data for Intel Gaudi 2 AI Accelerators (software 1.18.0), LLaMA 2 7B fp8, 1 HPU"
 SOURCE_G3 = "Intel, Model Performance Data for Intel Gaudi 3 AI Accelerators (software 1.18.0), LLaMA 2 7B fp8, 1 HPU"

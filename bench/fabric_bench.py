@@ -1,7 +1,7 @@
 """Calibrate and check the scale-up fabric model against Intel's published multi-card LLaMA numbers.
 
 Each (model, target, cards) is planned per card as ``hpurecipe analyze --cards`` does it
-(``hpu_backend.aot.capacity.card_steps``: one card's tensor-parallel shard lowered with one and two layers,
+(``hpu_backend.planning.capacity.card_steps``: one card's tensor-parallel shard lowered with one and two layers,
 extrapolated over the model's layers). Every estimated step is a sum over clusters of
 compute (max of MME, TPC, HBM time) + exposed collective time + launch, where a collective costs its wire
 time (at the fabric efficiency) plus its latency steps, and ``overlap`` of the exposed wire time hides behind
@@ -28,9 +28,9 @@ import time
 
 from common import RESULTS, ROOT, print_table, ratio_plot, write_results
 
-from hpu_backend.aot.analyze import hbm_bytes
-from hpu_backend.aot.capacity import LayeredStep, card_steps, decode_points
-from hpu_backend.aot.modelfile import load_model_file
+from hpu_backend.diagnosis.analyze import hbm_bytes
+from hpu_backend.planning.capacity import LayeredStep, card_steps, decode_points
+from hpu_backend.modelfiles.modelfile import load_model_file
 from hpu_backend.targets import EFFICIENCY, fabric
 
 G2 = "Intel, Model Performance Data for Intel Gaudi 2 AI Accelerators (software 1.18.0), fp8"

@@ -33,8 +33,8 @@ import capacity_bench as single
 import fabric_bench as multi
 from common import ROOT, print_table, write_results
 
-from hpu_backend.aot.capacity import card_steps, step_graphs
-from hpu_backend.aot.modelfile import load_model_file
+from hpu_backend.planning.capacity import card_steps, step_graphs
+from hpu_backend.modelfiles.modelfile import load_model_file
 from hpu_backend.targets import EFFICIENCY, fabric
 
 GRID = [round(1e-4 * i, 4) for i in range(0, 601)]  # 0 to 60 ms per step

@@ -21,7 +21,7 @@ from common import BACKENDS, load_model_file, maybe_plot, per_call_us, print_tab
 from hpu_backend import load_package
 from hpu_backend.aot import build_package
 from hpu_backend.gaudi import wrap_in_hpu_graph
-from hpu_backend.aot.modelfile import spec_from
+from hpu_backend.modelfiles.modelspec import spec_from
 
 
 def mlp_case():

@@ -1,6 +1,6 @@
 """Warm-up time of the serving plan against vLLM-Gaudi's published warm-ups, and the planner's own speed.
 
-Accuracy. One calibration row fits the two warm-up factors (hpu_backend/aot/serving/plan.py): vLLM-Gaudi's
+Accuracy. One calibration row fits the two warm-up factors (hpu_backend/planning/serving/plan.py): vLLM-Gaudi's
 docs/configuration/warm-up/managing_warm-up.md, LLaMA 3.1 8B, TP 1, bf16, with the bucket settings that page
 gives and --max-model-len 8192: 66 s cold, 23 s from a recipe cache. The cached time less the buckets' run time
 fits the bridge's factor per graph node; the cold time less the cached one fits the graph compiler's factor per
@@ -28,11 +28,11 @@ import time
 
 from common import print_table, write_results
 
-from hpu_backend.aot.modelfile import load_model_file
-from hpu_backend.aot.serving import buckets as bk
-from hpu_backend.aot.serving import model as sm
-from hpu_backend.aot.serving import plan as sp
-from hpu_backend.aot.serving.trace import poisson
+from hpu_backend.modelfiles.modelfile import load_model_file
+from hpu_backend.planning.serving import buckets as bk
+from hpu_backend.planning.serving import model as sm
+from hpu_backend.planning.serving import plan as sp
+from hpu_backend.planning.serving.trace import poisson
 
 # managing_warm-up.md's grid, as that page's (older) linear generator built it: prompt batches 1, 2, 4, 8, 16, then
 # by 32 to 256, lengths 128..1024 by 128, kept where batch x length <= 8192; decode batch 128 x blocks 128..1024

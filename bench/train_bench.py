@@ -1,7 +1,7 @@
 """Calibrate and check the training-step plan against Intel's published Gaudi 2 training throughput.
 
 Each row is planned as ``hpurecipe analyze MODEL --train --seq S --global-batch B --cards N --zero 1 --dtype
-fp8`` does it (``hpu_backend.aot.training_plan``): one card's forward lowered once (one and two layers,
+fp8`` does it (``hpu_backend.planning.training_plan``): one card's forward lowered once (one and two layers,
 extrapolated), then re-planned at every TRAIN_EFFICIENCY of a 0.01 grid without lowering again.
 
 The fit: TRAIN_EFFICIENCY minimizing |log(estimate / published)| on ONLY the calibration row (Intel, Model
@@ -21,7 +21,7 @@ import math
 from common import ROOT, print_table, write_results
 
 from hpu_backend.aot import training_plan as tp
-from hpu_backend.aot.modelfile import load_model_file
+from hpu_backend.modelfiles.modelfile import load_model_file
 
 # (model file, seq, global batch, cards, published tokens/s)
 CALIBRATION = ("models/llama.py:LLAMA2_7B", 4096, 1024, 8, 68_464)

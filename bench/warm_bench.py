@@ -37,7 +37,7 @@ def run(args: list[str]) -> dict:
 
 
 def eager(axes: list[str]) -> dict:
-    from hpu_backend.aot.modelfile import load_model_file
+    from hpu_backend.modelfiles.modelfile import load_model_file
 
     spec = load_model_file(MODEL)
     overrides = {a.split("=")[0]: [int(v) for v in a.split("=")[1].split(",")] for a in axes}

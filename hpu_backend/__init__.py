@@ -16,9 +16,17 @@ from typing import Any
 from .version import __version__
 
 _EXPORTS = {
-    "analyze": "aot.report", "hpu_backend": "backend", "Settings": "settings", "SettingsError": "settings",
-    "load_model_file": "aot.modelfile", "warmup": "aot.warm", "load_package": "runtime.packaged", "load_precompiled": "aot.precompiled", "PackageError": "formats.package",
+    "hpu_backend": "backend", "Settings": "settings", "SettingsError": "settings",
     "autocast": "gaudi.mixed_precision", "simulate": "run.names",
+    # planning: what a model needs, before anything is built
+    "load_model_file": "modelfiles.modelfile",
+    # shipping: the recipes, packages and artifacts a deployment takes
+    "warmup": "shipping.warm", "prebuild": "shipping.warm", "plan": "shipping.warm", "WarmReport": "shipping.warm",
+    "build_package": "shipping.package", "export_model": "shipping.package", "PackageReport": "shipping.package",
+    "read_manifests": "shipping.manifests", "write_manifest": "shipping.manifests", "manifest": "shipping.manifests",
+    "load_package": "runtime.packaged", "load_precompiled": "shipping.precompiled", "PackageError": "formats.package",
+    # diagnosis: what a model does on the device
+    "analyze": "diagnosis.report", "analyze_spec": "diagnosis.analyze",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

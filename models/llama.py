@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.fx.traceback as fx_traceback
 import torch.nn.functional as F
 
-from hpu_backend.aot.modelfile import generative_steps
+from hpu_backend.modelfiles.modelspec import generative_steps
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 import torch
 
 import hpu_backend
-from hpu_backend.aot.report import AnalysisReport
+from hpu_backend.diagnosis.report import AnalysisReport
 from conftest import load_model_file
 
 

@@ -11,9 +11,10 @@ import torch
 
 from cli_helpers import cli, cli_json
 from conftest import MODELS, load_model_file
-from hpu_backend.aot.capacity import CapacityError, decode_points, plan_capacity, step_graphs
+from hpu_backend.planning.capacity import CapacityError, decode_points, plan_capacity, step_graphs
 from hpu_backend.targets import device
-from hpu_backend.aot.modelfile import ModelFileError, load_model_file as load_spec
+from hpu_backend.modelfiles.modelfile import load_model_file as load_spec
+from hpu_backend.modelfiles.modelspec import ModelFileError
 
 LLAMA = str(MODELS / "llama.py")
 

@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from hpu_backend.aot.manifests import read_manifests
+from hpu_backend.shipping.manifests import read_manifests
 from recipecache import CacheConfig, RecipeCache
 
 from cli_helpers import TINY, cli, cli_json, cli_process, tiny_model
@@ -414,10 +414,10 @@ def test_cache_only_commands_do_not_import_torch(tmp_path, warmed):
 
 
 def test_analyze_finds_the_largest_batch_by_searching_the_memory_plan(tiny_file):
-    from hpu_backend.aot.analyze import _peak_at, _same_graphs, _scaled_graphs
+    from hpu_backend.diagnosis.analyze import _peak_at, _same_graphs, _scaled_graphs
 
-    from hpu_backend.aot.warm import plan
-    from hpu_backend.aot.modelfile import load_model_file
+    from hpu_backend.shipping.warm import plan
+    from hpu_backend.modelfiles.modelfile import load_model_file
 
     doc = cli_json("analyze", tiny_file)
     best, hbm = doc["max_batch"]["batch"], doc["hbm_bytes"]

@@ -157,8 +157,8 @@ def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, cap
     import subprocess
     import sys
 
-    from hpu_backend.aot.modelfile import load_model_file
-    from hpu_backend.aot.warm import warm
+    from hpu_backend.modelfiles.modelfile import load_model_file
+    from hpu_backend.shipping.warm import warm
     from hpu_backend.serve.session import session_for
     from hpu_backend.settings import Settings
     from hpurecipe.warmreport import finish
@@ -184,7 +184,7 @@ def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, cap
 def test_a_cache_trimmed_for_other_entries_is_never_told_to_shrink():
     """Entries trimmed while the cache also holds other models' entries: the advice counts those, and is never
     a size at or below the current limit."""
-    from hpu_backend.aot.reports import CacheFit
+    from hpu_backend.shipping.reports import CacheFit
 
     mib = 2**20
     fit = CacheFit(4 * mib, needed=2, needed_bytes=mib, evicted=["a"], trimmed=["a"], other_bytes=mib)
@@ -258,7 +258,7 @@ def test_a_tracer_only_failure_names_the_ops_own_error_not_dynamos_wrapper():
 
 
 def test_compile_and_seed_are_optional_and_what_is_missing_is_still_one_line(tmp_path):
-    from hpu_backend.aot.modelfile import ModelFileError, spec_from
+    from hpu_backend.modelfiles.modelspec import ModelFileError, spec_from
 
     seen = []
 

@@ -9,8 +9,8 @@ import torch
 import torch._dynamo
 
 from hpu_backend.metrics import metric_localcontext
-from hpu_backend.aot.modelfile import load_model_file
-from hpu_backend.aot.manifests import read_manifests
+from hpu_backend.modelfiles.modelfile import load_model_file
+from hpu_backend.shipping.manifests import read_manifests
 
 from cli_helpers import cli, cli_json, cli_process
 from conftest import MODELS, run_python

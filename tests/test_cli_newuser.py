@@ -108,10 +108,10 @@ def test_the_anomaly_trace_is_dropped_after_ctrl_c_and_kept_otherwise():
 
 def _advise_stages(monkeypatch, console_file, terminal: bool) -> list:
     """Run ``advise`` with a stand-in planner that reports two stages and stops; what it was handed."""
-    import hpu_backend.aot.advise as advise_module
+    import hpu_backend.diagnosis.advise as advise_module
     from rich.console import Console
 
-    from hpu_backend.aot.modelfile import ModelFileError
+    from hpu_backend.modelfiles.modelspec import ModelFileError
     from hpurecipe import render
 
     handed = []

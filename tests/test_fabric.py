@@ -174,7 +174,7 @@ def _llama():
 
 
 def _spec(layers: int):
-    from hpu_backend.aot.modelfile import spec_from
+    from hpu_backend.modelfiles.modelspec import spec_from
 
     llama = _llama()
     config = llama.Config(vocab=256, dim=64, layers=layers, heads=4, kv_heads=2, hidden=128, max_seq=512)
@@ -184,7 +184,7 @@ def _spec(layers: int):
 @pytest.fixture(scope="module")
 def planned():
     """A 3-layer LLaMA on 2 cards, planned from its one- and two-layer shards, and lowered whole."""
-    from hpu_backend.aot.capacity import card_steps
+    from hpu_backend.planning.capacity import card_steps
 
     spec = _spec(3)
     return {"layered": card_steps(spec, "gaudi2", "bf16", 2),
@@ -192,7 +192,7 @@ def planned():
 
 
 def test_a_deep_stack_is_estimated_from_one_and_two_layers_as_if_lowered_whole(planned):
-    from hpu_backend.aot.capacity import LayeredStep
+    from hpu_backend.planning.capacity import LayeredStep
 
     layered, whole = planned["layered"], planned["whole"]
     assert all(isinstance(s, LayeredStep) for s in layered)
@@ -207,7 +207,7 @@ def test_a_deep_stack_is_estimated_from_one_and_two_layers_as_if_lowered_whole(p
 
 
 def test_a_card_holds_its_share_of_the_weights_and_kv_cache_and_pays_the_collectives(planned):
-    from hpu_backend.aot.capacity import plan_capacity
+    from hpu_backend.planning.capacity import plan_capacity
 
     doc = plan_capacity(*planned["layered"], "llama", "gaudi2", "bf16", 32, 8, 4, 2)
     assert doc["cards"] == 2 and doc["comm_s"] > 0 and 0 < doc["comm_share"] < 1
@@ -224,8 +224,8 @@ def test_a_card_holds_its_share_of_the_weights_and_kv_cache_and_pays_the_collect
 
 
 def test_capacity_across_cards_refuses_more_cards_than_a_server_and_models_without_a_shard():
-    from hpu_backend.aot.capacity import CapacityError, capacity
-    from hpu_backend.aot.modelfile import ModelFileError
+    from hpu_backend.planning.capacity import CapacityError, capacity
+    from hpu_backend.modelfiles.modelspec import ModelFileError
 
     with pytest.raises(CapacityError, match="joins 1 to 8 cards"):
         capacity(_spec(2), "gaudi2", "bf16", 8, 8, cards=16)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from cli_helpers import cli, cli_json, one_line
-from hpu_backend.aot.hfmodels import HFConfigError, load_config
-from hpu_backend.aot.modelfile import load_model_file
-from hpu_backend.aot.serving import model as served
+from hpu_backend.modelfiles.hfmodels import HFConfigError, load_config
+from hpu_backend.modelfiles.modelfile import load_model_file
+from hpu_backend.planning.serving import model as served
 
 pytest.importorskip("transformers")
 

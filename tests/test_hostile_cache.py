@@ -512,7 +512,7 @@ def test_a_checksum_valid_malformed_fleet_entry_is_deleted_by_pull_and_by_servin
     _remote_cache(tmp_path / "ci", url).put("ee05", bad, wait=True)
     assert client.exists("hpu_recipes:ee05") == 1
     host = _remote_cache(tmp_path / "host", url)
-    from hpu_backend.aot.cachepolicy import recipe_problem
+    from hpu_backend.shipping.cachepolicy import recipe_problem
 
     assert host.pull(["ee05"], check=recipe_problem) == 0 and not host.contains("ee05")
     assert client.exists("hpu_recipes:ee05") == 0  # deleted, so a good entry can take its place

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cli_helpers import cli, cli_json, one_line
-from hpu_backend.aot.hfmodels import HFConfigError, build_config, context_length, load_config, read_config
+from hpu_backend.modelfiles.hfmodels import HFConfigError, build_config, context_length, load_config, read_config
 
 pytest.importorskip("transformers")
 

@@ -23,8 +23,8 @@ import torch
 from cli_helpers import INPUTS, LINEAR, cli, one_line, tiny_model
 from conftest import run_python
 from hpu_backend import PackageError, load_package
-from hpu_backend.aot import build_package
-from hpu_backend.aot.modelfile import load_model_file
+from hpu_backend.shipping.package import build_package
+from hpu_backend.modelfiles.modelfile import load_model_file
 from hpu_backend.formats import symexpr
 from hpu_backend.formats.package import HEADER_BYTES, MAGIC, UNSIGNED, read_package
 from recipecache.signing import KEY_ENV

@@ -2,7 +2,7 @@
 
 Floors, bottom to top (a module's floor is its longest matching prefix):
 recipecache → errors, metrics, units, version → formats → settings, targets, timeline → runtime → lowering → capture →
-serve → backend → gaudi, device → aot → run → the hpu_backend package itself → cli (hpurecipe).
+serve → backend → gaudi, device → modelfiles → shipping → diagnosis → planning → run → the hpu_backend package itself → cli (hpurecipe).
 
 The floors meet at the compile session (``hpu_backend.serve.session``): every front end hands its graphs to
 one, so the session is the one place that runs the bucket passes (``lower_bucket``) outside the lowering
@@ -36,7 +36,13 @@ FLOORS = (
     ("hpu_backend.serve",),
     ("hpu_backend.backend",),
     ("hpu_backend.gaudi", "hpu_backend.device"),
-    ("hpu_backend.aot",),
+    # The rooms by job, over the device: the model files every tool reads (a model.py, a Hugging Face config),
+    # shipping (warm, packages, bundles, precompiled, fleet), diagnosis (analyze, advise, a step's memory),
+    # planning (capacity, serving, training, which read what diagnosis measures).
+    ("hpu_backend.modelfiles",),
+    ("hpu_backend.shipping",),
+    ("hpu_backend.diagnosis",),
+    ("hpu_backend.planning",),
     ("hpu_backend.run",),  # the launcher: Intel's module names, ranks, the run's report
     ("hpu_backend",),
     ("hpurecipe",),
@@ -56,7 +62,7 @@ INIT_EXCEPTIONS: dict[str, str] = {}
 
 
 def prefix_of(module: str) -> str | None:
-    """The longest floor prefix a module of ours matches (hpu_backend.aot over hpu_backend), None for others."""
+    """The longest floor prefix a module of ours matches (hpu_backend.shipping over hpu_backend), None for others."""
     matches = [p for p in LAYERS if module == p or module.startswith(p + ".")]
     return max(matches, key=len) if matches else None
 
@@ -214,12 +220,12 @@ def test_no_module_subscribes_to_a_session_when_imported():
 
 
 def test_the_checkers_find_a_second_bucket_loop_and_an_observer_at_import(tmp_path):
-    (tmp_path / "hpu_backend" / "aot").mkdir(parents=True)
-    (tmp_path / "hpu_backend" / "aot" / "loop.py").write_text(
+    (tmp_path / "hpu_backend" / "shipping").mkdir(parents=True)
+    (tmp_path / "hpu_backend" / "shipping" / "loop.py").write_text(
         "def at(t, ctx):\n    return lower_bucket(t, ctx)\n")
-    (tmp_path / "hpu_backend" / "aot" / "watch.py").write_text("session.observe_runs(print)\n")
-    assert bucket_loops(tmp_path) == ["hpu_backend.aot.loop"]
-    assert observers_at_import(tmp_path) == ["hpu_backend.aot.watch"]
+    (tmp_path / "hpu_backend" / "shipping" / "watch.py").write_text("session.observe_runs(print)\n")
+    assert bucket_loops(tmp_path) == ["hpu_backend.shipping.loop"]
+    assert observers_at_import(tmp_path) == ["hpu_backend.shipping.watch"]
 
 
 @pytest.mark.parametrize("folder, source, expected", [
@@ -228,8 +234,8 @@ def test_the_checkers_find_a_second_bucket_loop_and_an_observer_at_import(tmp_pa
     ("hpu_backend/lowering", "from ..serve import compiled\n", "hpu_backend.lowering is below hpu_backend.serve"),
     ("hpu_backend/serve", "def f():\n    from ..gaudi import sdpa\n", "hpu_backend.serve is below hpu_backend.gaudi"),
     ("hpu_backend/formats", "import torch\n", "hpu_backend.formats must not import torch"),
-    ("hpu_backend/aot", "import importlib\nimportlib.import_module('hpurecipe.main')\n",
-     "hpu_backend.aot is below hpurecipe"),
+    ("hpu_backend/shipping", "import importlib\nimportlib.import_module('hpurecipe.main')\n",
+     "hpu_backend.shipping is below hpurecipe"),
 ])
 def test_the_checker_finds_an_upward_import_anywhere_in_a_module(tmp_path, folder, source, expected):
     for package in PACKAGES:

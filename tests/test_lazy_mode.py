@@ -11,7 +11,7 @@ import torch
 
 from conftest import load_model_file, run_python
 from hpu_backend import gaudi
-from hpu_backend.aot.report import GraphReport
+from hpu_backend.diagnosis.report import GraphReport
 from hpu_backend.lowering.passes.partition import partition
 from hpu_backend.lowering.passes.place import place
 from hpu_backend.serve.compiled import collect_recipes

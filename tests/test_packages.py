@@ -20,7 +20,7 @@ from cli_helpers import cli, cli_json, tiny_model
 from conftest import MODELS as MODEL_DIR
 from conftest import load_model_file, run_python
 from hpu_backend import PackageError, load_package
-from hpu_backend.aot.modelfile import load_model_file as load_model
+from hpu_backend.modelfiles.modelfile import load_model_file as load_model
 from hpu_backend.formats.package import HEADER_BYTES, MAGIC, UNSIGNED, read_package
 
 MODELS = ("mnist", "gpt", "bert", "resnet")
@@ -38,7 +38,7 @@ SERVE = r"""
 import itertools, json, sys
 import torch
 import hpu_backend
-from hpu_backend.aot.modelfile import load_model_file
+from hpu_backend.modelfiles.modelfile import load_model_file
 
 out = {}
 for name in sys.argv[1:]:

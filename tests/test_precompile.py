@@ -299,7 +299,7 @@ def _served_counting(directory: Path, model: torch.nn.Module):
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name.startswith("hpu_backend.aot.precompiled")]
+    return [r.getMessage() for r in caplog.records if r.name.startswith("hpu_backend.shipping.precompiled")]
 
 
 @pytest.mark.parametrize("where, register, expected", [

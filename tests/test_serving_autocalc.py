@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpu_backend.aot.serving import autocalc
+from hpu_backend.planning.serving import autocalc
 
 GIB = 1 << 30
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpu_backend.aot.serving import bucketfile, ranges
-from hpu_backend.aot.serving.buckets import RELEASES, BucketSettingError, Engine, Grid, generate, validate
+from hpu_backend.planning.serving import bucketfile, ranges
+from hpu_backend.planning.serving.buckets import RELEASES, BucketSettingError, Engine, Grid, generate, validate
 
 DATA = json.loads((Path(__file__).parent / "data" / "vllm_gaudi_grids.json").read_text())
 ROWS = {row["name"]: row for row in DATA["grids"]}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpu_backend.aot.capacity import step_graphs
-from hpu_backend.aot.modelfile import load_model_file
-from hpu_backend.aot.serving import fp8
+from hpu_backend.planning.capacity import step_graphs
+from hpu_backend.modelfiles.modelfile import load_model_file
+from hpu_backend.planning.serving import fp8
 from hpu_backend.lowering.values import nbytes
 
 LAYERS, BATCH, KV_LEN = 2, 2, 64  # models/llama.py's tiny config: 2 layers, 4 heads of 16, 2 KV heads
@@ -46,8 +46,8 @@ def test_decode_dequantizes_the_kv_cache_and_quantizes_attention_matmuls(steps):
 
 
 def test_layers_share_a_compiled_graph_in_bf16_and_not_in_fp8(monkeypatch):
-    from hpu_backend.aot.capacity import LayeredStep
-    from hpu_backend.aot.serving import model as sm
+    from hpu_backend.planning.capacity import LayeredStep
+    from hpu_backend.planning.serving import model as sm
 
     # a one-layer and a two-layer graph's measures: a layer adds 60 slices and 30 nodes
     one = {"time_s": 1.0, "activation_bytes": 10, "slices": 100, "nodes": 50, "weights_bytes": 4, "input_bytes": 5,
@@ -63,8 +63,8 @@ def test_layers_share_a_compiled_graph_in_bf16_and_not_in_fp8(monkeypatch):
 
 
 def test_runtime_scale_patching_lets_fp8_layers_share_a_graph(monkeypatch):
-    from hpu_backend.aot.capacity import LayeredStep
-    from hpu_backend.aot.serving import model as sm
+    from hpu_backend.planning.capacity import LayeredStep
+    from hpu_backend.planning.serving import model as sm
 
     one = {"time_s": 1.0, "activation_bytes": 10, "slices": 100, "nodes": 50, "weights_bytes": 4, "input_bytes": 5,
            "ops": 50}

@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 import pytest
 
 from cli_helpers import cli, cli_json, one_line
-from hpu_backend.aot.serving import buckets as bk
-from hpu_backend.aot.serving.plan import PlanError, memory
-from hpu_backend.aot.serving.simulate import Costs, replay
-from hpu_backend.aot.serving.trace import Request, TraceError, read_jsonl
+from hpu_backend.planning.serving import buckets as bk
+from hpu_backend.planning.serving.plan import PlanError, memory
+from hpu_backend.planning.serving.simulate import Costs, replay
+from hpu_backend.planning.serving.trace import Request, TraceError, read_jsonl
 
 GIB, MIB = 1 << 30, 1 << 20
 CONFIG = {"model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
@@ -176,7 +176,7 @@ def test_bad_input_is_one_line_before_lowering(config, args, message):
 
 
 def test_a_plan_read_back_gives_the_points_to_warm():
-    from hpu_backend.aot.serving.plan import planned_points
+    from hpu_backend.planning.serving.plan import planned_points
 
     doc = {"grid": {"prompt": [[1, 128, 0], [4, 256, 0], [4, 256, 7]], "decode": [[2, 1, 3], [8, 1, 8]]},
            "engine": {"block_size": 128}}
@@ -193,7 +193,7 @@ def test_a_plan_read_back_gives_the_points_to_warm():
 @pytest.fixture()
 def no_lowering(monkeypatch):
     """Lowering fails the test: the checks below must answer from the config alone."""
-    from hpu_backend.aot.serving import model as sm
+    from hpu_backend.planning.serving import model as sm
 
     def lowered(*args, **kwargs):
         raise AssertionError("the model was lowered")

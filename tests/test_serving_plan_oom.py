@@ -10,7 +10,7 @@ import json
 import pytest
 
 from cli_helpers import cli
-from hpu_backend.aot.serving import buckets as bk
+from hpu_backend.planning.serving import buckets as bk
 
 QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
              "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
@@ -24,9 +24,9 @@ PUBLISHED_BLOCKS = 7593  # the PR's log: "Usable KV blocks: 7593"
 def plans(tmp_path_factory):
     """The plan of a default serve (prefix caching on, 256 sequences, max-model-len 40960) under both releases,
     the model lowered once."""
-    from hpu_backend.aot.modelfile import load_model_file
-    from hpu_backend.aot.serving import model as sm
-    from hpu_backend.aot.serving.plan import plan
+    from hpu_backend.modelfiles.modelfile import load_model_file
+    from hpu_backend.planning.serving import model as sm
+    from hpu_backend.planning.serving.plan import plan
 
     path = tmp_path_factory.mktemp("qwen3") / "config.json"
     path.write_text(json.dumps(QWEN3_06B))

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from hpu_backend.aot import analyze
-from hpu_backend.aot.capacity import CapacityError
-from hpu_backend.aot.step_memory import StepState, optimizer_of, step_state
-from hpu_backend.aot.training_plan import plan_training
-from hpu_backend.aot.warm import plan
+from hpu_backend.diagnosis import analyze
+from hpu_backend.planning.capacity import CapacityError
+from hpu_backend.diagnosis.step_memory import StepState, optimizer_of, step_state
+from hpu_backend.planning.training_plan import plan_training
+from hpu_backend.shipping.warm import plan
 
 from cli_helpers import TINY, tiny_model
 

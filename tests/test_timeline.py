@@ -252,7 +252,7 @@ def test_the_advisor_finds_reads_in_loops_with_their_rate_and_gains_from_the_tim
     import ast
     from types import SimpleNamespace
 
-    from hpu_backend.aot import timeline_advice
+    from hpu_backend.diagnosis import timeline_advice
 
     reads = timeline_advice.loop_reads(ast.parse(LOOP))
     assert reads == {4: (".item", 1), 6: (".cpu", 20)}
@@ -301,7 +301,7 @@ def test_zero3_gathers_hide_under_long_layers_and_show_under_short_ones():
 
 
 def test_the_training_plan_can_find_zero3_slower_than_zero1():
-    from hpu_backend.aot.training_plan import Layout, step_time
+    from hpu_backend.planning.training_plan import Layout, step_time
 
     fwd = {"parameters": 1e9, "time_s": 0.002, "exposed_comm_s": 0.0, "head_flops": 0.0, "layers": 32,
            "comm_s": 0.0, "collectives": 0}
@@ -319,7 +319,7 @@ def test_one_trace_file_per_rank():
 def test_a_layered_step_is_its_first_layer_and_one_kernel_per_further_layer():
     from types import SimpleNamespace
 
-    from hpu_backend.aot.plan_trace import request_events, step_cost
+    from hpu_backend.planning.plan_trace import request_events, step_cost
 
     def lowered(n: int):
         clusters = [{"id": i, "mme_s": 2.0, "tpc_s": 1.0, "hbm_s": 0.5, "launch_s": 0.1, "time_s": 2.1}

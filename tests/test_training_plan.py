@@ -1,11 +1,11 @@
-"""The training-step plan (hpu_backend.aot.training_plan): memory by category per ZeRO stage, checkpointing,
+"""The training-step plan (hpu_backend.planning.training_plan): memory by category per ZeRO stage, checkpointing,
 gradient buckets, and the forward's figures checked against the eager model, parameter for parameter."""
 
 import pytest
 import torch
 
-from hpu_backend.aot.modelfile import load_model_file
-from hpu_backend.aot.training_plan import Layout, collectives, forward_shard, memory, plan_layout
+from hpu_backend.modelfiles.modelfile import load_model_file
+from hpu_backend.planning.training_plan import Layout, collectives, forward_shard, memory, plan_layout
 from hpu_backend.targets import fabric
 
 SEQ = 32

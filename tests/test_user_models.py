@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpu_backend import load_model_file
-from hpu_backend.aot.advise import advise
+from hpu_backend.diagnosis.advise import advise
 
 USER_MODELS = Path(__file__).resolve().parent / "user_models"
 

@@ -10,7 +10,8 @@ import torch._dynamo
 
 import hpu_backend
 from hpu_backend.metrics import metric_localcontext
-from hpu_backend.aot.modelfile import ModelFileError, load_model_file, spec_from
+from hpu_backend.modelfiles.modelfile import load_model_file
+from hpu_backend.modelfiles.modelspec import ModelFileError, spec_from
 
 from cli_helpers import TINY, cli, tiny_model
 from conftest import MODELS
@@ -85,7 +86,7 @@ def test_warmup_reports_what_an_already_serving_model_uses(tmp_path):
 
 
 def test_a_warm_of_some_axis_values_adds_to_the_manifest(tmp_path):
-    from hpu_backend.aot.manifests import read_manifests
+    from hpu_backend.shipping.manifests import read_manifests
 
     path = tiny_model(tmp_path)
     cli("warm", path, "-d", tmp_path / "c")
@@ -95,8 +96,8 @@ def test_a_warm_of_some_axis_values_adds_to_the_manifest(tmp_path):
 
 
 def test_the_library_warm_writes_the_manifest_and_checks_the_cache_kept_it(tmp_path):
-    from hpu_backend.aot.manifests import read_manifests
-    from hpu_backend.aot.warm import warm
+    from hpu_backend.shipping.manifests import read_manifests
+    from hpu_backend.shipping.warm import warm
     from recipecache import CacheConfig
 
     spec = load_model_file(tiny_model(tmp_path))

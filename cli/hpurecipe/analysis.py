@@ -1,5 +1,5 @@
-"""Rendering of ``hpurecipe analyze`` (the analysis itself is ``hpu_backend.aot.analyze``, and
-``hpu_backend.aot.capacity`` with --input-len/--output-len)."""
+"""Rendering of ``hpurecipe analyze`` (the analysis itself is ``hpu_backend.diagnosis.analyze``, and
+``hpu_backend.planning.capacity`` with --input-len/--output-len)."""
 
 from __future__ import annotations
 

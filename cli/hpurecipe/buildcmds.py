@@ -13,8 +13,8 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from hpu_backend.aot.cachepolicy import config_to_fill
-from hpu_backend.aot.modelfile import time_limit
+from hpu_backend.shipping.cachepolicy import config_to_fill
+from hpu_backend.modelfiles.modelspec import time_limit
 from hpu_backend.settings import TARGETS
 from hpu_backend.targets import layout_problem
 
@@ -57,7 +57,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
              "--precompile", help="Precompile into DIR instead (as hpurecipe precompile MODEL -o DIR).",
              show_default=False)] = None) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
-    from hpu_backend.aot.warm import warm as warm_spec
+    from hpu_backend.shipping.warm import warm as warm_spec
 
     check_trace(trace)
     if precompile is not None:
@@ -98,7 +98,7 @@ def _recipe_keys(config) -> set[str]:
 def _interrupted(config, before: set[str]) -> typer.Exit:
     """Ctrl-C during warm: one line saying what the run left (the recipes it wrote, and whether the cache
     verifies, checked now, not assumed), exit 130 as a shell expects."""
-    from hpu_backend.aot.cachepolicy import recipe_problem
+    from hpu_backend.shipping.cachepolicy import recipe_problem
 
     written = len(_recipe_keys(config) - before)
     cache = open_cache(config.resolved_path(), quiet=True, inspect=True)
@@ -140,7 +140,7 @@ def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
                                                help="Worker processes.")] = 1,
              json: Json = False) -> None:
     """Compile every bucket without running recipes (compile-only), across worker processes."""
-    from hpu_backend.aot.warm import prebuild as prebuild_spec
+    from hpu_backend.shipping.warm import prebuild as prebuild_spec
 
     spec = load_spec(model_file, axis)
     config = config_to_fill(cache_dir, "prebuild")
@@ -156,7 +156,7 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
              timeout: Timeout = None, json: Json = False) -> None:
     """Which buckets have all their recipes in the cache (or an artifact in a precompiled directory); exit 1 if
     any is missing (a deployment gate)."""
-    from hpu_backend.aot.coverage import coverage as coverage_of
+    from hpu_backend.shipping.coverage import coverage as coverage_of
 
     if precompiled is not None:
         return _precompiled_coverage(model_file, precompiled, axis, timeout, json)
@@ -196,7 +196,7 @@ def _precompiled_coverage(model_file: str, directory: Path, axis, timeout, json:
                    f"{model_file} -o {directory}")
 
 
-DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.aot.capacity.DTYPES, without importing torch at start-up
+DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.planning.capacity.DTYPES, without importing torch at start-up
 
 
 def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
@@ -267,7 +267,7 @@ def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
         if dtype is not None or batch is not None or cards is not None:
             raise UsageError("--dtype, --batch and --cards are for capacity planning: give --input-len and "
                              "--output-len too")
-        from hpu_backend.aot.analyze import analyze_spec
+        from hpu_backend.diagnosis.analyze import analyze_spec
 
         from .analysis import print_analysis
 
@@ -292,7 +292,7 @@ def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
     Reads and writes no cache."""
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
-    from hpu_backend.aot.advise import advise as run_advise
+    from hpu_backend.diagnosis.advise import advise as run_advise
 
     from .analysis import print_advice
 
@@ -314,7 +314,7 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
             raise UsageError(f"{name} {value}: expected a positive integer")
     if train or axis:
         raise UsageError("capacity planning estimates inference at the sizes given: drop --train and --axis")
-    from hpu_backend.aot.capacity import capacity
+    from hpu_backend.planning.capacity import capacity
 
     from .analysis import print_capacity
 
@@ -332,7 +332,7 @@ def _training(model_file: str, axis, train: bool, target: str, seq: int | None, 
                          "--seq 4096 --global-batch 1024 --cards 8 --zero 1")
     if dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPE_CHOICES)}")
-    from hpu_backend.aot.training_plan import plan_training
+    from hpu_backend.planning.training_plan import plan_training
 
     from .analysis import print_training
 

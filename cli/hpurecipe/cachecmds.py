@@ -12,7 +12,7 @@ import typer
 from hpu_backend.formats.program import parse_payload
 from hpu_backend.formats.recipe import RecipeFormatError
 from hpu_backend.formats.keyparts import entry_kind, explain as explain_keys, miss_reasons, nearest
-from hpu_backend.aot.cachepolicy import recipe_problem
+from hpu_backend.shipping.cachepolicy import recipe_problem
 from recipecache import EntryInfo, RecipeCache
 
 from . import packagecmds, precompilecmds, render
@@ -100,7 +100,7 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
           remote: Remote = None, json: Json = False) -> None:
     """Size and limit, entries, hits, misses, evictions, corrupt entries, compile time saved; with a fleet tier
     (--remote URL or HPU_RECIPE_CACHE_REMOTE), also its entries and bytes."""
-    from hpu_backend.aot.fleet import FleetUnreachable, remote_stats
+    from hpu_backend.shipping.fleet import FleetUnreachable, remote_stats
 
     config = config_for(cache_dir, remote)
     cache = open_cache(cache_dir, quiet=json or bool(config.remote), remote=remote, inspect=True)
@@ -121,7 +121,7 @@ def stats(cache_dir: CacheDir = None, zero: Annotated[bool, typer.Option(
 
 def _fleet_only(config, json: bool) -> None:
     """No local cache: the fleet tier's counts when one is configured (FleetUnreachable, exit 1, if it is down)."""
-    from hpu_backend.aot.fleet import fleet_stats
+    from hpu_backend.shipping.fleet import fleet_stats
 
     doc = {"path": str(config.resolved_path()), "entries": 0, "total_bytes": 0}
     if config.remote:

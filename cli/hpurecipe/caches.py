@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpu_backend.aot.cachepolicy import config_for
+from hpu_backend.shipping.cachepolicy import config_for
 from hpu_backend.formats.keyparts import toolchain_id
 from recipecache import EntryInfo, RecipeCache, open_cache as open_recipe_cache
 from recipecache.config import ENV_VAR

@@ -12,9 +12,9 @@ import typer
 import typer.core
 from rich.markup import escape
 
-from hpu_backend.aot.bundles import BundleError
+from hpu_backend.shipping.bundles import BundleError
 from hpu_backend.buckets import BucketError
-from hpu_backend.aot.modelfile import ModelFileError
+from hpu_backend.modelfiles.modelspec import ModelFileError
 from hpu_backend.errors import one_line
 from hpu_backend.formats.package import PackageError
 from hpu_backend.formats.precompiled import PrecompileError

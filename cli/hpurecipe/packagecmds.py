@@ -34,8 +34,8 @@ def package(model_file: ModelFile,
             timeout: Timeout = None, json: Json = False) -> None:
     """Export a model file over its axes and write one package that serves every bucket with no trace:
     hpu_backend.load_package(path, model)."""
-    from hpu_backend.aot import build_package
-    from hpu_backend.aot.modelfile import time_limit
+    from hpu_backend.shipping.package import build_package
+    from hpu_backend.modelfiles.modelspec import time_limit
 
     if output is not None:
         check_destination(output)  # before the model loads: a path that cannot be written is refused at once

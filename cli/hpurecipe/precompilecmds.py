@@ -29,10 +29,10 @@ def precompile(model_file: ModelFile,
                axis: Axis = None, cache_dir: CacheDir = None, timeout: Timeout = None, json: Json = False) -> None:
     """Capture a model file with torch's aot_compile, one artifact per bucket range, for a start without Dynamo:
     hpu_backend.load_precompiled(DIR, model). Signed with HPURECIPE_BUNDLE_KEY."""
-    from hpu_backend.aot.modelfile import time_limit
-    from hpu_backend.aot.precompile import precompile as build
+    from hpu_backend.modelfiles.modelspec import time_limit
+    from hpu_backend.shipping.precompile import precompile as build
 
-    from hpu_backend.aot.cachepolicy import config_for
+    from hpu_backend.shipping.cachepolicy import config_for
 
     with time_limit(timeout, model_file):
         spec = load_spec(model_file, axis)

@@ -1,5 +1,5 @@
 """``hpurecipe serving-plan``: plan a vLLM-Gaudi deployment of a model (a model file or a Hugging Face config.json)
-without a device; argument checking and rendering only (the plan is ``hpu_backend.aot.serving``).
+without a device; argument checking and rendering only (the plan is ``hpu_backend.planning.serving``).
 
 Every input is checked before the model is lowered: the engine arguments, the bucket variables (the process
 environment's ``VLLM_*``, then ``--env``), the trace against --max-model-len and the config's context length, and
@@ -72,16 +72,16 @@ def serving_plan(
     """Plan serving MODEL with vLLM-Gaudi: its bucket grid, memory (weights, activations, KV-cache blocks,
     concurrent sequences), warm-up time cold and from a recipe cache, and with a trace: throughput, TTFT/TPOT,
     padding waste, recompiles after warm-up and the recommended bucket settings. All estimates; no device."""
-    from hpu_backend.aot.serving import buckets as bk
-    from hpu_backend.aot.serving import trace as tr
+    from hpu_backend.planning.serving import buckets as bk
+    from hpu_backend.planning.serving import trace as tr
 
     engine, variables, reqs, context = _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seqs,
                                                 max_num_batched_tokens, gpu_memory_utilization, env, trace, requests,
                                                 rate, prompt_len, output_len, warmup_budget,
                                                 (enable_prefix_caching, num_gpu_blocks_override, vllm_gaudi))
-    from hpu_backend.aot.modelfile import load_model_file
-    from hpu_backend.aot.serving import model as sm
-    from hpu_backend.aot.serving.plan import plan
+    from hpu_backend.modelfiles.modelfile import load_model_file
+    from hpu_backend.planning.serving import model as sm
+    from hpu_backend.planning.serving.plan import plan
 
     with _progress(json) as say:
         say("lowering the prefill and decode steps")
@@ -104,10 +104,10 @@ def serving_plan(
 def _checked(model, max_model_len, target, cards, dtype, block_size, max_num_seqs, max_num_batched_tokens,
              gpu_memory_utilization, env, trace, requests, rate, prompt_len, output_len, warmup_budget, cache):
     """Every input checked, cheaply, before any lowering: (engine, bucket variables, requests, context length)."""
-    from hpu_backend.aot.serving import buckets as bk
-    from hpu_backend.aot.serving import trace as tr
-    from hpu_backend.aot.hfmodels import card_bytes, context_length
-    from hpu_backend.aot.serving.plan import PlanError, check_engine, check_fits
+    from hpu_backend.planning.serving import buckets as bk
+    from hpu_backend.planning.serving import trace as tr
+    from hpu_backend.modelfiles.hfmodels import card_bytes, context_length
+    from hpu_backend.planning.serving.plan import PlanError, check_engine, check_fits
 
     if target not in TARGETS:
         raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
@@ -182,7 +182,7 @@ def _reserved(env: list[str] | None) -> float:
 def _config(model: str):
     """The transformers config of a Hugging Face config.json, read without building the model; None for a model
     file."""
-    from hpu_backend.aot.hfmodels import build_config, is_config, read_config
+    from hpu_backend.modelfiles.hfmodels import build_config, is_config, read_config
 
     if not is_config(model):
         return None
@@ -190,7 +190,7 @@ def _config(model: str):
 
 
 def _requests(trace, requests, rate, prompt_len, output_len):
-    from hpu_backend.aot.serving import trace as tr
+    from hpu_backend.planning.serving import trace as tr
 
     if trace is not None:
         return tr.read_jsonl(trace)
@@ -252,10 +252,11 @@ def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> No
     decode buckets through the decode step, compiled and run once each, filling the cache (one manifest each)."""
     import json as jsonlib
 
-    from hpu_backend.aot.cachepolicy import config_to_fill
-    from hpu_backend.aot.modelfile import load_model_file, time_limit
-    from hpu_backend.aot.serving.plan import MAX_PLAN_BYTES, PlanError, planned_points
-    from hpu_backend.aot.warm import warm
+    from hpu_backend.shipping.cachepolicy import config_to_fill
+    from hpu_backend.modelfiles.modelfile import load_model_file
+    from hpu_backend.modelfiles.modelspec import time_limit
+    from hpu_backend.planning.serving.plan import MAX_PLAN_BYTES, PlanError, planned_points
+    from hpu_backend.shipping.warm import warm
 
     from .warmreport import finish, progress
 

@@ -1,4 +1,4 @@
-"""Rendering of ``hpurecipe serving-plan`` (the plan itself is ``hpu_backend.aot.serving``)."""
+"""Rendering of ``hpurecipe serving-plan`` (the plan itself is ``hpu_backend.planning.serving``)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from hpu_backend.aot.bundles import bundle_key, check_toolchain, read_bundle, unusable, write_bundle
-from hpu_backend.aot.manifests import manifest_name, read_manifests, write_manifest
+from hpu_backend.shipping.bundles import bundle_key, check_toolchain, read_bundle, unusable, write_bundle
+from hpu_backend.shipping.manifests import manifest_name, read_manifests, write_manifest
 
 from . import render
 from .precompilecmds import precompiled_files, write_precompiled
@@ -88,7 +88,7 @@ def import_(bundle: BundlePath, cache_dir: CacheDir = None,
 def push(cache_dir: CacheDir = None, remote: Remote = None, model: Model = None, json: Json = False) -> None:
     """Copy this host's entries (or one model's) and their manifests to the fleet tier, e.g. from CI
     after hpurecipe warm."""
-    from hpu_backend.aot.fleet import push as push_to
+    from hpu_backend.shipping.fleet import push as push_to
 
     cache = open_cache(cache_dir, quiet=True, remote=remote, inspect=True)
     if cache is None:
@@ -104,7 +104,7 @@ def pull(model_file: ModelFile, cache_dir: CacheDir = None, remote: Remote = Non
          train: Train = False, json: Json = False) -> None:
     """Fetch from the fleet tier just the entries this model file's buckets need, as listed by the manifest
     that push sent (without one, the buckets are compiled compile-only to learn their keys)."""
-    from hpu_backend.aot.fleet import pull as pull_from
+    from hpu_backend.shipping.fleet import pull as pull_from
 
     from .specs import load_spec
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hpu_backend.aot.modelfile import ModelSpec, load_model_file
+from hpu_backend.modelfiles.modelfile import load_model_file
+from hpu_backend.modelfiles.modelspec import ModelSpec
 
 from .errors import UsageError
 

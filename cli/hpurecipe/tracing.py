@@ -43,7 +43,7 @@ def traced(path: Path | None, on_point: Callable | None, tool: str, target: str 
             on_point(point)
 
     yield keep
-    from hpu_backend.aot.plan_trace import write
+    from hpu_backend.planning.plan_trace import write
     from hpu_backend.timeline.trace import TraceError
 
     try:

@@ -14,7 +14,7 @@ from . import render
 from .errors import fail
 
 if TYPE_CHECKING:
-    from hpu_backend.aot.reports import PointResult, WarmReport
+    from hpu_backend.shipping.reports import PointResult, WarmReport
 
 
 @contextlib.contextmanager

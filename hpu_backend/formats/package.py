@@ -1,6 +1,6 @@
 """Recipe packages: one file that serves a model's warmed buckets with no trace at all — its data format.
 
-A package (built by ``hpurecipe package``, see aot/package.py) holds an exported inference graph
+A package (built by ``hpurecipe package``, see shipping/package.py) holds an exported inference graph
 lowered to one recipe per shape bucket, the input/output contract (which graph inputs are the
 model's parameters, buffers and constants, and the pytree layout of the call's arguments and
 results), the ranges its shape symbols may take, and the toolchain it was built with;

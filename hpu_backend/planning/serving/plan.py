@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..analyze import hbm_bytes
+from ...diagnosis.analyze import hbm_bytes
 from ..capacity import CapacityError
 from . import autocalc
 from . import buckets as bk

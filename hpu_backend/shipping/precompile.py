@@ -26,7 +26,7 @@ from ..errors import one_line
 from ..formats.precompiled import MAGIC, MANIFEST, MANIFEST_VERSION, PrecompileError, artifact_bytes, manifest_bytes
 from ..serve.precompiled import PrecompiledGraph, plain_settings
 from ..settings import Settings
-from .modelfile import ModelSpec, point_label
+from ..modelfiles.modelspec import ModelSpec, point_label
 from .precompiled import call_model, model_parameters, module_record
 from .warm import _options
 
@@ -135,7 +135,7 @@ def _merged(spans: list[tuple[int, int]]) -> list[list[int]]:
 
 def _accepts_neighbour(spec: ModelSpec, model: torch.nn.Module, c: Captured, axis: str) -> bool:
     """Whether the artifact's guards take the axis one larger than its only value (whether it is dynamic)."""
-    from .modelspec import ModelFileError
+    from ..modelfiles.modelspec import ModelFileError
 
     point = c.points[0]
     try:

@@ -22,10 +22,7 @@ import sys
 from pathlib import Path
 
 from .hfmodels import is_config, load_config
-from .modelspec import _Expired, _raised
-# The spec's names, where callers have always found them: a model file is loaded and described from here.
-from .modelspec import (ModelFileError, ModelSpec, check_eager, generative_steps, model_call,  # noqa: F401
-                        point_label, quiet_trace_logs, spec_from, time_limit, user_call)
+from .modelspec import ModelFileError, ModelSpec, _Expired, _raised, spec_from
 
 
 def load_model_file(selector: str | Path) -> ModelSpec:

@@ -23,7 +23,7 @@ from recipecache.safeio import read_small, write_atomic
 from ..formats.keyparts import toolchain, toolchain_id
 
 if TYPE_CHECKING:
-    from .modelfile import ModelSpec
+    from ..modelfiles.modelspec import ModelSpec
     from .reports import WarmReport
 
 MANIFEST_DIR = "manifests"

@@ -11,7 +11,7 @@ from recipecache import RecipeCache
 
 from .cachefit import cache_fit
 from .cachepolicy import recipe_problem
-from .modelfile import ModelSpec
+from ..modelfiles.modelspec import ModelSpec
 from .reports import CacheFit, PointResult, WarmReport
 from .warm import plan
 

@@ -27,7 +27,7 @@ from torch.export import Dim, ExportedProgram
 
 from ..capture.exported import decompose, graph_inputs, lower_exported
 from ..lowering import LoweringContext, LoweringError, constant_of
-from .modelfile import ModelSpec, check_eager, point_label, quiet_trace_logs
+from ..modelfiles.modelspec import ModelSpec, check_eager, point_label, quiet_trace_logs
 from recipecache.signing import signing_key
 
 from ..formats.package import GraphInput, Package, PackageError, check_destination, toolchain

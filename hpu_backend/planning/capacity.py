@@ -30,8 +30,8 @@ from ..lowering.values import nbytes
 from ..serve.session import Session
 from ..settings import Settings
 from ..targets import layout_problem
-from .analyze import hbm_bytes, largest_fitting, replanned_peak
-from .modelfile import ModelFileError, ModelSpec, spec_from, user_call
+from ..diagnosis.analyze import hbm_bytes, largest_fitting, replanned_peak
+from ..modelfiles.modelspec import ModelFileError, ModelSpec, spec_from, user_call
 
 DTYPES = {"bf16": "native", "fp8": "fp8"}  # --dtype -> Settings.dtype_policy (weights and activations are bf16)
 PREFILL_AXES, DECODE_AXES = ("batch", "input_len"), ("batch", "kv_len")

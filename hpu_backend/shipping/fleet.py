@@ -15,7 +15,7 @@ from recipecache.remote import RemoteTier
 from ..formats.keyparts import toolchain, toolchain_id
 from .cachepolicy import recipe_problem
 from .manifests import manifest_name, put_manifest, read_manifests
-from .modelfile import ModelSpec, point_label
+from ..modelfiles.modelspec import ModelSpec, point_label
 
 
 class FleetUnreachable(CacheError):

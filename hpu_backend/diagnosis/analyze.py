@@ -2,7 +2,7 @@
 recompilations, estimated time and HBM, and the largest batch that fits; a JSON-ready dict.
 
 It compiles each bucket (compile-only, no cache) and reads each recipe through
-``hpu_backend.aot.report.GraphReport`` (the same reading as ``hpu_backend.analyze()``); graph breaks
+``hpu_backend.diagnosis.report.GraphReport`` (the same reading as ``hpu_backend.analyze()``); graph breaks
 per bucket are the Dynamo graphs it ran beyond the first, recompilations the graphs a guard
 failure compiled (``recompiles`` explains each: guard, cause, value, source line), and the graph-break
 reasons come from ``torch._dynamo.explain`` at the first bucket.
@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from .. import metrics
 from .report import GraphReport
-from .modelfile import ModelSpec, model_call, point_label
+from ..modelfiles.modelspec import ModelSpec, model_call, point_label
 from .step_memory import StepState, step_state
-from .warm import PointResult, plan, plan_lazy
+from ..shipping.warm import PointResult, plan, plan_lazy
 
 
 

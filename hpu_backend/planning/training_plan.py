@@ -40,10 +40,10 @@ import torch
 
 from ..targets import device, fabric, layout_problem
 from ..timeline.training import TrainingStep, schedule as schedule_training
-from .analyze import hbm_bytes, largest_fitting
+from ..diagnosis.analyze import hbm_bytes, largest_fitting
 from .capacity import DTYPES, CapacityError, LayeredStep, StepGraph, TP_GROUP, check_context, trace_step
 from ..lowering.values import numel
-from .modelfile import ModelSpec, spec_from, user_call
+from ..modelfiles.modelspec import ModelSpec, spec_from, user_call
 
 # The share of the forward-derived compute a training step sustains, fitted on the one published row named in
 # the README (Intel, Gaudi 2, software 1.18.0: LLaMA 2 7B, 8 cards, sequence 4096, fp8, global batch 1024 ->

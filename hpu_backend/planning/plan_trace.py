@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..timeline import trace, whatif
 from ..timeline.model import Cost, cost_of
-from .reports import PointResult
+from ..shipping.reports import PointResult
 
 
 def events(points: list[PointResult]) -> list[tuple]:

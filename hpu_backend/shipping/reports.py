@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .modelfile import point_label
+from ..modelfiles.modelspec import point_label
 
 MiB = 1 << 20
 HEADROOM = 1.25  # the limit also covers manifests and bookkeeping, and trimming stops a little below it

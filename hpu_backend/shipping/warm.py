@@ -26,7 +26,8 @@ from ..serve.session import Event, Session, listen
 from ..settings import Settings
 from .cachefit import cache_fit
 from .manifests import manifest, send_manifest, write_manifest
-from .modelfile import ModelFileError, ModelSpec, load_model_file, model_call, point_label, spec_from, user_call
+from ..modelfiles.modelfile import load_model_file
+from ..modelfiles.modelspec import ModelFileError, ModelSpec, model_call, point_label, spec_from, user_call
 from .reports import PointResult, UsedRecipe, WarmReport
 
 

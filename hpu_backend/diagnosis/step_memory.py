@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .modelfile import ModelSpec
+from ..modelfiles.modelspec import ModelSpec
 
 # fp32 states per parameter, by optimizer name (torch.optim and Gaudi's fused ones).
 STATES = {"AdamW": 2, "Adam": 2, "FusedAdamW": 2, "Adagrad": 1, "RMSprop": 1, "SGD": 0, "FusedSGD": 0}

@@ -35,8 +35,8 @@ from ..serve.recompiles import LOOP_CONSTANT_FIX
 from ..serve.sources import library_location
 from .analyze import _max_batch, hbm_bytes
 from . import timeline_advice
-from .modelfile import ModelSpec, model_call, point_label
-from .warm import PointResult, plan
+from ..modelfiles.modelspec import ModelSpec, model_call, point_label
+from ..shipping.warm import PointResult, plan
 
 # The checks in checklist order (port, optimize, profile): the order of findings without a gain estimate.
 CHECKS = ("hbm", "cpu fallback", "host sync", "graph break", "recompile", "buckets", "hand-written attention",

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...lowering.values import nbytes
 from ..capacity import CapacityError, LayeredStep, card_steps, step_graphs
-from ..modelfile import ModelSpec
+from ...modelfiles.modelspec import ModelSpec
 from . import fp8
 
 QUANTITIES = ("time_s", "activation_bytes", "slices", "nodes")
