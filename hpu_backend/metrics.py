@@ -23,6 +23,7 @@ import os
 import threading
 from collections import Counter, deque
 from typing import Any
+from .errors import HpuBackendError
 
 _lock = threading.Lock()
 
@@ -51,7 +52,7 @@ def phase_times() -> dict[str, float]:
         return dict(_PHASES)
 
 
-class MetricError(KeyError):
+class MetricError(HpuBackendError, KeyError):
     """An unknown metric name (raised by ``metric_global`` / ``metric_localcontext``)."""
 
 

@@ -16,12 +16,13 @@ from recipecache import CacheConfig, ConfigError
 from recipecache.config import ENV_VAR
 
 from .buckets import BucketError, Policy, parse_policy, policies_for
+from .errors import HpuBackendError
 
 TARGETS = ("gaudi2", "gaudi3")  # the devices of targets.py (a test keeps them equal)
 DTYPE_POLICIES = ("native", "fp8")  # lowering/passes/apply_dtype_policy.py
 
 
-class SettingsError(ValueError):
+class SettingsError(HpuBackendError, ValueError):
     """An unknown option or a value of the wrong form (raised by ``Settings.from_options``)."""
 
 

@@ -23,9 +23,10 @@ from hpu_backend.settings import SettingsError
 from recipecache import CacheError, ConfigError
 
 from .render import clean, err_console
+from hpu_backend.errors import HpuBackendError
 
 
-class CliError(Exception):
+class CliError(HpuBackendError):
     """A failure the user can act on; ``code`` is the exit code (1 failure, 2 usage)."""
 
     def __init__(self, message: str, code: int = 1):

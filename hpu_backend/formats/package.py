@@ -34,6 +34,7 @@ from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
 
 from . import keyparts
 from .recipe import Constant, Recipe, RecipeFormatError, unpack, versioned
+from ..errors import HpuBackendError
 
 PACKAGE_VERSION = 2
 MAGIC = b"HPUPKG\x00\x02"  # then the payload's sha256, the signature tag (zeros: unsigned), the msgpack payload
@@ -49,7 +50,7 @@ MAX_LAYOUT_NODES = 10_000
 MAX_LAYOUT_DEPTH = 32
 
 
-class PackageError(ValueError):
+class PackageError(HpuBackendError, ValueError):
     """A package that cannot be loaded, or a call it does not cover (one line, for the user)."""
 
 

@@ -28,6 +28,7 @@ from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
 from . import keyparts
 from .package import open_regular
 from .recipe import RecipeFormatError, unpack
+from ..errors import HpuBackendError
 
 MAGIC = b"HPUAOT\x00\x02"  # the last byte versions the format (2: torch's part compressed)
 HEADER_BYTES = len(MAGIC) + 32 + TAG_BYTES
@@ -44,7 +45,7 @@ FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target
 NO_ACCELERATOR = "none"
 
 
-class PrecompileError(ValueError):
+class PrecompileError(HpuBackendError, ValueError):
     """A precompiled artifact that cannot be built or loaded here (one line, naming what is wrong)."""
 
 

@@ -24,9 +24,10 @@ import torch
 
 from ..formats.symexpr import bounded_add, bounded_mod, bounded_mul, bounded_pow, bounded_sub
 from . import collectives
+from ..errors import HpuBackendError
 
 
-class OpNotAllowed(KeyError):
+class OpNotAllowed(HpuBackendError, KeyError):
     """A recipe names an op outside the allowlist (raised by ``resolve``)."""
 
     def __str__(self) -> str:

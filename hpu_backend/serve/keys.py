@@ -24,6 +24,7 @@ from ..formats.program import PROGRAM_VERSION
 from ..formats.recipe import Recipe
 from ..lowering.optable import shared_table
 from ..settings import Settings
+from ..errors import HpuBackendError
 
 
 def _digest(obj: Any) -> str:
@@ -95,7 +96,7 @@ def settings_fields(settings: Settings, symbolic: bool, ops: set[str] | None = N
 PROGRAM_PARTS = ("dynamo_graph", "inputs", "guards", "state", "settings", "toolchain")
 
 
-class Unkeyable(TypeError):
+class Unkeyable(HpuBackendError, TypeError):
     """A Dynamo graph holding something without a stable hash (its program is not cached)."""
 
 

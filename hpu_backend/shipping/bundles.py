@@ -42,6 +42,7 @@ from ..errors import one_line
 from ..formats.program import Program, parse_payload
 from ..formats.writes import declaration_problem
 from ..formats.recipe import RecipeFormatError
+from ..errors import HpuBackendError
 
 BUNDLE_FORMAT = "hpurecipe-bundle"
 BUNDLE_VERSION = 1
@@ -61,7 +62,7 @@ def bundle_key(environ=None) -> bytes | None:
     return signing_key(environ)
 
 
-class BundleError(ValueError):
+class BundleError(HpuBackendError, ValueError):
     """A bundle that is not ours, is damaged, unsigned or signed with another key, or from another toolchain."""
 
 
