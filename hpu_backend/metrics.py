@@ -22,7 +22,9 @@ import logging
 import os
 import threading
 from collections import Counter, deque
-from typing import Any
+from typing import Any, Mapping
+
+from . import envs
 from .errors import HpuBackendError
 
 _lock = threading.Lock()
@@ -167,11 +169,11 @@ def metric_localcontext(name: str) -> _Local:
     return _Local(name)
 
 
-def metrics_file_path(base: str, env: dict | os._Environ = os.environ) -> str:
+def metrics_file_path(base: str, env: Mapping[str, str] | None = None) -> str:
     """``base`` with ``-rank{N}`` under RANK, and a numeric suffix instead of overwriting a file."""
     root, ext = os.path.splitext(base)
-    if env.get("RANK") is not None:
-        root = f"{root}-rank{env['RANK']}"
+    if envs.is_set("RANK", env):
+        root = f"{root}-rank{envs.get('RANK', env)}"
     path, n = root + ext, 1
     while os.path.exists(path):
         path, n = f"{root}.{n}{ext}", n + 1
@@ -190,7 +192,7 @@ def dump(path: str, triggered_by: str = "process_exit") -> str:
 
 
 def _dump_at_exit() -> None:
-    base = os.environ.get("PT_HPU_METRICS_FILE")
+    base = envs.get("PT_HPU_METRICS_FILE")
     if base:
         try:
             dump(base)

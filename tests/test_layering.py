@@ -1,7 +1,7 @@
 """The floors hold: every import goes down (or stays on its floor), read from every import of every module.
 
 Floors, bottom to top (a module's floor is its longest matching prefix):
-recipecache → errors, metrics, units, version → formats → settings, targets, timeline → runtime → lowering → capture →
+recipecache → errors, envs, metrics, units, version → formats → settings, targets, timeline → runtime → lowering → capture →
 serve → backend → gaudi, device → modelfiles → shipping → diagnosis → planning → run → the hpu_backend package itself → cli (hpurecipe).
 
 The floors meet at the compile session (``hpu_backend.serve.session``): every front end hands its graphs to
@@ -27,7 +27,7 @@ PACKAGES = {"cli/hpurecipe": "hpurecipe", "hpu_backend": "hpu_backend", "recipec
 # Bottom to top; the modules of one floor may import each other.
 FLOORS = (
     ("recipecache",),
-    ("hpu_backend.errors", "hpu_backend.metrics", "hpu_backend.units", "hpu_backend.version"),
+    ("hpu_backend.errors", "hpu_backend.envs", "hpu_backend.metrics", "hpu_backend.units", "hpu_backend.version"),
     ("hpu_backend.formats",),
     ("hpu_backend.settings", "hpu_backend.buckets", "hpu_backend.targets", "hpu_backend.timeline"),
     ("hpu_backend.runtime",),
@@ -49,7 +49,8 @@ FLOORS = (
 )
 LAYERS = tuple(prefix for floor in FLOORS for prefix in floor)
 FLOOR_OF = {prefix: i for i, floor in enumerate(FLOORS) for prefix in floor}
-TORCH_FREE = ("recipecache", "hpu_backend.formats", "hpu_backend.errors", "hpu_backend.version", "hpu_backend.timeline")
+TORCH_FREE = ("recipecache", "hpu_backend.formats", "hpu_backend.errors", "hpu_backend.envs", "hpu_backend.version",
+              "hpu_backend.timeline")
 # Torch-free modules that may import torch inside one function, each with its reason.
 TORCH_EXCEPTIONS = {
     "hpu_backend.formats.symexpr": "encode() walks sympy trees holding torch's sympy functions; decoding needs no torch",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import traceback
 from typing import Callable
@@ -12,6 +11,7 @@ import typer
 import typer.core
 from rich.markup import escape
 
+from hpu_backend import envs
 from hpu_backend.shipping.bundles import BundleError
 from hpu_backend.buckets import BucketError
 from hpu_backend.modelfiles.modelspec import ModelFileError
@@ -76,11 +76,11 @@ def mapped(fn: Callable) -> Callable:
         except (typer.Exit, typer.Abort):
             raise
         except OSError as e:  # a disk, permission or path problem the command did not expect
-            if os.environ.get(TRACEBACK_ENV):
+            if envs.get(TRACEBACK_ENV):
                 raise
             raise fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or one_line(e)}") from None
         except Exception as e:
-            if os.environ.get(TRACEBACK_ENV) or type(e).__module__.split(".")[0] in ("typer", "click"):
+            if envs.get(TRACEBACK_ENV) or type(e).__module__.split(".")[0] in ("typer", "click"):
                 raise
             raise fail(f"unexpected {one_line(e)} (run with {TRACEBACK_ENV}=1 to see where)") from None
 
@@ -89,7 +89,7 @@ def mapped(fn: Callable) -> Callable:
 
 def _traceback(e: BaseException) -> None:
     """With HPURECIPE_TRACEBACK=1, the traceback of a named error (and of what caused it) before its one line."""
-    if os.environ.get(TRACEBACK_ENV):
+    if envs.get(TRACEBACK_ENV):
         traceback.print_exception(e, file=sys.stderr)
 
 

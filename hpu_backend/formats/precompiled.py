@@ -25,10 +25,11 @@ import msgpack
 
 from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
 
+from .. import envs
+from ..errors import HpuBackendError
 from . import keyparts
 from .package import open_regular
 from .recipe import RecipeFormatError, unpack
-from ..errors import HpuBackendError
 
 MAGIC = b"HPUAOT\x00\x02"  # the last byte versions the format (2: torch's part compressed)
 HEADER_BYTES = len(MAGIC) + 32 + TAG_BYTES
@@ -101,7 +102,7 @@ def framed(payload: bytes, key: bytes | None) -> bytes:
 
 
 def trust_unsigned(environ: Mapping[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(TRUST_UNSIGNED_ENV, "") == "1"
+    return envs.get(TRUST_UNSIGNED_ENV, environ)
 
 
 def read_artifact(path: str | os.PathLike, key: bytes | None | bool = True, allow_unsigned: bool | None = None
