@@ -8,7 +8,8 @@ class of each recompile's failed guard; ``recompiles()`` lists them in full, wit
 graphs served from a stored program, skipping AOTAutograd, or traced), ``cache_misses`` (TotalNumber,
 Reasons: misses of an entry the cache holds for the same graph under another key, and what differed, old → new),
 ``cpu_fallback`` (TotalNumber,
-FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
+FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step``
+(TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
 ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
 """
 

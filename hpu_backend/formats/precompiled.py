@@ -5,7 +5,8 @@ writes around torch's bytes is the magic number, the payload's SHA-256, an HMAC-
 under ``HPURECIPE_BUNDLE_KEY`` (zeros: unsigned) and a msgpack payload ``{"info": {...}, "size": n,
 "torch": zlib bytes}``: torch's pickle (which holds our own msgpack part) compressed, ``n`` bytes once inflated.
 The header, checksum and signature are checked, in chunks, before any byte of ``torch`` is inflated (never
-past ``n``, itself capped: a signed bomb cannot exhaust memory) and handed to torch's unpickler; ``info`` (the fingerprint, the program key, the recipe keys, the ranges it was built
+past ``n``, itself capped: a signed bomb cannot exhaust memory) and handed to torch's unpickler; ``info`` (the
+fingerprint, the program key, the recipe keys, the ranges it was built
 for) is plain data that ``hpurecipe ls``/``show``/``verify`` read without torch. The fingerprint holds
 everything that must be equal where the artifact is loaded; a difference is refused naming the field.
 """

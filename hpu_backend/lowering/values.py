@@ -37,7 +37,9 @@ def spec_map(recipe: Recipe) -> dict[str, list[ValueSpec]]:
 def node_refs(node: Node) -> list[str]:
     """The value names a node reads, in argument order, each once (hot: no generators)."""
     out: list[str] = []
-    stack = list(reversed(node.args)) + list(reversed(node.kwargs.values())) if node.kwargs else list(reversed(node.args))
+    stack = (
+        list(reversed(node.args)) + list(reversed(node.kwargs.values())) if node.kwargs else list(reversed(node.args))
+    )
     while stack:
         a = stack.pop()
         if isinstance(a, dict):

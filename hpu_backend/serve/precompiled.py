@@ -1,4 +1,5 @@
-"""What ``hpu_backend`` returns to Dynamo: a compiled graph that torch's ``aot_compile`` can save (SerializableCallable).
+"""What ``hpu_backend`` returns to Dynamo: a compiled graph that torch's ``aot_compile`` can save
+(SerializableCallable).
 
 ``torch.compile(fn, fullgraph=True, backend="hpu_backend").aot_compile(...)`` keeps this object, and
 ``save_compiled_function`` asks it for its bytes. They are data, never a pickle of ours: msgpack of the

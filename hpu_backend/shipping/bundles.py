@@ -3,7 +3,8 @@
 Layout: ``bundle.json`` (format, toolchain, entry list), ``entries/<key>.rcp`` (each entry exactly
 as the cache encodes it: header, payload, checksum), ``manifests/<name>.json``, optionally
 ``precompiled/<file>`` (a precompiled directory: its manifest and artifacts, each signed on its own and
-checked when loaded, never unpickled here) and, when signed, ``bundle.sig``. Reading opens only a regular file (never a FIFO or a device, never blocking), streams
+checked when loaded, never unpickled here) and, when signed, ``bundle.sig``. Reading opens only a regular file (never a
+FIFO or a device, never blocking), streams
 the tar one member at a time, never extracts to disk, accepts only those names and regular files
 within size limits checked from their headers, reads an entry's fixed prefix before the rest (a
 member whose size its prefix does not account for is refused unread), and checks every entry's
