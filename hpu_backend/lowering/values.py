@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from ..formats import symexpr
 import copy
@@ -95,6 +95,3 @@ def numel_key(shape: list[Any]) -> tuple:
             factors.append(repr(d))
     return (const, tuple(sorted(factors)))
 
-
-def iter_tensor_specs(specs: list[ValueSpec]) -> Iterator[ValueSpec]:
-    return (s for s in specs if s.kind == "tensor")
