@@ -113,7 +113,7 @@ def test_host_reads_mid_step_cut_the_graph_and_are_reported_with_their_line():
     with gaudi.lazy():
         for step in range(3):
             loss = (x @ w).relu().sum()
-            if loss > 0:  # Python control flow on a tensor: a host sync  # noqa: this line is checked below
+            if loss > 0:  # Python control flow on a tensor: a host sync  (this line is checked below)
                 got.append(loss.item())
             gaudi.mark_step()
     assert got == pytest.approx(expected)
@@ -274,7 +274,8 @@ def test_analyze_reports_a_model_files_lazy_graphs(tmp_path):
         names = [g["name"] for g in row["graphs"]]
         assert names and all(n.startswith("lazy_graph_") for n in names), names
         assert row["time_s"] > 0 and row["graph_breaks"] == 0
-    assert cli_json("analyze", tiny_model(tmp_path), "--train")["buckets"][0]["graphs"][0]["name"].startswith("fx_graph")
+    assert cli_json("analyze", tiny_model(tmp_path),
+                    "--train")["buckets"][0]["graphs"][0]["name"].startswith("fx_graph")
 
 
 def test_a_graph_that_cannot_be_lowered_runs_as_recorded(monkeypatch):

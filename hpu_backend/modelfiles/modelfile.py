@@ -12,7 +12,8 @@ the same names, missing ones taken from the file), ``LAYERS`` (the number of ide
 over groups),
 ``CONTEXT`` (the most tokens a sequence may hold: plans for longer ones are refused before any tracing) and
 ``PER_CARD(cards, group, layers)`` (a holder of one card's tensor-parallel shard, its collectives over the
-process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
+process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`` names an object, class, namespace or
+dict in the file holding those names.
 """
 
 from __future__ import annotations

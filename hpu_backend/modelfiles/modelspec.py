@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from ..errors import one_line
 from ..buckets import BucketError
 from ..settings import Settings, SettingsError
+from ..errors import HpuBackendError
 
 REQUIRED = {
     "make_model": "a function returning the nn.Module",
@@ -27,7 +28,7 @@ OPTIONAL = {"COMPILE": {}}  # the names a model file may leave out, with the val
 COMPILE_KEYS = ("dynamic", "options")
 
 
-class ModelFileError(ValueError):
+class ModelFileError(HpuBackendError, ValueError):
     """A model file that cannot be loaded or lacks part of the spec (one line naming what is wrong)."""
 
 

@@ -5,10 +5,10 @@ as a few lines on stderr or written as JSON. The JSON has one shape for any numb
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
+from .. import envs
 from ..units import size
 from .errors import RunError
 
@@ -18,8 +18,7 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
     from .. import device
 
     out: dict[str, Any] = {"script": script, "exit_code": exit_code, "wall_s": round(seconds, 3),
-                           "rank": int(os.environ.get("RANK", "0")),
-                           "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+                           "rank": envs.get("RANK"), "world_size": envs.get("WORLD_SIZE")}
     out.update(device.report())
     missed = _cache_missed()
     if missed:  # entries the cache held under another key: what differed (none: the field is left out)
@@ -39,8 +38,7 @@ def trace(path: str) -> str:
     from .. import device
     from ..timeline.trace import TraceError, rank_path
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    target = path if os.environ.get("HPU_BACKEND_RUN_RANK") else rank_path(path, int(os.environ.get("RANK", "0")), world)
+    target = path if envs.get("HPU_BACKEND_RUN_RANK") else rank_path(path, envs.get("RANK"), envs.get("WORLD_SIZE"))
     try:
         device.write_trace(target)
     except TraceError as e:
@@ -52,7 +50,7 @@ def finish(report: dict[str, Any], path: str | None) -> None:
     """Write ``report`` as JSON to ``path``, or render it on stderr when there is no path. A rank the launcher
     started writes its own report for the launcher to gather; a run of one process writes the gathered shape."""
     if path:
-        write(report if os.environ.get("HPU_BACKEND_RUN_RANK") else gathered([report]), path)
+        write(report if envs.get("HPU_BACKEND_RUN_RANK") else gathered([report]), path)
     else:
         sys.stdout.flush()
         print("\n".join(render(report)), file=sys.stderr, flush=True)

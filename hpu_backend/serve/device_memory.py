@@ -30,6 +30,7 @@ import torch
 
 from ..targets import device
 from .session import observe_every_run
+from ..errors import HpuBackendError
 
 _lock = threading.RLock()  # a tensor freed by the collector inside _on_run releases under it
 _storages: dict[int, tuple] = {}  # data pointer -> (bytes, weak reference), for every storage counted and not yet freed
@@ -44,7 +45,7 @@ CAPACITY_ENV = "HPU_BACKEND_HBM_BYTES"
 _LARGE = 1 << 26  # bytes: requests from this size up are checked before the host allocates them
 
 
-class DeviceOutOfMemoryError(torch.OutOfMemoryError):
+class DeviceOutOfMemoryError(HpuBackendError, torch.OutOfMemoryError):
     """A device allocation past the HBM capacity (raised by ``allocate``): names the request, use and capacity."""
 
 

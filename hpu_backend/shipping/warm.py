@@ -196,8 +196,9 @@ def open_session(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: 
     return Session.open(Settings.from_options(options))
 
 
-def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,
-         on_point: Callable[[PointResult], None] | None = None, points: list[dict] | None = None) -> WarmReport:
+def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False,
+         execute: bool = True, on_point: Callable[[PointResult], None] | None = None,
+         points: list[dict] | None = None) -> WarmReport:
     """Compile and run every point of ``spec`` (or the ``points`` given: a serving plan's buckets) in this process,
     filling the cache; then flush it to disk, check that the cache kept what the points use, write the manifest
     and send it to the fleet tier if there is one."""
@@ -258,7 +259,8 @@ def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None
 
 # -- prebuild across processes ---------------------------------------------------------------------------
 
-def _prebuild_chunk(selector: str, axes: dict, cache_config: CacheConfig | None, train: bool, points: list[dict]) -> list[dict]:
+def _prebuild_chunk(selector: str, axes: dict, cache_config: CacheConfig | None, train: bool,
+                    points: list[dict]) -> list[dict]:
     """Worker: a compile-only run over some points, flushed to disk before it returns."""
     spec = load_model_file(selector).with_axes(axes)
     session = open_session(spec, cache_config, execute=False)

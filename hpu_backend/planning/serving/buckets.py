@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from . import bucketfile, ranges
+from ...errors import HpuBackendError
 
 Bucket = tuple[int, int, int]
 
@@ -59,7 +60,7 @@ SETTING_VARS = ("VLLM_BUCKETING_STRATEGY", "VLLM_EXPONENTIAL_BUCKETING", "VLLM_B
                 "VLLM_CONTIGUOUS_PA")
 
 
-class BucketSettingError(ValueError):
+class BucketSettingError(HpuBackendError, ValueError):
     """Bucket settings that contradict each other or are not integers (one line naming the variable)."""
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from ...errors import HpuBackendError
 
 
-class RangeError(ValueError):
+class RangeError(HpuBackendError, ValueError):
     """Settings of one dimension that vLLM-Gaudi would reject (its asserts), named by the caller."""
 
 
