@@ -61,6 +61,7 @@ CONFIG_31_70B = Config(vocab=128256, dim=8192, layers=80, heads=64, kv_heads=8, 
 CONFIG_31_405B = Config(vocab=128256, dim=16384, layers=126, heads=128, kv_heads=8, hidden=53248, max_seq=131072,
                         rope_theta=500000.0)
 CONFIG_TINY = Config(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=172, max_seq=512)
+CONFIG_TINY_TP = Config(vocab=256, dim=64, layers=2, heads=8, kv_heads=2, hidden=176, max_seq=512)
 
 
 class RMSNorm(nn.Module):
@@ -248,6 +249,7 @@ LLAMA31_8B = model_file(CONFIG_31_8B, "llama-3.1-8b")
 LLAMA31_70B = model_file(CONFIG_31_70B, "llama-3.1-70b")
 LLAMA31_405B = model_file(CONFIG_31_405B, "llama-3.1-405b")
 _TINY = model_file(CONFIG_TINY, "llama")
+TINY_TP = model_file(CONFIG_TINY_TP, "llama-tiny")
 AXES, COMPILE, DECODE = _TINY["AXES"], _TINY["COMPILE"], _TINY["DECODE"]
 PER_CARD, LAYERS, CONTEXT = _TINY["PER_CARD"], _TINY["LAYERS"], _TINY["CONTEXT"]
 
