@@ -122,3 +122,19 @@ def test_cards_need_a_shard_and_one_process(tmp_path):
     assert "drop --jobs" in result.output
     result = cli("warm", LLAMA, "--cards", 2, "--serving-plan", tmp_path / "plan.json", "-d", cache, code=2)
     assert "--cards" in result.output
+
+
+def test_the_reports_name_ranks_that_share_and_what_each_rank_compiled():
+    from hpu_backend.run import report as run_report
+    from hpurecipe.warmreport import shared_ranks
+
+    ranks = [{"rank": 0, "recipes": 2, "same_as": 0}, {"rank": 1, "recipes": 2, "same_as": 0},
+             {"rank": 2, "recipes": 3, "same_as": 2}, {"rank": 3, "recipes": 2, "same_as": 0}]
+    assert shared_ranks(ranks) == "ranks 0, 1, 3 use the same 2 recipes; rank 2 uses its own 3 recipes"
+    assert shared_ranks(ranks[:2]) == "ranks 0-1 use the same 2 recipes"
+    lines = run_report.render({"rank": 1, "world_size": 2, "steps": [{"step": 0, "ops": 3}],
+                               "recipe_cache": {"hits": 2, "compiled": 0, "program_hits": 2, "program_misses": 0}})
+    assert "   recipe cache: 2 recipes found, 0 compiled; programs: 2 found, 0 traced" in lines
+    quiet = run_report.render({"steps": [{"step": 0, "ops": 3}], "recipe_cache": dict.fromkeys(
+        ("hits", "compiled", "program_hits", "program_misses"), 0)})
+    assert not any("recipe cache" in line for line in quiet)  # a run that compiled nothing says nothing of it
