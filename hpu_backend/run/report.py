@@ -20,10 +20,22 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"script": script, "exit_code": exit_code, "wall_s": round(seconds, 3),
                            "rank": envs.get("RANK"), "world_size": envs.get("WORLD_SIZE")}
     out.update(device.report())
+    out["recipe_cache"] = _recipe_cache()
     missed = _cache_missed()
     if missed:  # entries the cache held under another key: what differed (none: the field is left out)
         out["cache_missed"] = missed
     return out
+
+
+def _recipe_cache() -> dict[str, int]:
+    """What the run's graphs took from the recipe cache and what they compiled: recipes found (``hits``) or
+    lowered (``compiled``: lowerings of any kind, HPU-graph captures included), and Dynamo graphs whose stored
+    program was found (``program_hits``) or traced (``program_misses``)."""
+    from ..metrics import metric_global
+
+    cache, compiles = dict(metric_global("recipe_cache").stats()), dict(metric_global("graph_compilation").stats())
+    return {"hits": cache["TotalHit"], "compiled": compiles["TotalNumber"], "program_hits": cache["ProgramHit"],
+            "program_misses": cache["ProgramMiss"]}
 
 
 def _cache_missed() -> dict[str, int]:
@@ -116,6 +128,10 @@ def _body(r: dict[str, Any]) -> list[str]:
         lines.append(_timeline(r["timeline"]))
     if r.get("trace"):
         lines.append(f"trace: {r['trace']}")
+    if any((r.get("recipe_cache") or {}).values()):
+        c = r["recipe_cache"]
+        lines.append(f"recipe cache: {c['hits']} recipes found, {c['compiled']} compiled; programs: "
+                     f"{c['program_hits']} found, {c['program_misses']} traced")
     if r.get("cache_missed"):
         lines.append("cache misses of entries held under another key: "
                      + "; ".join(f"{why} ×{n}" for why, n in r["cache_missed"].items()))
