@@ -15,26 +15,28 @@ of the device ones:
   and runs directly on the host tensors after that, adding its recipe's estimated device time to the step.
 
 Results are wrapped back into device tensors (an in-place op returns the very tensor it wrote); each new
-storage is counted by the allocator (``serve/device_memory.py``).
+storage is counted by the device context's memory (``memory.py``). The ``Device`` is the context's
+(``context.py``): it writes what it runs into the context's step ledger.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
-import weakref
 from collections import Counter
 
 import torch
 import torch.utils._pytree as pytree
 
-from ..capture.lazy import user_line
-from ..gaudi import lazy_mode
+from ..capture.lazy import LazyRecorder, user_line
 from ..lowering import optable
 from ..lowering.passes.place import SCALAR_TYPE
 from ..serve import fallback
 from ..settings import Settings
 from ..timeline.record import Recorder
+from .context import current_context
+from .lazy import Ledger
 from .tensor import HPU, HpuTensor
 
 aten = torch.ops.aten
@@ -48,9 +50,9 @@ class DeviceFallbackError(RuntimeError):
 
 
 class Device:
-    """The process's hpu device: its mode, settings, placement decisions and what it saw."""
+    """The hpu device of a context: its mode, settings, placement decisions and what it saw."""
 
-    def __init__(self, mode: str, settings: Settings, release: str = ""):
+    def __init__(self, mode: str, settings: Settings, release: str, recorder: LazyRecorder, ledger: Ledger):
         self.mode = mode
         self.release = release
         self.settings = settings
@@ -62,12 +64,11 @@ class Device:
         # Eager mode lowers each op once per layout through the lazy recorder (a one-op graph, cut at once): its
         # recipe is placed, planned, estimated and stored like any other; repeats run the op at once and add
         # the estimate remembered for it.
-        self.recorder = lazy_mode.device_recorder(settings)
+        self.recorder = recorder  # the context's lazy recorder
+        self.ledger = ledger  # the context's steps: ops, estimated device time, graphs, syncs
         self.lazy = mode == "lazy"
         self.estimates: dict = {}  # eager op and layout -> the estimated device seconds of its recipe
         self.op_names: dict[int, str] = {}  # id of an op in ``estimates`` -> its name
-        self.on_estimate = lambda seconds: None  # the report's per-step device time (set by enable())
-        self.measure = lambda: 0.0  # device seconds estimated so far (the report's)
         self.timeline = Recorder(mode)  # the run's events for its step timeline (hpu_backend/timeline/)
         self.lock = threading.RLock()
 
@@ -139,17 +140,17 @@ class Device:
         key = _eager_key(func, hosts, kwargs)
         known = self.estimates.get(key) if key is not None else None
         if known is not None:
-            self.on_estimate(known[0])
+            self.ledger.add_device_time(known[0])
             if known[1] is not None:
                 self.timeline.again(known[1])
             return func(*args, **kwargs)
-        before = self.measure()
+        before = self.ledger.total_s
         self.timeline.last = None
         out = self.recorder.__torch_dispatch__(func, (), args, kwargs)
         if self.recorder.pending():
             self.recorder.flush("eager op", user_line())
         if key is not None and len(self.estimates) < _EAGER_KEYS:
-            self.estimates[key] = (self.measure() - before, self.timeline.last)
+            self.estimates[key] = (self.ledger.total_s - before, self.timeline.last)
             self.op_names[key[0]] = str(func)  # keys hold the op's id (a cheap hash): its name, for the report
         return out
 
@@ -241,17 +242,14 @@ class Device:
             fallback.emit(line)
 
 
-_PINNED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
-
-
 def pinned(t: torch.Tensor) -> torch.Tensor:
     """Remember ``t`` as page-locked host memory (``pin_memory()`` made it), for as long as it lives."""
-    _PINNED[t.untyped_storage().data_ptr()] = t
+    current_context().pinned[t.untyped_storage().data_ptr()] = t
     return t
 
 
 def is_pinned(t: torch.Tensor) -> bool:
-    found = _PINNED.get(t.untyped_storage().data_ptr()) if t.numel() else None
+    found = current_context().pinned.get(t.untyped_storage().data_ptr()) if t.numel() else None
     return found is not None
 
 
@@ -268,7 +266,6 @@ def _host_read(func, flat: list) -> str:
 
 
 _EAGER_KEYS = 100_000  # eager op layouts remembered (past it, new layouts lower each time they come)
-_VIEWS: dict = {}
 
 
 def _eager_key(func, hosts: list, kwargs: dict):
@@ -290,13 +287,11 @@ def _eager_key(func, hosts: list, kwargs: dict):
     return tuple(parts)
 
 
+@functools.cache  # ops are never freed, and an op's hash is its identity
 def _is_view(func) -> bool:
     """An op that returns a view of its input (not one that writes it)."""
-    found = _VIEWS.get(id(func))
-    if found is None:
-        schema = func._schema
-        found = _VIEWS[id(func)] = not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
-    return found
+    schema = func._schema
+    return not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
 
 
 def _upload(func, flat: list) -> bool:

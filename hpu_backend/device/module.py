@@ -10,7 +10,7 @@ PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``,
   queues a Python-side backend's work for one device only, so a tensor on ``hpu:1`` could not run a backward.)
 - Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
   it, and a seeded script draws the same numbers on the device as on the CPU.
-- Memory: ``memory_allocated`` and friends read the device allocator (``serve/device_memory.py``).
+- Memory: ``memory_allocated`` and friends read the device context's memory (``memory.py``, ``context.py``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ import time
 
 import torch
 
-from ..serve import device_memory as memory
-from . import tensor
+from .context import current_context, enabled_device
 from .tensor import HPU
 
-_names = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
-TARGET = ["gaudi2"]  # set by enable()
+_NAMES = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
 
 
 def is_available() -> bool:
@@ -70,8 +68,14 @@ def resolve(device: torch.device) -> torch.device:
     return torch.device(HPU, 0)
 
 
+def target() -> str:
+    """The target the enabled device simulates (``gaudi2`` before ``enable()``)."""
+    device = enabled_device()
+    return device.settings.target if device is not None else "gaudi2"
+
+
 def get_device_name(device=None) -> str:
-    return _names[TARGET[0]]
+    return _NAMES[target()]
 
 
 def synchronize(device=None) -> None:
@@ -92,7 +96,7 @@ class DeviceProperties:
 
 
 def get_device_properties(device=None) -> DeviceProperties:
-    return DeviceProperties(get_device_name(device), memory.capacity())
+    return DeviceProperties(get_device_name(device), _memory().capacity())
 
 
 # -- streams and events: host-synchronous (an op has run when its call returns) -------------------------------------
@@ -121,13 +125,11 @@ class Stream(torch.Stream):
         """Events are already complete."""
 
 
-_stream = [None]
-
-
 def current_stream(device=None) -> Stream:
-    if _stream[0] is None:
-        _stream[0] = Stream(device)
-    return _stream[0]
+    context = current_context()
+    if context.stream is None:
+        context.stream = Stream(device)
+    return context.stream
 
 
 default_stream = current_stream
@@ -162,29 +164,37 @@ class Event:
         return (end.time - self.time) * 1e3
 
 
-# -- memory: one allocator per process (one card per rank), so ``device`` only names the card asked about -----------
+# -- memory: the device context's (one card per rank), so ``device`` only names the card asked about ----------------
+
+def _memory():
+    return current_context().counted_memory()
+
 
 def memory_allocated(device=None) -> int:
-    return memory.memory_allocated()
+    """Bytes of device memory held now by the device's tensors and those of the recipes that ran."""
+    return _memory().allocated()
 
 
 def max_memory_allocated(device=None) -> int:
-    return memory.max_memory_allocated()
+    """The largest ``memory_allocated()`` since the start or ``reset_peak_memory_stats()``, arenas included."""
+    return _memory().max_allocated()
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    memory.reset_peak_memory_stats()
+    """Start the peak over from the memory held now."""
+    _memory().reset_peak()
 
 
 reset_max_memory_allocated = reset_peak_memory_stats  # DeepSpeed's accelerator calls Intel's older name
 
 
 def memory_stats(device=None) -> dict:
-    return memory.memory_stats()
+    """Gaudi's keys: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs, MaxAllocSize."""
+    return _memory().memory_stats()
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
-    return memory.mem_get_info()
+    return _memory().mem_get_info()
 
 
 def memory_cached(device=None) -> int:
@@ -197,11 +207,11 @@ def max_memory_cached(device=None) -> int:
 
 
 def memory_reserved(device=None) -> int:
-    return memory.memory_allocated()
+    return memory_allocated()
 
 
 def max_memory_reserved(device=None) -> int:
-    return memory.max_memory_allocated()
+    return max_memory_allocated()
 
 
 def empty_cache() -> None:
@@ -214,7 +224,7 @@ def manual_seed(seed: int) -> None:
     """Seed the device's generator. Pending lazy work draws its random numbers first: it was issued before the
     seed (``torch.manual_seed`` calls this after seeding the host, so the flush draws from the new seed: the
     numbers a pending op would have drawn had it run at once)."""
-    device = tensor.DISPATCH[0]
+    device = enabled_device()
     if device is not None:
         device.flush("manual_seed")
     torch.default_generator.manual_seed(int(seed))

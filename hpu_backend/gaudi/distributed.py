@@ -1,7 +1,8 @@
 """``init_process_group(backend="hccl")`` on the host: Gaudi's collective library name, backed by gloo.
 
 Gaudi scripts import ``habana_frameworks.torch.distributed.hccl`` and initialize with ``backend="hccl"``;
-importing ``hpu_backend.gaudi`` registers that name here so such a script runs unchanged. The collectives
+``register_hccl()`` registers that name here (the launcher calls it when a script imports Intel's module),
+so such a script runs unchanged. The collectives
 then run through gloo over the host's network (the simulator's cards are processes); recipes estimate them
 on the target's scale-up fabric (``hpu_backend.targets.Fabric``). The name is registered for the ``cpu``
 and ``hpu`` devices, so that torch knows what the backend serves (and says nothing about an unknown device
@@ -71,6 +72,3 @@ def collective_on_host(func, args: tuple, kwargs: dict,
 
     out = func(*pytree.tree_map_only(torch.Tensor, down, args), **pytree.tree_map_only(torch.Tensor, down, kwargs))
     return pytree.tree_map_only(torch.Tensor, lambda t: device_of.get(id(t), t), out)
-
-
-register_hccl()
