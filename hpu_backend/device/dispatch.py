@@ -35,6 +35,7 @@ from ..lowering.passes.place import SCALAR_TYPE
 from ..serve import fallback
 from ..settings import Settings
 from ..timeline.record import Recorder
+from .cards import resolve
 from .context import current_context
 from .lazy import Ledger
 from .tensor import HPU, HpuTensor
@@ -107,7 +108,7 @@ class Device:
             raise _mixed(flat[0].device, next(t.device for t in flat if isinstance(t, HpuTensor)))
         if func is aten._to_copy.default and isinstance(kwargs.get("device"), torch.device) \
                 and kwargs["device"].type == HPU:
-            device = torch.hpu.resolve(kwargs["device"])
+            device = resolve(kwargs["device"])
         read = _host_read(func, flat)
         args, kwargs = _unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters

@@ -18,6 +18,7 @@ import torch
 
 from . import attention, context
 from .autocast_lists import op_lists
+from .cards import resolve
 from .dispatch import is_pinned, pinned
 from .tensor import HPU, HpuTensor, untraced
 
@@ -31,7 +32,7 @@ def _device(device) -> torch.device | None:
     ``device_count()`` is refused, as a real device refuses a nonexistent ordinal."""
     if device is None:
         return None
-    return torch.hpu.resolve(torch.device(device))
+    return resolve(torch.device(device))
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):

@@ -52,11 +52,13 @@ class Memory:
         self.run_target = "gaudi2"
         self.limit: int | None = None  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
         self.started = False  # counting the runs of compiled graphs (the context starts it)
+        self.held_against: tuple[int, str] | None = None  # (capacity, target) the device's allocations check
 
     def set_target(self, target: str) -> None:
         """The device whose HBM the counters are held against (``gaudi2`` | ``gaudi3``)."""
         device(target)  # KeyError for an unknown one
         self.device_target = target
+        self.held_against = None
 
     def target(self) -> str:
         """The target the counters hold against: the device's, else the last recipe run's."""
@@ -65,6 +67,7 @@ class Memory:
     def set_capacity(self, nbytes: int | None) -> None:
         """Hold allocations against ``nbytes`` instead of the target's HBM (None: back to the default)."""
         self.limit = None if nbytes is None else int(nbytes)
+        self.held_against = None
 
     def capacity(self) -> int:
         """The bytes the device may hold: ``set_capacity()``, else ``HPU_BACKEND_HBM_BYTES``, else the target's
@@ -87,7 +90,7 @@ class Memory:
         by ``allocate`` once made, as every allocation is."""
         if nbytes < LARGE:
             return
-        limit = self.capacity()
+        limit = self._limit()
         if self.stats["InUse"] + nbytes > limit:
             raise DeviceOutOfMemoryError(self._oom_text(nbytes, limit))
 
@@ -97,13 +100,21 @@ class Memory:
         return (f"hpu out of memory: tried to allocate {_size(nbytes)}; {_size(self.stats['InUse'])} in use "
                 f"of {_size(limit)} ({name} HBM{limited})")
 
+    def _limit(self) -> int:
+        """``capacity()`` for the device's allocations: read once per target and capacity set (the environment is
+        read when the device starts, as Gaudi's bridge reads its variables), not on every allocation."""
+        target = self.target()
+        if self.held_against is None or self.held_against[1] != target:
+            self.held_against = (self.capacity(), target)
+        return self.held_against[0]
+
     def allocate(self, t: torch.Tensor) -> None:
         """Count a device tensor's storage (once, until it is freed); DeviceOutOfMemoryError past the capacity."""
         storage = t.untyped_storage()
         if storage.data_ptr() in self.storages or not storage.nbytes():
             return
         with self.lock:
-            limit = self.capacity()
+            limit = self._limit()
             if self.stats["InUse"] + storage.nbytes() > limit:
                 raise DeviceOutOfMemoryError(self._oom_text(storage.nbytes(), limit))
             self.stats["InUse"] += self._add(t)

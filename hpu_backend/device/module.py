@@ -3,13 +3,13 @@
 The names Gaudi scripts call on ``torch.hpu`` / ``habana_frameworks.torch.hpu``, and the hooks torch asks a
 PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``, the RNG state, ``device``).
 
-- Cards: ``device_count()`` is ``HPU_SIM_CARDS`` when set, else the launcher's ``LOCAL_WORLD_SIZE`` or
+- Cards (``cards.py``): ``device_count()`` is ``HPU_SIM_CARDS`` when set, else the launcher's ``LOCAL_WORLD_SIZE`` or
   ``WORLD_SIZE``, else 1 (one simulated card per rank, as a server gives each rank its own card). A process
   uses one card, as a Gaudi process uses the one module it acquired: ``set_device(N)`` and ``hpu:N`` are checked
   against ``device_count()`` and name that card, whose tensors are on ``hpu:0``. (torch's autograd engine
   queues a Python-side backend's work for one device only, so a tensor on ``hpu:1`` could not run a backward.)
 - Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
-  it, and a seeded script draws the same numbers on the device as on the CPU.
+  it, and a seeded script draws the same numbers on the device as on the CPU (``random.py``).
 - Memory: ``memory_allocated`` and friends read the device context's memory (``memory.py``, ``context.py``).
 """
 
@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 
 import torch
 
+from . import random  # ``torch.hpu.random``, Intel's RNG submodule
+from .cards import device_count, resolve  # noqa: F401  (torch.hpu's names)
 from .context import current_context, enabled_device
+from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,  # noqa: F401
+                     seed, seed_all, set_rng_state, set_rng_state_all)
 from .tensor import HPU
 
 _NAMES = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
@@ -40,14 +43,6 @@ def init() -> None:
     """Nothing to initialize: the simulated device is ready once enabled."""
 
 
-def device_count() -> int:
-    for name in ("HPU_SIM_CARDS", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        text = os.environ.get(name, "").strip()
-        if text.isdigit() and int(text) > 0:
-            return int(text)
-    return 1
-
-
 def current_device() -> int:
     """This process's card: always device 0 (see the module's docstring)."""
     return 0
@@ -56,16 +51,6 @@ def current_device() -> int:
 def set_device(device) -> None:
     """Use card ``device`` (a rank's ``LOCAL_RANK``): checked, and it is this process's card, ``hpu:0``."""
     resolve(torch.device(HPU, device) if isinstance(device, int) else torch.device(device))
-
-
-def resolve(device: torch.device) -> torch.device:
-    """``hpu`` or ``hpu:N`` as this process's device: ``hpu:0``, the one card it uses; RuntimeError for a card
-    that does not exist."""
-    index = device.index or 0
-    if not 0 <= index < device_count():
-        raise RuntimeError(f"hpu device {index} does not exist: device_count() is {device_count()} "
-                           "(HPU_SIM_CARDS sets the simulated cards per process)")
-    return torch.device(HPU, 0)
 
 
 def target() -> str:
@@ -218,48 +203,6 @@ def empty_cache() -> None:
     """The simulated allocator holds no cache: freed storages leave the count at once."""
 
 
-# -- random numbers: the host's generator ------------------------------------------------------------------------
-
-def manual_seed(seed: int) -> None:
-    """Seed the device's generator. Pending lazy work draws its random numbers first: it was issued before the
-    seed (``torch.manual_seed`` calls this after seeding the host, so the flush draws from the new seed: the
-    numbers a pending op would have drawn had it run at once)."""
-    device = enabled_device()
-    if device is not None:
-        device.flush("manual_seed")
-    torch.default_generator.manual_seed(int(seed))
-
-
-manual_seed_all = manual_seed
-
-
-def seed() -> None:
-    torch.default_generator.seed()
-
-
-seed_all = seed
-
-
-def initial_seed() -> int:
-    return torch.default_generator.initial_seed()
-
-
-def get_rng_state(device=None) -> torch.Tensor:
-    return torch.default_generator.get_state()
-
-
-def set_rng_state(new_state: torch.Tensor, device=None) -> None:
-    torch.default_generator.set_state(new_state)
-
-
-def get_rng_state_all() -> list[torch.Tensor]:
-    return [get_rng_state()]
-
-
-def set_rng_state_all(states) -> None:
-    set_rng_state(states[0])
-
-
 # -- hooks torch asks a PrivateUse1 module for ---------------------------------------------------------------------
 
 def _is_in_bad_fork() -> bool:
@@ -301,5 +244,3 @@ def enable_dynamic_shape() -> None:
 def disable_dynamic_shape() -> None:
     """See ``enable_dynamic_shape``."""
 
-
-from . import random  # noqa: E402  - ``torch.hpu.random``, Intel's RNG submodule (it reads the functions above)

@@ -1,9 +1,11 @@
 """``enable()``: turn the simulated hpu device on in this process (nothing happens at import time).
 
 Enabling renames torch's PrivateUse1 backend to ``hpu``, registers ``module.py`` as ``torch.hpu``, generates
-the ``Tensor.hpu()``/``Module.hpu()`` methods, installs the factory and autocast kernels (``kernels.py``)
-and starts the device (``dispatch.py``) in lazy or eager mode. It is never done on import, so that on a
-Gaudi host Intel's own stack is never shadowed; it refuses when PrivateUse1 already belongs to another backend.
+the ``Tensor.hpu()``/``Module.hpu()`` methods and installs the factory and autocast kernels (``kernels.py``),
+once per process; then it starts the device (``dispatch.py``) in lazy or eager mode in the device context in use
+(``context.py``), which owns its state. It is never done on import, so that on a Gaudi host Intel's own stack is
+never shadowed; it refuses when PrivateUse1 already belongs to another backend. The mode is read here, once:
+``PT_HPU_LAZY_MODE`` and the simulated release's default (``release.py``).
 """
 
 from __future__ import annotations

@@ -19,8 +19,7 @@ import torch.utils._pytree as pytree
 from torch._C._dynamo.eval_frame import set_eval_frame
 
 from . import context
-
-HPU = "hpu"
+from .cards import HPU
 
 
 class HpuTensor(torch.Tensor):
