@@ -119,7 +119,7 @@ class Device:
             self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
             return func(*args, **kwargs)  # a host value or tensor: not wrapped
         self.ops += 1
-        if func.namespace == "c10d":
+        if _is_collective(func):
             self._collective(func, hosts)
         if _upload(func, flat):
             self._copy_in(flat)
@@ -209,13 +209,13 @@ class Device:
 
     def place(self, func, hosts: list) -> bool:
         """True when the op falls back to the CPU (logged and counted; DeviceFallbackError in strict mode)."""
-        dtypes = tuple(sorted({str(a.dtype).removeprefix("torch.") for a in hosts if isinstance(a, torch.Tensor)}))
-        key = (id(func), dtypes)  # ops are never freed: their ids are stable (OpOverload's hash is Python's)
+        # keyed by the op and its tensors' dtypes as they come (names, sorted, only for a new key): every op asks
+        key = (id(func), *[a.dtype for a in hosts if isinstance(a, torch.Tensor)])  # ops are never freed
         line = self.placed.get(key, 0)
         if line == 0:
-            line = self.placed[key] = self._decide(func, dtypes)
+            line = self.placed[key] = self._decide(func, _dtype_names(key[1:]))
         if line is not None:
-            self._fall_back(func, dtypes, line)
+            self._fall_back(func, _dtype_names(key[1:]), line)
         return line is not None
 
     def _decide(self, func, dtypes: tuple) -> str | None:
@@ -254,6 +254,11 @@ def is_pinned(t: torch.Tensor) -> bool:
     return found is not None
 
 
+def _dtype_names(dtypes) -> tuple[str, ...]:
+    """Dtypes as the op table and the fallback report name them: ("bfloat16", "float32"), each once, sorted."""
+    return tuple(sorted({str(d).removeprefix("torch.") for d in dtypes}))
+
+
 def _host_read(func, flat: list) -> str:
     """What an op reads onto the host ("" for an op that stays on the device)."""
     if func is aten._local_scalar_dense.default:
@@ -289,6 +294,12 @@ def _eager_key(func, hosts: list, kwargs: dict):
 
 
 @functools.cache  # ops are never freed, and an op's hash is its identity
+def _is_collective(func) -> bool:
+    """A c10d op (DDP's bucket all-reduces): ``OpOverload.namespace`` is a property, asked of every op."""
+    return func.namespace == "c10d"
+
+
+@functools.cache
 def _is_view(func) -> bool:
     """An op that returns a view of its input (not one that writes it)."""
     schema = func._schema
@@ -343,7 +354,7 @@ def _flatten(args: tuple, kwargs: dict) -> tuple[list, tuple]:
     """An op's arguments as one flat list and how to rebuild them: aten ops take values and lists of values,
     flattened here without pytree's generality (its cost, on every op, was most of the device's own); anything
     nested deeper goes to pytree."""
-    flat, shape = [], []
+    flat, shape, nested = [], [], False
     for a in (*args, *kwargs.values()):
         if type(a) is list or type(a) is tuple:
             if any(type(x) is list or type(x) is tuple or type(x) is dict for x in a):
@@ -351,16 +362,19 @@ def _flatten(args: tuple, kwargs: dict) -> tuple[list, tuple]:
                 return leaves, (None, spec)
             shape.append((type(a), len(a)))
             flat.extend(a)
+            nested = True
         else:
             shape.append(None)
             flat.append(a)
-    return flat, (len(args), shape, tuple(kwargs))
+    return flat, (len(args), shape if nested else None, tuple(kwargs))
 
 
 def _unflatten(flat: list, spec: tuple) -> tuple[tuple, dict]:
     if spec[0] is None:
         return pytree.tree_unflatten(flat, spec[1])
     n, shape, keys = spec
+    if shape is None:  # no list among the arguments (most ops): the values as they are
+        return tuple(flat[:n]), (dict(zip(keys, flat[n:])) if keys else {})
     values, i = [], 0
     for s in shape:
         if s is None:

@@ -53,6 +53,7 @@ class Memory:
         self.limit: int | None = None  # set_capacity(); None: HPU_BACKEND_HBM_BYTES, else the target's HBM
         self.started = False  # counting the runs of compiled graphs (the context starts it)
         self.held_against: tuple[int, str] | None = None  # (capacity, target) the device's allocations check
+        self.me = weakref.ref(self)  # what a counted storage's release names (weakly: see _add)
 
     def set_target(self, target: str) -> None:
         """The device whose HBM the counters are held against (``gaudi2`` | ``gaudi3``)."""
@@ -111,13 +112,14 @@ class Memory:
     def allocate(self, t: torch.Tensor) -> None:
         """Count a device tensor's storage (once, until it is freed); DeviceOutOfMemoryError past the capacity."""
         storage = t.untyped_storage()
-        if storage.data_ptr() in self.storages or not storage.nbytes():
+        nbytes = storage.nbytes()
+        if not nbytes or storage.data_ptr() in self.storages:
             return
         with self.lock:
             limit = self._limit()
-            if self.stats["InUse"] + storage.nbytes() > limit:
-                raise DeviceOutOfMemoryError(self._oom_text(storage.nbytes(), limit))
-            self.stats["InUse"] += self._add(t)
+            if self.stats["InUse"] + nbytes > limit:
+                raise DeviceOutOfMemoryError(self._oom_text(nbytes, limit))
+            self.stats["InUse"] += self._add(storage)
             self.stats["MaxInUse"] = max(self.stats["MaxInUse"], self.stats["InUse"])
 
     def allocated(self) -> int:
@@ -139,16 +141,16 @@ class Memory:
         with self.lock:
             return {"Limit": self.capacity(), **self.stats, "ActiveAllocs": len(self.storages)}
 
-    def _add(self, t: torch.Tensor) -> int:
-        """Count ``t``'s storage if it is new to the device (until that storage is freed); the bytes newly held."""
-        storage = t.untyped_storage()  # one Python object per storage, kept while the storage lives
+    def _add(self, storage: torch.UntypedStorage) -> int:
+        """Count a storage (one Python object per storage, kept while the storage lives) if it is new to the device,
+        until it is freed; the bytes newly held."""
         ptr = storage.data_ptr()
         if ptr in self.storages:
             return 0
         nbytes = storage.nbytes()
         # a weak reference to the storage, cheaper than a finalizer; it names this Memory weakly, so that a
         # context closed and dropped is not kept alive by the tensors it counted
-        self.storages[ptr] = (nbytes, weakref.ref(storage, functools.partial(_freed, weakref.ref(self), ptr)))
+        self.storages[ptr] = (nbytes, weakref.ref(storage, functools.partial(_freed, self.me, ptr)))
         self.stats["NumAllocs"] += 1
         if nbytes > self.stats["MaxAllocSize"]:
             self.stats["MaxAllocSize"] = nbytes
@@ -172,7 +174,7 @@ class Memory:
             for values in (args, outs):
                 for v in values:
                     if isinstance(v, torch.Tensor) and v.device.type == "cpu":  # device tensors: counted when made
-                        held += self._add(v)
+                        held += self._add(v.untyped_storage())
             self.stats["InUse"] += held
             arena = int(recipe.facts.get("memory", {}).get("arena_bytes", 0))
             if self.stats["InUse"] + arena > self.stats["MaxInUse"]:  # while it ran: all that, and its arena

@@ -52,7 +52,7 @@ def _hpu_module() -> types.ModuleType:
 def _core() -> dict:
     from .. import gaudi
 
-    _device().enable()  # as Intel's core: loading it starts the device (lazy unless PT_HPU_LAZY_MODE=0)
+    _device().enable()  # as Intel's core: loading it starts the device (PT_HPU_LAZY_MODE, else the release's default)
     from ..gaudi import intel_utils
 
     return {"mark_step": gaudi.mark_step, "hpu": _hpu_module(), "is_enabled_weight_permute_pass": _permute_pass,
