@@ -10,7 +10,6 @@ and write a manifest (model → point → recipe keys) next to the cache's entri
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, Mapping

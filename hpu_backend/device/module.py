@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from . import random  # ``torch.hpu.random``, Intel's RNG submodule
+from . import random  # noqa: F401  (``torch.hpu.random``, Intel's RNG submodule)
 from .cards import device_count, resolve  # noqa: F401  (torch.hpu's names)
 from .context import current_context, enabled_device
 from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,  # noqa: F401
