@@ -89,3 +89,17 @@ print(json.dumps({"same": before == after, "after": after, "context": context._O
     assert doc == {"same": True, "after": doc["after"], "context": False, "observers": 0, "lazy": False,
                    "x": [2.0, 2.0, 2.0]}, doc
     assert "hccl" not in doc["after"][2] and doc["after"][:2] == ["privateuseone", False]
+
+
+def test_a_device_enabled_after_the_first_backward_runs_a_backward():
+    out = run_python("""
+import torch
+a = torch.ones(2, requires_grad=True)
+(a * 2).sum().backward()  # the process's first backward, before the device exists
+import hpu_backend.device as hd
+hd.enable("eager")
+w = torch.ones(3).to("hpu").requires_grad_()
+(w * 3).sum().backward()
+print(w.grad.cpu().tolist(), a.grad.tolist())
+""")
+    assert out.strip().splitlines()[-1] == "[3.0, 3.0, 3.0] [2.0, 2.0]"

@@ -31,8 +31,11 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     (target, cache, strict, ...); returns the ``torch.hpu`` module.
     Idempotent; a later call with another mode or options switches the device after running pending work.
 
-    Call it before the process's first backward: torch's autograd engine sizes its per-device queues then, and
-    a device that did not exist yet cannot run a backward (torch fails an internal assertion)."""
+    The thread that enables the device runs the device's backward itself (torch's autograd multithreading off
+    for that thread), as it runs the CPU's: no hand-off to a device thread on every backward, and a device
+    enabled after the process's first backward still runs one (torch sizes its device threads' queues at the
+    first backward). Another thread's backward of device tensors needs the device enabled before the
+    process's first backward."""
     mode = _mode(mode)
     _release()
     settings = Settings.from_options(options or {})
@@ -41,6 +44,7 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     if current is not None and (current.mode, current.settings) == (mode, settings):
         return module
     _register()
+    torch.autograd.set_multithreading_enabled(False)  # this thread runs the device's backward (see above)
     owner.release_device()  # what the device left pending runs in its mode
     owner.counted_memory().set_target(settings.target)  # every device tensor and every recipe run counts now
     owner.device = Device(mode, settings, release.release(), owner.lazy.for_device(settings), owner.ledger)
