@@ -69,7 +69,8 @@ MANUAL: dict[str, Manual] = {
     "analyze": Manual(
         env=["HPU_BACKEND_TARGET", "HPU_BACKEND_BUCKETS"], files=f"{MODEL_FILE} It reads and writes no cache.",
         examples=[("hpurecipe analyze models/gpt.py --target gaudi3", "per point: fallbacks, breaks, time, HBM"),
-                  ("hpurecipe analyze models/lazy_training.py --lazy --train", "the lazy-mode graphs of a training step"),
+                  ("hpurecipe analyze models/lazy_training.py --lazy --train",
+                   "the lazy-mode graphs of a training step"),
                   ("hpurecipe analyze models/llama.py:LLAMA2_7B --input-len 128 --output-len 128 --dtype fp8",
                    "capacity: the largest batch and tokens/s"),
                   ("hpurecipe analyze models/llama.py --train --seq 32 --global-batch 8 --cards 2 --zero 3",

@@ -113,7 +113,8 @@ def main() -> int:
     if want == got:
         print(f"the walk-through of {PAGE.relative_to(ROOT)} matches a real run")
         return 0
-    sys.stdout.writelines(difflib.unified_diff([w + "\n" for w in want], [g + "\n" for g in got], str(PAGE.relative_to(ROOT)),
+    sys.stdout.writelines(difflib.unified_diff([w + "\n" for w in want], [g + "\n" for g in got],
+                                               str(PAGE.relative_to(ROOT)),
                                                "a real run"))
     print("the walk-through is out of date: run python .ci/walkthrough.py --write", file=sys.stderr)
     return 1

@@ -147,7 +147,7 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
         "(the default from Gaudi software 1.21 on)", ("hpu_backend.device.release", "hpu_backend.gaudi.lazy_mode"),
         _DEVICE, choices=("0", "1")),
     Var("HPU_BACKEND_HBM_BYTES", "size", None, "the device memory one simulated card holds (default: the "
-        "target's HBM)", ("hpu_backend.serve.device_memory", "hpu_backend.run.environment"), _DEVICE),
+        "target's HBM)", ("hpu_backend.device.memory", "hpu_backend.run.environment"), _DEVICE),
     Var("PT_HPU_METRICS_FILE", "path", "", "write the bridge's metrics as JSON here at exit (-rankN added under "
         "RANK)", ("hpu_backend.metrics",), _INTEL),
     Var("LOG_LEVEL_PT_FALLBACK", "int", None, "1 or 0: print each op run on the CPU and a frequency table at exit",

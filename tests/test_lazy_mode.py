@@ -228,23 +228,24 @@ SCRIPT = """
 import json, os, sys, torch
 import hpu_backend.gaudi as htcore
 from hpu_backend.metrics import metric_global
-assert htcore.is_lazy()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-htcore.mark_step()
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-start = len(htcore.lazy_report())
-for step in range(3):
-    x = torch.full((4, 8), 0.5)
-    loss = model(x).square().mean()
-    loss.backward()
+with htcore.lazy():  # lazy mode on host tensors, for the whole script
+    assert htcore.is_lazy()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     htcore.mark_step()
-    opt.step()
-    opt.zero_grad()
-    htcore.mark_step()
-steps = htcore.lazy_report()[start:]
-print(json.dumps({"compiled": [s.compiled for s in steps], "loss": loss.item(),
-                  "hits": dict(metric_global("recipe_cache").stats())["TotalHit"]}))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = len(htcore.lazy_report())
+    for step in range(3):
+        x = torch.full((4, 8), 0.5)
+        loss = model(x).square().mean()
+        loss.backward()
+        htcore.mark_step()
+        opt.step()
+        opt.zero_grad()
+        htcore.mark_step()
+    steps = htcore.lazy_report()[start:]
+    print(json.dumps({"compiled": [s.compiled for s in steps], "loss": loss.item(),
+                      "hits": dict(metric_global("recipe_cache").stats())["TotalHit"]}))
 """
 
 

@@ -14,7 +14,7 @@ from .errors import RunError
 # script runs in this process.
 RANK_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 CARDS_ENV = "HPU_SIM_CARDS"  # device_count() of the simulated device
-HBM_ENV = "HPU_BACKEND_HBM_BYTES"  # the device memory the simulated card holds (serve/device_memory.py)
+HBM_ENV = "HPU_BACKEND_HBM_BYTES"  # the device memory the simulated card holds (device/memory.py)
 
 
 def check(env: Mapping[str, str] | None = None, ranks_started_here: bool = False) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, Mapping
@@ -123,11 +122,11 @@ def _run_model(model: Callable, spec: ModelSpec, inputs: tuple, train: bool, poi
 
 
 def _end_lazy_step() -> None:
-    """In lazy mode (``plan_lazy``), run the step's graph here, inside the point. Lazy mode can only be on if its
-    module was imported; importing it here would read PT_HPU_LAZY_MODE in every process that warms."""
-    lazy_mode = sys.modules.get("hpu_backend.gaudi.lazy_mode")
-    if lazy_mode is not None:
-        lazy_mode.mark_step()
+    """In lazy mode (``plan_lazy``, or the device in lazy mode), run the step's graph here, inside the point."""
+    from ..device import context
+
+    if context.is_lazy():
+        context.mark_step()
 
 
 def _compare(result: PointResult, got: Any, want: Any) -> None:
@@ -334,7 +333,7 @@ def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None
               on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
     """Each point's recipes from running the model file eagerly in lazy mode (``mark_step()`` after each step),
     reading and writing no cache: what Gaudi's default mode makes of the model."""
-    from ..gaudi.lazy_mode import lazy
+    from ..device.context import lazy
 
     options = dict(spec.options, cache=False, **({"target": target} if target else {}))
     model = spec.build_model().train(train)
