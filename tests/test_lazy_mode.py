@@ -30,11 +30,17 @@ def _assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
         torch.testing.assert_close(p, q, msg=name)
 
 
-def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_after_the_first():
+def _own_store(tmp_path) -> dict:
+    """Options of a lazy block with a recipe store of its own: its first graphs compile whatever ran before in this
+    process (the suite runs in random order, several tests to a process)."""
+    return {"cache_config": f"{tmp_path / 'recipes'},false,64"}
+
+
+def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_after_the_first(tmp_path):
     mnist = load_model_file("mnist")
     eager_losses, eager_model = training.mnist_run(mnist, steps=20)
     before = len(gaudi.lazy_report())
-    with gaudi.lazy():
+    with gaudi.lazy(_own_store(tmp_path)):
         lazy_losses, lazy_model = training.mnist_run(mnist, steps=20, log_interval=10)
     torch.testing.assert_close(lazy_losses, eager_losses)
     _assert_same_params(lazy_model, eager_model)
@@ -49,11 +55,11 @@ def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_
     assert not any(s.cut for s in logged)  # after mark_step: nothing pending to cut
 
 
-def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady():
+def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady(tmp_path):
     gpt = load_model_file("gpt")
     eager_losses, eager_model = training.gpt_run(gpt, steps=20)
     before = len(gaudi.lazy_report())
-    with gaudi.lazy():
+    with gaudi.lazy(_own_store(tmp_path)):
         lazy_losses, lazy_model = training.gpt_run(gpt, steps=20)
     torch.testing.assert_close(lazy_losses, eager_losses)
     _assert_same_params(lazy_model, eager_model)
@@ -65,7 +71,7 @@ def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady():
     assert max(g.ops for s in marked for g in s.graphs) > 100  # forward and backward in one graph
 
 
-def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report_says_which():
+def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report_says_which(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     # A learning rate no other test uses: its step constants are new to this process's recipe store, whatever
@@ -83,7 +89,7 @@ def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report
         ref_opt.zero_grad()
         ref_sched.step()
     before = len(gaudi.lazy_report())
-    with gaudi.lazy():
+    with gaudi.lazy(_own_store(tmp_path)):
         for _ in range(4):
             model(x).square().mean().backward()
             gaudi.mark_step()
