@@ -92,6 +92,7 @@ def test_a_compile_only_run_hands_the_model_zeros_not_the_allocators_leftovers()
         assert out.shape == (16,) and out.abs().max().item() == 0
 
 
+@pytest.mark.e2e
 def test_advise_gives_the_same_findings_in_two_fresh_processes(report):
     """The user's runs: `hpurecipe advise models/poor_habits.py --train` in new processes finds what this one
     found, every time."""
@@ -135,6 +136,7 @@ print("loss", loss.item())
 """
 
 
+@pytest.mark.e2e
 def test_a_gaudi_script_is_refused_in_one_line_naming_what_reads_it_and_that_works(tmp_path):
     """A user gave advise and analyze their Gaudi training script: one line, nothing run, and its advice works."""
     path, marker, trace = tmp_path / "train.py", tmp_path / "ran.txt", tmp_path / "t.json"

@@ -89,6 +89,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.e2e
 def test_symbolic_bombs_are_refused_in_a_process_with_bounded_memory(built, tmp_path):
     paths = [crafted(built, tmp_path, lambda raw, c=c: _insert(raw, BAD[c][0]), f"{c}.hpkg")
              for c in ("string-repeat", "list-repeat", "doubling-joins", "mul-chain")]

@@ -186,6 +186,7 @@ def test_prebuild_in_process_matches_warm(tmp_path, tiny_file, warmed):
     assert keys_of(tmp_path / "p") == keys_of(warmed)
 
 
+@pytest.mark.e2e
 def test_prebuild_in_two_worker_processes_makes_the_keys_warm_makes(tmp_path, tiny_file):
     axes = ["--axis", "batch=1,2,8"]  # batch 1 gets a graph of its own (Dynamo specializes it)
     warm = cli_json("warm", tiny_file, "-d", tmp_path / "w", *axes)
@@ -397,6 +398,7 @@ print("torch imported" if "torch" in sys.modules else "no torch", code, file=sys
 """
 
 
+@pytest.mark.e2e
 def test_cache_only_commands_do_not_import_torch(tmp_path, warmed):
     import subprocess
     import sys

@@ -175,6 +175,7 @@ print(json.dumps({"out": out.item(), "eager": torch.nn.functional.linear(x, *bef
 """
 
 
+@pytest.mark.e2e
 def test_a_lazy_entry_that_writes_a_parameter_is_quarantined(tmp_path):
     cache_dir = tmp_path / "c"
     env = {"PT_HPU_RECIPE_CACHE_CONFIG": f"{cache_dir},false,64"}

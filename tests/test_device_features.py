@@ -77,6 +77,7 @@ def test_unsupported_dtype_falls_back_in_eager_mode_and_strict_mode_refuses(eage
     torch.digamma(x.float().to("hpu"))  # float32 digamma runs on the device
 
 
+@pytest.mark.e2e
 def test_fallback_log_lines_and_exit_table_in_gaudi_format():
     code = textwrap.dedent("""
         import torch, hpu_backend.device as hd

@@ -48,6 +48,7 @@ def test_collective_time_rejects_unknown_kinds_and_groups_beyond_the_server():
 
 # -- tensor parallel on real processes -------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_two_rank_tensor_parallel_llama_and_gpt_match_eager_and_list_their_collectives():
     results = run_ranks(WORKERS, 2, timeout=180)
     for r in results:

@@ -2,6 +2,7 @@
 
 import gc
 
+import pytest
 import torch
 
 import hpu_backend.gaudi as hg
@@ -76,6 +77,7 @@ def test_training_keeps_saved_activations_until_the_backward():
 
 
 
+@pytest.mark.e2e
 def test_the_counters_cost_nothing_until_first_used():
     """A process that never reads them compiles and calls without observing runs; the first reading starts them,
     and from then on every run counts (a fresh process: here the counters are started)."""

@@ -200,6 +200,7 @@ print(_code_digest(space["backward"]))
 '''
 
 
+@pytest.mark.e2e
 def test_a_formulas_key_is_the_same_in_every_process_and_follows_its_code():
     from hpu_backend.serve.keys import _code_digest
 

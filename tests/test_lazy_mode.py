@@ -248,6 +248,7 @@ print(json.dumps({"compiled": [s.compiled for s in steps], "loss": loss.item(),
 """
 
 
+@pytest.mark.e2e
 def test_a_second_process_runs_the_lazy_recipes_from_the_disk_cache(tmp_path):
     env = {"PT_HPU_LAZY_MODE": "1", "PT_HPU_RECIPE_CACHE_CONFIG": f"{tmp_path / 'cache'},false,64"}
     first = json.loads(run_python(SCRIPT, env).splitlines()[-1])

@@ -123,6 +123,7 @@ def _python(code: str, *args: str, path: str = "") -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.e2e
 def test_a_library_custom_op_is_a_cpu_fallback_node_that_a_second_process_loads_from_the_cache(tmp_path):
     cache = str(tmp_path / "cache")
     # Strict mode accepts it (a library op has no device kernel); it is named with its own namespace and

@@ -60,6 +60,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.e2e
 def test_packages_serve_every_model_in_a_fresh_process_without_dynamo(packages):
     code = f"PACKAGES = {str(packages)!r}\n" + SERVE
     out = json.loads(run_python(f"import sys; sys.argv[1:] = {list(MODELS)!r}\n" + code).splitlines()[-1])
