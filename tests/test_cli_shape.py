@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from hpu_backend.errors import first_line, one_line
-from hpu_backend.planning.serving.arguments import ServingArgs, ServingArgsError, check
+from hpu_backend.planning.serving.arguments import ServingArgs, ServingArgsError, check, read_plan
+from hpu_backend.planning.serving.plan import PlanError
 from hpu_backend.targets import DEVICES, target_problem
+from cli_helpers import cli
 
 CLI = Path(__file__).resolve().parent.parent / "cli" / "hpurecipe"
 LONGEST = 60  # lines of one function in cli/hpurecipe, its signature and docstring included
@@ -65,3 +67,21 @@ def test_serving_bucket_variables_come_from_the_environment_given():
     assert checked.requests is None and checked.context is None and checked.scale_patching is False
     with pytest.raises(ServingArgsError, match="VLLM_GRAPH_RESERVED_MEM='most'"):
         check(args, environ={"VLLM_GRAPH_RESERVED_MEM": "most"})
+
+
+def test_a_serving_plan_file_that_is_not_one_is_a_usage_error(tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_bytes(b'{"grid": \xff')
+    with pytest.raises(ServingArgsError, match="not JSON"):
+        read_plan(bad)
+    with pytest.raises(ServingArgsError, match="expected a serving plan's JSON file"):
+        read_plan(tmp_path)
+    with pytest.raises(PlanError, match="expected the JSON of hpurecipe serving-plan --json"):
+        read_plan(_written(tmp_path / "empty.json", "{}"))
+    result = cli("warm", CLI.parents[1] / "models" / "mnist.py", "--serving-plan", bad, code=2)
+    assert result.stderr.startswith(f"error: --serving-plan {bad}: not JSON") and result.stdout == ""
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

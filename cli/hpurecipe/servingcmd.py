@@ -128,23 +128,19 @@ def _plot(doc: dict, reqs, path: Path) -> None:
 def warm_plan(model: str, plan_path: Path, cache_dir, timeout, json: bool) -> None:
     """``hpurecipe warm MODEL --serving-plan PLAN``: the plan's prompt buckets through the prefill step and its
     decode buckets through the decode step, compiled and run once each, filling the cache (one manifest each)."""
-    import json as jsonlib
-
-    from hpu_backend.shipping.cachepolicy import config_to_fill
     from hpu_backend.modelfiles.modelfile import load_model_file
     from hpu_backend.modelfiles.modelspec import time_limit
-    from hpu_backend.planning.serving.plan import MAX_PLAN_BYTES, PlanError, planned_points
+    from hpu_backend.planning.serving.arguments import ServingArgsError, read_plan
+    from hpu_backend.planning.serving.plan import PlanError
+    from hpu_backend.shipping.cachepolicy import config_to_fill
     from hpu_backend.shipping.warm import warm
 
     from .warmreport import finish, progress
 
-    if not plan_path.is_file() or plan_path.stat().st_size > MAX_PLAN_BYTES:
-        raise UsageError(f"--serving-plan {plan_path}: expected a serving plan's JSON file of at most 64 MiB")
     try:
-        doc = jsonlib.loads(plan_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise UsageError(f"--serving-plan {plan_path}: not JSON ({str(e).splitlines()[0]})") from None
-    prompt, decode = planned_points(doc)
+        prompt, decode = read_plan(plan_path)
+    except ServingArgsError as e:
+        raise UsageError(str(e)) from None
     with time_limit(timeout, model):
         spec = load_model_file(model)
         if spec.decode is None:

@@ -8,15 +8,17 @@ weights and one sequence's KV cache against the cards, the prompt grid, and the 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ...errors import first_line
 from ...targets import target_problem
 from . import buckets as bk
 from . import trace as tr
-from .plan import PlanError, check_engine, check_fits
+from .plan import MAX_PLAN_BYTES, PlanError, check_engine, check_fits, planned_points
 
 DTYPES = ("bf16", "fp8")
 MAX_CARDS = 8  # the cards of one server
@@ -88,6 +90,18 @@ def plan_serving(args: ServingArgs, say: Callable[[str], None] | None = None,
         raise ServingArgsError(str(e)) from None
     doc["context_length"] = checked.context
     return doc, checked.requests
+
+
+def read_plan(path: Path) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """The prefill and decode points of a serving plan's JSON file (``warm --serving-plan``): ServingArgsError for
+    a file that is not one, PlanError for a plan whose grid is malformed."""
+    if not path.is_file() or path.stat().st_size > MAX_PLAN_BYTES:
+        raise ServingArgsError(f"--serving-plan {path}: expected a serving plan's JSON file of at most 64 MiB")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ServingArgsError(f"--serving-plan {path}: not JSON ({first_line(e)})") from None
+    return planned_points(doc)
 
 
 def check(args: ServingArgs, environ: Mapping[str, str] = os.environ) -> Checked:
