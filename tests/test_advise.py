@@ -28,6 +28,7 @@ def report():
     return json.loads(cli("advise", str(POOR), "--train", "--json").stdout)
 
 
+@pytest.mark.e2e
 def test_each_poor_habit_is_found_once_with_its_line(report):
     found = {(f["check"], f["where"]) for f in report["findings"]}
     want = {("cpu fallback", f"poor_habits.py:{_line('torch.special.bessel_j0(')}"),

@@ -141,6 +141,7 @@ def _bounded(value) -> bool:
     return True
 
 
+@pytest.mark.e2e
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(chain=sym_chains())
@@ -196,6 +197,7 @@ def sym_trees(draw, depth=3):
     return [op, *draw(st.lists(sym_trees(depth - 1), min_size=1, max_size=3))]
 
 
+@pytest.mark.e2e
 @settings(max_examples=300, deadline=None)
 @given(tree=sym_trees())
 def test_any_symbolic_expression_is_bounded_or_a_symexpr_error(tree):

@@ -39,6 +39,7 @@ def lazy():
     hd.enable("eager")
 
 
+@pytest.mark.e2e
 def test_memory_counts_every_device_tensor_and_oom_names_request_use_and_capacity(eager):
     hpu = torch.hpu
     gc.collect()  # device tensors in garbage cycles of earlier tests are freed now, not inside the deltas below

@@ -34,6 +34,7 @@ def fuzzer():
 GROUPS = ("graph.", "inputs.", ("state.", "target", "settings", "toolchain."))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("prefix", GROUPS, ids=["graph", "inputs", "state-settings-toolchain"])
 def test_one_mutation_of_every_kind_hits_only_what_it_may(fuzzer, prefix, tmp_path):
     kinds = [k for k in fuzzer.MUTATORS if k.startswith(prefix)]

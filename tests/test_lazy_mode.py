@@ -30,6 +30,7 @@ def _assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
         torch.testing.assert_close(p, q, msg=name)
 
 
+@pytest.mark.e2e
 def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_after_the_first():
     mnist = load_model_file("mnist")
     eager_losses, eager_model = training.mnist_run(mnist, steps=20)
@@ -49,6 +50,7 @@ def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_
     assert not any(s.cut for s in logged)  # after mark_step: nothing pending to cut
 
 
+@pytest.mark.e2e
 def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady():
     gpt = load_model_file("gpt")
     eager_losses, eager_model = training.gpt_run(gpt, steps=20)

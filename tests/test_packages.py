@@ -76,6 +76,7 @@ def gpt(packages):
     return module, model, load_package(packages / "gpt.hpkg", model)
 
 
+@pytest.mark.e2e
 def test_a_call_outside_the_buckets_names_the_input_and_the_range(gpt):
     module, _, served = gpt
     with pytest.raises(PackageError) as e:
@@ -219,6 +220,7 @@ def _serves_tied_weights(path, module, inputs, tied):
         torch.testing.assert_close(served(*inputs), model(*inputs))
 
 
+@pytest.mark.e2e
 def test_a_model_with_tied_weights_packages_with_and_without_weights(tmp_path):
     path = tmp_path / "tied.hpkg"
     cli("package", tiny_model(tmp_path, "tied", TIED), "-o", path)
@@ -231,6 +233,7 @@ def test_a_model_with_tied_weights_packages_with_and_without_weights(tmp_path):
     assert list(read_package(path).weights) == ["embed.weight"]  # the shared tensor is stored once
 
 
+@pytest.mark.e2e
 def test_hugging_face_gpt2_packages_its_tied_lm_head(tmp_path):
     path = tmp_path / "gpt2.hpkg"
     result = cli("package", tiny_model(tmp_path, "gpt2", HF_GPT2), "-o", path, "--with-weights")
@@ -288,6 +291,7 @@ def _strided_cnn(tmp_path, sizes, extra=""):
     return tiny_model(tmp_path, "cnn", STRIDED_CNN.replace("SIZES", repr(sizes)) + extra)
 
 
+@pytest.mark.e2e
 def test_a_strided_cnn_packages_from_the_bottom_of_its_smallest_bucket(tmp_path):
     # from 1, export fails: the convolutions need 7 pixels and specialize 7-10; the points' buckets start at 17
     path = tmp_path / "cnn.hpkg"

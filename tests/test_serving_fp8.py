@@ -23,6 +23,7 @@ def _added(step, point):
     return recipe, recipe.facts["plan_at"], fp8.added_outputs(recipe, step.params, recipe.facts["plan_at"])
 
 
+@pytest.mark.e2e
 def test_prefill_quantizes_what_each_matrix_op_reads(steps):
     # a layer: the normed input of q/k/v, the fused attention's q, k and v, the o projection's input, the normed
     # input of gate/up, down's input (7); then the head's input (the last position: 2 x 64 fp8 bytes)

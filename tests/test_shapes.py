@@ -50,6 +50,7 @@ def _gpt_calls(policy: str, lengths: list[int]):
     return dict(gc.stats())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("policy", ["exp", "exact"])
 def test_gpt_200_random_lengths_compile_once_per_bucket(policy):
     rng = random.Random(7)

@@ -405,6 +405,7 @@ def test_a_training_step_trace_has_gathers_buckets_and_the_optimizer_on_their_ro
         e["dur"] for e in rows["Network"]) / 1e6)
 
 
+@pytest.mark.e2e
 def test_analyze_train_writes_the_planned_step_as_a_trace(tmp_path):
     from cli_helpers import cli
 
