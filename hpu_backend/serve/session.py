@@ -4,8 +4,8 @@ hands its graphs to.
 A front end (``torch.compile``'s backend, lazy mode, HPU graphs, packages, capacity planning, warm-up) opens
 a session or receives one, and hands it graphs. The session owns the one bucket loop (``recipes``: policy →
 bucket → bucket passes), the one answer to a graph that cannot be lowered (``graph_step``: strict mode raises,
-else one warning and the graph runs eagerly) and the events: ``listen`` to what graphs take up and use, ``observe_runs`` for
-every run. A tool takes the store from the session it opened and never looks it up again.
+else one warning and the graph runs eagerly) and the events: ``listen`` to what graphs take up and use,
+``observe_runs`` for every run. A tool takes the store from the session it opened and never looks it up again.
 
 ``torch.compile`` hands the backend nothing but options, so the backend takes the session in use (``use``),
 else the process's own, opened at the first compile; a compile whose cache configuration differs opens a
