@@ -70,9 +70,12 @@ def serving_plan(
     padding waste, recompiles after warm-up and the recommended bucket settings. All estimates; no device."""
     from hpu_backend.planning.serving.arguments import ServingArgs, ServingArgsError, plan_serving
 
-    args = ServingArgs(model, max_model_len, target, cards, dtype, block_size, max_num_seqs, max_num_batched_tokens,
-                       gpu_memory_utilization, enable_prefix_caching, num_gpu_blocks_override, vllm_gaudi,
-                       tuple(env or ()), trace, requests, rate, prompt_len, output_len, warmup_budget)
+    args = ServingArgs(
+        model=model, max_model_len=max_model_len, target=target, cards=cards, dtype=dtype, block_size=block_size,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+        num_gpu_blocks_override=num_gpu_blocks_override, vllm_gaudi=vllm_gaudi, env=tuple(env or ()), trace=trace,
+        requests=requests, rate=rate, prompt_len=prompt_len, output_len=output_len, warmup_budget=warmup_budget)
     try:
         with _progress(json) as say:
             doc, reqs = plan_serving(args, say)
