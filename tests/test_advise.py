@@ -44,6 +44,7 @@ def test_each_poor_habit_is_found_once_with_its_line(report):
         assert checks.count(check) == 1, check
 
 
+@pytest.mark.e2e
 def test_findings_explain_why_and_the_fix_and_lead_with_the_estimated_gains(report):
     findings = report["findings"]
     loop = next(f for f in findings if "loop constant" in f["what"])

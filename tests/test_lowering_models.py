@@ -81,6 +81,7 @@ def _bf16_ops_on_hpu(recipe):
     assert recipe.facts["placement"]["fallbacks"] == []
 
 
+@pytest.mark.e2e
 def test_gpt_under_bf16_autocast_matches_eager_and_stays_on_the_hpu():
     gpt = load_model_file("gpt")
     model = gpt.make_model()

@@ -170,6 +170,7 @@ def _pools_pads_and_sampling(x, grid, v):
     return a.sum() + b + c.pow(2).sum() + d.sum()
 
 
+@pytest.mark.e2e
 def test_backward_kernels_real_models_need_run_on_the_device_in_strict_mode():
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     grid = torch.rand(2, 3, 3, 2, requires_grad=True) * 2 - 1

@@ -86,6 +86,7 @@ def test_a_call_outside_the_buckets_names_the_input_and_the_range(gpt):
     assert "'tokens' dim 1 = 300" in message and "65-128" in message
 
 
+@pytest.mark.e2e
 def test_a_call_with_another_layout_is_refused(gpt):
     module, _, served = gpt
     tokens, targets = module.make_inputs(2, 16)

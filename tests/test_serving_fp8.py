@@ -33,6 +33,7 @@ def test_prefill_quantizes_what_each_matrix_op_reads(steps):
     assert added[:7] == [BATCH * 16 * 64] * 6 + [BATCH * 16 * 172]  # hidden 64, MLP 172: one byte a value
 
 
+@pytest.mark.e2e
 def test_decode_dequantizes_the_kv_cache_and_quantizes_attention_matmuls(steps):
     # attention is two matmuls (q.k, p.v), each quantizing both inputs: 4 where the fused prefill has 3; and each
     # layer's K and V cache inputs, stored in fp8, are dequantized to bf16 (twice their bytes)

@@ -45,6 +45,7 @@ def test_the_kv_cache_is_sized_as_published(plans):
     assert abs(blocks / PUBLISHED_BLOCKS - 1) < 0.02, blocks  # from the config alone, within 2% of the log
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("blocks", [None, PUBLISHED_BLOCKS])
 def test_oom_at_the_first_decode_warmup_step_before_the_fix(plans, blocks):
     doc = plans["v0.27.0rc0", blocks]

@@ -62,6 +62,7 @@ def _shown(events: list[tuple], line: str) -> tuple[float, float]:
     return sum(s.time_s for s in rows) / len(rows), at / len(rows)
 
 
+@pytest.mark.e2e
 def test_a_print_every_step_is_a_sync_at_its_line_and_every_20th_saves_what_the_timeline_shows(lazy_device, tmp_path,
                                                                                                 capsys):
     every, twentieth = _train(lazy_device, 22, 1), _train(lazy_device, 22, 20)

@@ -55,6 +55,7 @@ def test_distilbert_recompile_is_dynamo_specializing_batch_1_named_at_the_users_
     assert "mark the dimension dynamic" not in rec["fix"] and "AXES['batch']" in rec["fix"]
 
 
+@pytest.mark.e2e
 def test_distilbert_batch_size_plans_the_whole_training_step(distilbert):
     (batch,) = _findings(distilbert, "batch size")
     assert "the whole step planned" in batch["what"] and "AdamW state (assumed" in batch["what"]
