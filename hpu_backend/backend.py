@@ -197,14 +197,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, kind: str,
     start = time.perf_counter()
     ctx = LoweringContext(settings=session.settings, name=name, kind=kind, guards=_shape_guards(), gm=gm,
                           input_labels=labels)
-    try:
-        graph = CompiledGraph.build(gm, ctx, session, reason)
-    except LoweringError as e:
-        if session.settings.strict:
-            raise
-        log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
-        log.debug("lowering failure of %s in full:\n%s", name, e)
-        graph = None
+    graph = session.graph_step(name, lambda: CompiledGraph.build(gm, ctx, session, reason), lambda: None)
     if recorder is not None:
         recorder.add(kind, graph)
     inner[0] += time.perf_counter() - start

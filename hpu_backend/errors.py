@@ -15,13 +15,19 @@ __all__ = ["HpuBackendError", "one_line"]
 _FAKE_CALL = re.compile(r"when making fake tensor call.*?: got (?P<type>\w+)\((?P<q>['\"])(?P<msg>.+?)(?P=q)\)", re.S)
 
 
+def first_line(what: object, limit: int = 300) -> str:
+    """The first non-blank line of an exception's (or any object's) text, stripped; "" when it has none."""
+    text = next((line.strip() for line in str(what).splitlines() if line.strip()), "")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def one_line(e: BaseException, limit: int = 300) -> str:
     """``Type: first line of the message`` of an exception (or of the one a backend or tracer failure wraps)."""
     inner = getattr(e, "inner_exception", None) or e  # Dynamo's BackendCompilerFailed wraps the real one
     if m := _FAKE_CALL.search(str(inner)):
         text = f"{m['type']}: {m['msg'].strip()}"
     else:
-        lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
-        text = f"{type(inner).__name__}: {lines[0]}" if lines else type(inner).__name__
+        line = first_line(inner, limit)
+        text = f"{type(inner).__name__}: {line}" if line else type(inner).__name__
     return text if len(text) <= limit else text[:limit - 1] + "…"
 

@@ -108,6 +108,11 @@ HOST_BYTES_PER_S = 100 * GB
 DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in (GAUDI2, GAUDI3)})
 
 
+def target_problem(target: str) -> str | None:
+    """Why ``target`` names none of the devices above (one line, for a --target option), or None."""
+    return None if target in DEVICES else f"--target {target!r}: expected {' or '.join(DEVICES)}"
+
+
 def device(target: str) -> DeviceSpec:
     """The spec for a target name (``gaudi2`` | ``gaudi3``); KeyError names the known ones."""
     try:

@@ -28,6 +28,7 @@ def report():
     return json.loads(cli("advise", str(POOR), "--train", "--json").stdout)
 
 
+@pytest.mark.e2e
 def test_each_poor_habit_is_found_once_with_its_line(report):
     found = {(f["check"], f["where"]) for f in report["findings"]}
     want = {("cpu fallback", f"poor_habits.py:{_line('torch.special.bessel_j0(')}"),
@@ -43,6 +44,7 @@ def test_each_poor_habit_is_found_once_with_its_line(report):
         assert checks.count(check) == 1, check
 
 
+@pytest.mark.e2e
 def test_findings_explain_why_and_the_fix_and_lead_with_the_estimated_gains(report):
     findings = report["findings"]
     loop = next(f for f in findings if "loop constant" in f["what"])
@@ -92,6 +94,7 @@ def test_a_compile_only_run_hands_the_model_zeros_not_the_allocators_leftovers()
         assert out.shape == (16,) and out.abs().max().item() == 0
 
 
+@pytest.mark.e2e
 def test_advise_gives_the_same_findings_in_two_fresh_processes(report):
     """The user's runs: `hpurecipe advise models/poor_habits.py --train` in new processes finds what this one
     found, every time."""
@@ -135,6 +138,7 @@ print("loss", loss.item())
 """
 
 
+@pytest.mark.e2e
 def test_a_gaudi_script_is_refused_in_one_line_naming_what_reads_it_and_that_works(tmp_path):
     """A user gave advise and analyze their Gaudi training script: one line, nothing run, and its advice works."""
     path, marker, trace = tmp_path / "train.py", tmp_path / "ran.txt", tmp_path / "t.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import hpu_backend
@@ -11,6 +12,7 @@ from hpu_backend.diagnosis.report import AnalysisReport
 from conftest import load_model_file
 
 
+@pytest.mark.e2e
 def test_analyze_gpt_reports_fusions_estimates_and_no_breaks():
     gpt = load_model_file("gpt")
     tokens, _ = gpt.make_inputs(2, 32)

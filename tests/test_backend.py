@@ -13,6 +13,7 @@ from hpu_backend.lowering import LoweringError
 from conftest import run_python
 
 
+@pytest.mark.e2e
 def test_entry_point_needs_no_import():
     out = run_python(
         "import sys, torch\n"
@@ -25,6 +26,7 @@ def test_entry_point_needs_no_import():
     assert out.strip() == "hpu_backend.backend"
 
 
+@pytest.mark.e2e
 def test_alias_hpu_sim_and_existing_registration_do_not_crash():
     out = run_python(
         "import torch\n"

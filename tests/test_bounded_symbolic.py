@@ -91,6 +91,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.e2e
 def test_symbolic_bombs_are_refused_in_a_process_with_bounded_memory(built, tmp_path):
     paths = [crafted(built, tmp_path, lambda raw, c=c: _insert(raw, BAD[c][0]), f"{c}.hpkg")
              for c in ("string-repeat", "list-repeat", "doubling-joins", "mul-chain")]
@@ -142,6 +143,7 @@ def _bounded(value) -> bool:
     return True
 
 
+@pytest.mark.e2e
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(chain=sym_chains())
@@ -197,6 +199,7 @@ def sym_trees(draw, depth=3):
     return [op, *draw(st.lists(sym_trees(depth - 1), min_size=1, max_size=3))]
 
 
+@pytest.mark.e2e
 @settings(max_examples=300, deadline=None)
 @given(tree=sym_trees())
 def test_any_symbolic_expression_is_bounded_or_a_symexpr_error(tree):

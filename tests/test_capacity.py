@@ -28,6 +28,7 @@ def _kv_bytes_per_token(config, dtype_bytes: int) -> int:
     return 2 * config.layers * config.kv_heads * config.head_dim * dtype_bytes
 
 
+@pytest.mark.e2e
 def test_llama_prefill_and_decode_match_eager_and_the_cache_agrees_with_prefill(seq=30):
     llama = load_model_file("llama")
     model = llama.make_model().eval()
@@ -41,6 +42,7 @@ def test_llama_prefill_and_decode_match_eager_and_the_cache_agrees_with_prefill(
         torch.testing.assert_close(step[0], model(tokens)[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.e2e
 def test_steps_are_lowered_without_weights_and_hbm_follows_the_kv_cache():
     llama = load_model_file("llama")
     config = llama.CONFIG_TINY
@@ -55,6 +57,7 @@ def test_steps_are_lowered_without_weights_and_hbm_follows_the_kv_cache():
     assert wide["output_bytes"] >= 7 * 50 * kv  # prefill hands every layer's keys and values on
 
 
+@pytest.mark.e2e
 def test_fp8_halves_weights_and_cache_and_is_estimated_faster():
     (_, bf16), (_, fp8) = _steps("bf16"), _steps("fp8")
     point = {"batch": 64, "kv_len": 400}
@@ -79,6 +82,7 @@ def test_the_dtype_policy_is_a_setting_in_every_recipe_key_and_plans_only():
         Settings.from_options({"dtype_policy": "int4", "execute": False}, env={})
 
 
+@pytest.mark.e2e
 def test_largest_batch_is_found_by_search_and_tokens_per_second_is_prefill_plus_decode_steps():
     prefill, decode = _steps("bf16")
     doc = plan_capacity(prefill, decode, "llama", "gaudi2", "bf16", 64, 9, None)
@@ -94,6 +98,7 @@ def test_largest_batch_is_found_by_search_and_tokens_per_second_is_prefill_plus_
     assert doc["tokens_per_s"] == pytest.approx(b * 9 / (prefill.time_s({"batch": b, "input_len": 64}) + steps))
 
 
+@pytest.mark.e2e
 def test_batch_given_and_does_not_fit_even_at_batch_1():
     prefill, decode = _steps("bf16")
     doc = plan_capacity(prefill, decode, "llama", "gaudi2", "bf16", 16, 16, 3)
@@ -103,6 +108,7 @@ def test_batch_given_and_does_not_fit_even_at_batch_1():
     assert huge["tokens_per_s"] is None
 
 
+@pytest.mark.e2e
 def test_gaudi3_plans_a_larger_batch_and_more_tokens_per_second():
     docs = {t: plan_capacity(*_steps("bf16", t), "llama", t, "bf16", 128, 64, None) for t in ("gaudi2", "gaudi3")}
     assert docs["gaudi3"]["max_batch"]["batch"] > docs["gaudi2"]["max_batch"]["batch"]
@@ -135,6 +141,7 @@ def test_model_file_without_a_decode_step_or_with_other_axes_is_a_one_line_error
         load_spec(str(missing))
 
 
+@pytest.mark.e2e
 def test_cli_analyze_capacity_json_and_errors(capsys):
     from hpurecipe.analysis import print_capacity
 

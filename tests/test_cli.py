@@ -93,6 +93,7 @@ COMPILE = {"dynamic": True, "options": {}}
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("output, loss", [
     ("(self.a(x), {'aux': self.b(x)})", "output[0].sum() + output[1]['aux'].pow(2).sum()"),
     ("{'logits': self.a(x), 'pair': (self.b(x), x)}", "output['logits'].sum() + output['pair'][0].sum()"),
@@ -108,6 +109,7 @@ def test_warm_and_analyze_train_take_any_pytree_of_outputs(tmp_path, output, los
     assert len(rows) == 2 and all(r["recipes"] >= 2 for r in rows)  # forward and backward at each point
 
 
+@pytest.mark.e2e
 def test_warm_says_when_the_cache_is_too_small_and_how_large_it_must_be(tmp_path, tiny_file, monkeypatch):
     small = tmp_path / "small"
     monkeypatch.setenv("PT_HPU_RECIPE_CACHE_CONFIG", f"{small},false,0.004")
@@ -123,6 +125,7 @@ def test_warm_says_when_the_cache_is_too_small_and_how_large_it_must_be(tmp_path
         fit, fits=True, evicted=[], trimmed=[], limit_bytes=int(fit["suggested_mb"] * 2**20))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", ["analyze", "coverage"])
 def test_long_commands_show_progress_on_a_terminal_only(tiny_file, monkeypatch, command):
     from rich.console import Console
@@ -141,6 +144,7 @@ def test_long_commands_show_progress_on_a_terminal_only(tiny_file, monkeypatch, 
     assert stderr_of("--json", terminal=True) == ""
 
 
+@pytest.mark.e2e
 def test_analyze_shows_the_point_and_the_bucket_end_it_was_planned_at(tmp_path):
     path = tiny_model(tmp_path, "wide", TINY.replace('"exp:2"', '"exp:16"'))  # batch 2 and 8 share bucket 0-16
     rows = cli_json("analyze", path)["buckets"]
@@ -152,6 +156,7 @@ def test_analyze_shows_the_point_and_the_bucket_end_it_was_planned_at(tmp_path):
     assert any(line.split()[:2] == ["batch=2", "batch=16"] for line in out.splitlines())
 
 
+@pytest.mark.e2e
 def test_warm_shows_cpu_fallbacks(tmp_path):
     text = TINY.replace("torch.nn.ReLU()", "Digamma()").replace("def make_model():", """class Digamma(torch.nn.Module):
     def forward(self, x):
@@ -188,6 +193,7 @@ def test_prebuild_in_process_matches_warm(tmp_path, tiny_file, warmed):
     assert keys_of(tmp_path / "p") == keys_of(warmed)
 
 
+@pytest.mark.e2e
 def test_prebuild_in_two_worker_processes_makes_the_keys_warm_makes(tmp_path, tiny_file):
     axes = ["--axis", "batch=1,2,8"]  # batch 1 gets a graph of its own (Dynamo specializes it)
     warm = cli_json("warm", tiny_file, "-d", tmp_path / "w", *axes)
@@ -399,6 +405,7 @@ print("torch imported" if "torch" in sys.modules else "no torch", code, file=sys
 """
 
 
+@pytest.mark.e2e
 def test_cache_only_commands_do_not_import_torch(tmp_path, warmed):
     import subprocess
     import sys
@@ -440,6 +447,7 @@ def test_analyze_says_when_it_cannot_find_the_largest_batch(tmp_path):
     assert mb["batch"] is None and "dynamic shapes" in mb["reason"]
 
 
+@pytest.mark.e2e
 def test_signed_bundles_with_a_key_and_refusals_without_a_match(tmp_path, warmed, monkeypatch):
     unsigned = tmp_path / "unsigned.tar"
     cli("export", unsigned, "-d", warmed)

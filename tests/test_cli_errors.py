@@ -152,6 +152,7 @@ def test_warm_into_a_cache_that_cannot_be_written_fails_naming_it_not_the_size(t
         assert "too small" not in out and "MiB" not in out
 
 
+@pytest.mark.e2e
 def test_warm_names_entries_another_process_removed_during_the_run(tmp_path, capsys):
     """Another process clears the cache after the last bucket: the report says so and does not blame the size."""
     import subprocess

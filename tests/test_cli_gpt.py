@@ -15,6 +15,8 @@ from hpu_backend.shipping.manifests import read_manifests
 from cli_helpers import cli, cli_json, cli_process
 from conftest import MODELS, run_python
 
+pytestmark = pytest.mark.e2e  # the end-to-end tier (the e2e marker in pyproject.toml)
+
 GPT = MODELS / "gpt.py"
 # Few buckets keep the tests quick; batch 1 and 2 still give two Dynamo graphs (batch 1 is specialized).
 AXES = {"batch": [1, 2], "seq": [16, 32]}

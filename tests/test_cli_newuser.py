@@ -71,6 +71,7 @@ WAITS = TINY.replace("def make_inputs(batch, seed=0):\n", '''def make_inputs(bat
 ''')
 
 
+@pytest.mark.e2e
 def test_ctrl_c_during_warm_says_what_was_written_and_that_the_cache_verifies(tmp_path):
     model, cache = tiny_model(tmp_path, text=WAITS), tmp_path / "cache"
     proc = subprocess.Popen([sys.executable, "-m", "hpurecipe.main", "warm", str(model), "-d", str(cache)],

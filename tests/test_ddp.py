@@ -36,6 +36,7 @@ def _two_ranks(*args: str) -> list[dict]:
     return run_ranks(WORKERS, 2, *args)
 
 
+@pytest.mark.e2e
 def test_two_rank_ddp_with_hpu_backend_matches_single_process_and_plans_its_buckets():
     from ddp_workers import GLOBAL_BATCH, LAYERS, SEQ  # noqa: E402  (tests/ on the path under pytest)
 
@@ -60,6 +61,7 @@ def test_two_rank_ddp_with_hpu_backend_matches_single_process_and_plans_its_buck
         assert sum(c["bytes"] for c in small["collectives"]) == grad_bytes
 
 
+@pytest.mark.e2e
 def test_two_rank_fsdp2_fully_shard_with_hpu_backend_matches_single_process():
     from ddp_workers import GLOBAL_BATCH, LAYERS, SEQ  # noqa: E402
 

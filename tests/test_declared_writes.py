@@ -62,6 +62,7 @@ def _batch_norm_into(raw, name: str, target: str = "0.bias") -> None:
                       node("bn", op, [{"r": "ones"}, None, None, {"r": stats}, {"r": stats}, *tail], [2, 16, 3])]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(BN_NODES))
 def test_batch_norm_in_training_mode_in_a_package_is_refused_and_the_model_is_unchanged(built, tmp_path, name):
     model = built[2].build_model().eval()
@@ -111,6 +112,7 @@ def _compiled_run(cache_dir, model, x, dynamic=False):
     return out
 
 
+@pytest.mark.e2e
 def test_batch_norm_training_through_the_cache_declares_its_writes_and_matches_eager(tmp_path):
     """The legitimate writer: AOTAutograd's mutated buffers (running statistics) are declared, served from the
     cache in a second run, and leave the same state as eager."""
@@ -176,6 +178,7 @@ print(json.dumps({"out": out.item(), "eager": torch.nn.functional.linear(x, *bef
 """
 
 
+@pytest.mark.e2e
 def test_a_lazy_entry_that_writes_a_parameter_is_quarantined(tmp_path):
     cache_dir = tmp_path / "c"
     env = {"PT_HPU_RECIPE_CACHE_CONFIG": f"{cache_dir},false,64"}
@@ -250,6 +253,7 @@ def _recipe_with(node_raw: dict, writes: list[str], outputs: list | None = None)
 
 # derandomize: the same 300 crafted nodes on every run, so that a kernel crash it finds reproduces (torch's
 # internal kernels crash the whole process on some arguments; those found are refused at load, see ops.py).
+@pytest.mark.e2e
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(node_raw=crafted_nodes(), declared=st.sets(st.sampled_from(["t0", "t1", "t2"])))
 def test_a_loaded_recipe_writes_no_input_it_does_not_declare(node_raw, declared):

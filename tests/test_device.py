@@ -56,6 +56,7 @@ def train(make, device: str, steps: int = 5, optimizer: str = "sgd"):
     return losses, model
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("make, optimizer", [(TinyCNN, "sgd"), (mlp, "adamw")])
 def test_training_matches_the_cpu(device_mode, make, optimizer):
     cpu_losses, cpu_model = train(make, "cpu", optimizer=optimizer)

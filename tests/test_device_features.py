@@ -39,6 +39,7 @@ def lazy():
     hd.enable("eager")
 
 
+@pytest.mark.e2e
 def test_memory_counts_every_device_tensor_and_oom_names_request_use_and_capacity(eager):
     hpu = torch.hpu
     gc.collect()  # device tensors in garbage cycles of earlier tests are freed now, not inside the deltas below
@@ -77,6 +78,7 @@ def test_unsupported_dtype_falls_back_in_eager_mode_and_strict_mode_refuses(eage
     torch.digamma(x.float().to("hpu"))  # float32 digamma runs on the device
 
 
+@pytest.mark.e2e
 def test_fallback_log_lines_and_exit_table_in_gaudi_format():
     code = textwrap.dedent("""
         import torch, hpu_backend.device as hd

@@ -55,6 +55,7 @@ def cpu_runs():
     return {kind: run(kind, "cpu") for kind in ("gpt2", "llama")}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 @pytest.mark.parametrize("mode", ["eager", "lazy", "compile"])
 def test_a_hugging_face_model_trains_and_generates_as_on_the_cpu(cpu_runs, kind, mode):

@@ -191,6 +191,7 @@ def _run_script(tmp_path, text: str, *launcher: str, **env: str):
     return subprocess.run(command, capture_output=True, text=True, env=full, timeout=300, cwd=tmp_path)
 
 
+@pytest.mark.e2e
 def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_path, monkeypatch):
     """Forked DataLoader workers inherit the recipe cache's lock objects: each process takes its own."""
     monkeypatch.delenv("PT_HPU_RECIPE_CACHE_CONFIG",
@@ -212,6 +213,7 @@ def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_pa
     assert "background job failed" not in done.stderr and "inherited across fork" not in done.stderr
 
 
+@pytest.mark.e2e
 def test_every_rank_of_a_two_card_run_trains_on_its_card(tmp_path):
     """As DeepSpeed's HPU accelerator does: set_device(LOCAL_RANK), tensors on ``hpu:{LOCAL_RANK}``, a backward."""
     done = _run_script(tmp_path, (

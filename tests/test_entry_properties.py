@@ -109,6 +109,7 @@ def _check_loaders(payload: bytes) -> None:
             pass
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["recipe", "program"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -123,6 +124,7 @@ def test_a_mutated_entry_is_a_format_or_load_error_and_a_store_miss(stored, tmp_
         store.load(key, build_callable)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["recipe", "program"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())

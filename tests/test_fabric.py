@@ -48,6 +48,7 @@ def test_collective_time_rejects_unknown_kinds_and_groups_beyond_the_server():
 
 # -- tensor parallel on real processes -------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_two_rank_tensor_parallel_llama_and_gpt_match_eager_and_list_their_collectives():
     results = run_ranks(WORKERS, 2, timeout=180)
     for r in results:
@@ -191,6 +192,7 @@ def planned():
             "whole": card_steps(dataclasses.replace(spec, layers=None), "gaudi2", "bf16", 2)}
 
 
+@pytest.mark.e2e
 def test_a_deep_stack_is_estimated_from_one_and_two_layers_as_if_lowered_whole(planned):
     from hpu_backend.planning.capacity import LayeredStep
 
@@ -206,6 +208,7 @@ def test_a_deep_stack_is_estimated_from_one_and_two_layers_as_if_lowered_whole(p
         assert step.peak_bytes(point) == pytest.approx(full.peak_bytes(point), rel=0.02)
 
 
+@pytest.mark.e2e
 def test_a_card_holds_its_share_of_the_weights_and_kv_cache_and_pays_the_collectives(planned):
     from hpu_backend.planning.capacity import plan_capacity
 
@@ -235,6 +238,7 @@ def test_capacity_across_cards_refuses_more_cards_than_a_server_and_models_witho
         capacity(_spec(2), "gaudi2", "bf16", 8, 8, cards=3)  # 4 heads
 
 
+@pytest.mark.e2e
 def test_cli_analyze_cards_json_and_text(capsys):
     from cli_helpers import cli, cli_json
     from hpurecipe.analysis import print_capacity

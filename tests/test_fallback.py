@@ -33,6 +33,7 @@ def _run(env: dict) -> tuple[str, str]:
     return proc.stdout, proc.stderr
 
 
+@pytest.mark.e2e
 def test_fallback_line_and_exit_table_on_the_console():
     out, err = _run({"LOG_LEVEL_PT_FALLBACK": "1", "ENABLE_CONSOLE": "true"})
     console = out + err

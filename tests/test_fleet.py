@@ -19,8 +19,9 @@ from cli_helpers import cli, cli_json, tiny_model
 from conftest import free_port
 
 REDIS = shutil.which("redis-server")
-pytestmark = pytest.mark.skipif(REDIS is None, reason="needs redis-server (.ci/run installs it: apt-get install "
-                                                      "redis-server)")
+pytestmark = [pytest.mark.e2e,  # the end-to-end tier (the e2e marker in pyproject.toml)
+              pytest.mark.skipif(REDIS is None, reason="needs redis-server (.ci/run installs it: apt-get install "
+                                                       "redis-server)")]
 ROOT = Path(__file__).resolve().parents[1]
 
 

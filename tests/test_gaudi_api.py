@@ -40,6 +40,7 @@ def _train(spec, point, steps, compiled: bool, gaudi: bool, optimizer: str):
     return model
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name, point, optimizer", [("mnist", (16,), "adamw"), ("mnist", (16,), "sgd"),
                                                      ("gpt", (2, 16), "adamw")])
 def test_twenty_gaudi_style_training_steps_match_eager_torch(name, point, optimizer):
@@ -85,6 +86,7 @@ def _train_with_step(spec, point, steps: int, backend: str | None):
     return model
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name, point", [("mnist", (16,)), ("gpt", (2, 16))])
 def test_a_compiled_optimizer_step_is_a_recipe_and_matches_eager(name, point):
     """Clip + FusedAdamW under torch.compile: the step is lowered (its multi-tensor kernels on the TPC, in the

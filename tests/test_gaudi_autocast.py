@@ -166,6 +166,7 @@ def test_every_default_op_has_a_python_entry_point():
     assert F.cross_entropy in callables_of("cross_entropy_loss")
 
 
+@pytest.mark.e2e
 def test_a_gpt_training_step_under_autocast_matches_eager_autocast():
     from conftest import load_model_file
 

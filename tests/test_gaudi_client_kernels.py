@@ -154,6 +154,7 @@ print(json.dumps({"outside": outside, "version": importlib.metadata.version("hab
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("lazy", ["0", "1"])
 def test_client_names_and_the_release_distribution_under_simulate(lazy):
     env = {name: value for name, value in os.environ.items()

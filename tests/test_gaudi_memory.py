@@ -2,6 +2,7 @@
 
 import gc
 
+import pytest
 import torch
 
 import hpu_backend.gaudi as hg
@@ -14,6 +15,7 @@ def _bytes(*tensors) -> int:
     return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
+@pytest.mark.e2e
 def test_memory_counts_what_ran_and_its_planned_arena():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
@@ -53,6 +55,7 @@ def test_memory_counts_what_ran_and_its_planned_arena():
     assert hg.memory_stats()["NumFrees"] == frees + 1
 
 
+@pytest.mark.e2e
 def test_training_keeps_saved_activations_until_the_backward():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
@@ -76,6 +79,7 @@ def test_training_keeps_saved_activations_until_the_backward():
 
 
 
+@pytest.mark.e2e
 def test_the_counters_cost_nothing_until_first_used():
     """A process that never reads them compiles and calls without observing runs; the first reading starts them,
     and from then on every run counts (a fresh process: here the counters are started)."""

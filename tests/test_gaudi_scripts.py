@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.e2e  # the end-to-end tier (the e2e marker in pyproject.toml)
+
 ROOT = Path(__file__).resolve().parent.parent
 GAUDI = ROOT / "models" / "gaudi"
 STEPS = 4

@@ -178,6 +178,7 @@ for _, r, hit in sorted(found, key=lambda f: f[1].kind):
 """
 
 
+@pytest.mark.e2e
 def test_a_fresh_process_reads_the_recompute_choice_back_from_disk(tmp_path):
     from conftest import run_python
 

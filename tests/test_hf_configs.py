@@ -55,6 +55,7 @@ def test_steps_match_the_transformers_model(configs, kind):
     assert len(prefill) == 1 + 2 * BASE["num_hidden_layers"] and decode[1].shape == (2, 2, 1, 8)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["qwen2", "mixtral"])
 def test_planned_weights_and_kv_bytes(configs, kind):
     spec = load_model_file(configs[kind] / "config.json")
@@ -65,6 +66,7 @@ def test_planned_weights_and_kv_bytes(configs, kind):
     assert model.kv_bytes_per_token == 2 * 2 * BASE["num_hidden_layers"] * 2 * 8  # K and V, 2 KV heads of 8, bf16
 
 
+@pytest.mark.e2e
 def test_interleaved_layers_extrapolate_by_their_period(tmp_path):
     # Llama 4 alternates a dense layer and a mixture of experts: a shard extrapolated from one and two layers would
     # count a dense layer and seven expert layers; by groups of two it counts four of each, as the model has.
@@ -83,6 +85,7 @@ def test_interleaved_layers_extrapolate_by_their_period(tmp_path):
     assert model.weights_bytes == expected
 
 
+@pytest.mark.e2e
 def test_capacity_across_cards_takes_a_config(configs):  # (LLaMA is planned in test_serving_plan.py)
     doc = cli_json("analyze", configs["mistral"] / "config.json", "--input-len", "16", "--output-len", "4",
                    "--cards", "2", "--batch", "4")

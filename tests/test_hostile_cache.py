@@ -150,6 +150,7 @@ for admin in (lambda: c.evict(max_bytes=0), c.clear):
 """
 
 
+@pytest.mark.e2e
 def test_fifos_in_place_of_every_bookkeeping_file_hang_nothing(filled, tmp_path):
     for name in BOOKKEEPING:
         (filled / name).parent.mkdir(exist_ok=True)
@@ -165,6 +166,7 @@ def test_fifos_in_place_of_every_bookkeeping_file_hang_nothing(filled, tmp_path)
         assert result["code"] == 0 or one_line(result) is None, result
 
 
+@pytest.mark.e2e
 def test_links_to_devices_and_huge_files_are_not_read(filled, tmp_path):
     names = ["size.json", "stats.json", "hits.log", "config.json", "clear.marker", "evictions.log"]
     huge = tmp_path / "outside" / "huge"
@@ -307,6 +309,7 @@ def test_export_writes_no_temp_file_through_a_planted_link(filled, tmp_path):
 
 # -- bundles: FIFOs, devices, decompression bombs (items 6, 7) ---------------------------------------------------
 
+@pytest.mark.e2e
 def test_import_of_a_fifo_a_device_or_a_directory_fails_at_once(tmp_path):
     fifo = tmp_path / "bundle.tar"
     os.mkfifo(fifo)
@@ -330,6 +333,7 @@ def _bomb(path: Path, members: int, member_bytes: int, name_of) -> None:
         f.write(gzip.compress(b"\0" * 1024, mtime=0))
 
 
+@pytest.mark.e2e
 def test_gzip_bomb_bundles_are_refused_quickly_in_bounded_memory(tmp_path):
     bombs = {"entries": (256, 16 * 1024**2, lambda i: f"entries/k{i:04d}.rcp", "not a cache entry"),  # 4 GB
              "manifests": (64, 16 * 1024**2 - 1024, lambda i: f"manifests/m{i}.json", "not JSON"),
@@ -391,6 +395,7 @@ def _child_as(nobody, work) -> dict:
     return report
 
 
+@pytest.mark.e2e
 def test_an_unreadable_shard_is_skipped_reported_and_verify_goes_on():
     _as_nobody(_unreadable_shard)
 
@@ -410,6 +415,7 @@ def _unreadable_shard(base: Path, nobody) -> None:
     assert [reason.split(" (")[0] for _, reason in report["verify"]] == ["unreadable shard directory"], report
 
 
+@pytest.mark.e2e
 def test_one_unreadable_entry_is_reported_and_verify_goes_on():
     _as_nobody(_unreadable_entry)
 
@@ -476,6 +482,7 @@ def _remote_cache(path: Path, url: str) -> RecipeCache:
     return RecipeCache(CacheConfig(path=path, fsync=False, memory_entries=0, remote=url))
 
 
+@pytest.mark.e2e
 @needs_redis
 def test_with_a_key_unsigned_and_forged_fleet_entries_are_refused_once_and_deleted(tmp_path, redis_server,
                                                                                    monkeypatch, caplog):
@@ -504,6 +511,7 @@ def test_with_a_key_unsigned_and_forged_fleet_entries_are_refused_once_and_delet
     assert _remote_cache(tmp_path / "r5", url).get("dd04") == recipe_bytes("d")  # no key: seal stripped, trusted
 
 
+@pytest.mark.e2e
 @needs_redis
 def test_a_checksum_valid_malformed_fleet_entry_is_deleted_by_pull_and_by_serving(tmp_path, redis_server):
     from hpu_backend.serve.store import RecipeStore
@@ -677,6 +685,7 @@ def test_nested_arrays_are_bounded_in_all_not_only_each(tmp_path, monkeypatch, c
         server.close()
 
 
+@pytest.mark.e2e
 @needs_redis
 def test_one_oversized_fleet_value_is_skipped_and_deleted_and_pull_fetches_the_rest(tmp_path, redis_server,
                                                                                    monkeypatch, caplog):

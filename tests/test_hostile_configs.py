@@ -124,6 +124,7 @@ def test_gemma2_steps_match_the_transformers_model_past_its_sliding_window(tmp_p
     assert prefill[1].shape == (2, 2, 11, 8) and decode[1].shape == (2, 2, 1, 8)
 
 
+@pytest.mark.e2e
 def test_gemma2_is_planned(tmp_path):
     path = written(tmp_path, gemma2(window=64))
     doc = cli_json("serving-plan", path, "--max-model-len", "128")

@@ -103,6 +103,7 @@ def wait_for_pids(tmp_path: Path, proc: subprocess.Popen, ranks: int) -> list[in
     return [int(p) for f in files for p in f.read_text().split()]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_ranks_and_their_helpers_die_with_the_launcher(tmp_path, mark, sig):
     path = script(tmp_path, HELPERS)
@@ -118,6 +119,7 @@ def test_ranks_and_their_helpers_die_with_the_launcher(tmp_path, mark, sig):
     # the fixture checks that none of the four (nor anything else started here) is left running
 
 
+@pytest.mark.e2e
 def test_a_failing_rank_takes_its_helpers_with_it(tmp_path, mark):
     path = script(tmp_path, HELPERS)
     proc = start(tmp_path, mark, "--cards", "2", path, tmp_path, "fail")
@@ -126,6 +128,7 @@ def test_a_failing_rank_takes_its_helpers_with_it(tmp_path, mark):
     assert "rank 1 failed (RuntimeError: rank one fails after forking a helper)" in err, err
 
 
+@pytest.mark.e2e
 def test_a_failing_script_on_one_card_takes_its_helpers_with_it(tmp_path, mark):
     path = script(tmp_path, """\
         import subprocess, sys
@@ -139,6 +142,7 @@ def test_a_failing_script_on_one_card_takes_its_helpers_with_it(tmp_path, mark):
     assert (tmp_path / "helper.pid").read_text().isdigit()  # it ran; the fixture checks it is gone
 
 
+@pytest.mark.e2e
 def test_prefix_marks_every_line_and_ddp_ranks_print_no_timer_warning(tmp_path, mark):
     path = script(tmp_path, """\
         import os, sys, torch, torch.distributed as dist
@@ -164,6 +168,7 @@ def test_prefix_marks_every_line_and_ddp_ranks_print_no_timer_warning(tmp_path, 
     assert "Time stats" not in err, err  # DDP's reducer has no timer for the simulated device: not the user's concern
 
 
+@pytest.mark.e2e
 def test_ctrl_c_exits_130_and_the_report_shows_it(tmp_path, mark):
     path = script(tmp_path, """\
         import time
@@ -219,6 +224,7 @@ def test_bad_options_and_variables_are_one_line_before_anything_runs(tmp_path, m
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.e2e
 def test_an_unknown_option_is_named_not_taken_for_the_script(tmp_path):
     path = script(tmp_path, "print('ran')\n")
     line = one_line(cli("run", "--bogus", path, code=2))
@@ -265,6 +271,7 @@ def test_a_trace_path_that_is_not_a_regular_file_is_refused_up_front(tmp_path, k
     assert victim.read_text() == "precious" and not (tmp_path / "ran").exists()
 
 
+@pytest.mark.e2e
 def test_a_link_planted_at_a_ranks_trace_is_refused_and_a_late_one_replaced(tmp_path, mark):
     from hpu_backend.timeline import trace as traces
     from hpu_backend.timeline.model import Span

@@ -276,6 +276,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.e2e
 def test_devices_fifos_and_a_huge_file_are_refused_in_one_line_and_bounded_memory(tmp_path):
     fifo = tmp_path / "fifo.hpkg"
     os.mkfifo(fifo)

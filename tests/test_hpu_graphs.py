@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 
+import pytest
 import torch
 
 from hpu_backend.gaudi import wrap_in_hpu_graph
@@ -54,6 +55,7 @@ def test_inputs_are_copied_into_static_buffers_and_parameters_updated_in_place_a
         torch.testing.assert_close(graphed(y), new(y), rtol=0, atol=0)
 
 
+@pytest.mark.e2e
 def test_gpt_replays_match_eager_at_each_length_and_max_graphs_bounds_the_captures():
     gpt = load_model_file("gpt")
     model = gpt.make_model().eval()
@@ -150,6 +152,7 @@ def test_nd_linear_fold_is_bit_identical():
     torch.testing.assert_close(build_callable(recipe)(list(args)), namespace["run"](list(args)), rtol=0, atol=0)
 
 
+@pytest.mark.e2e
 def test_cpu_fallbacks_count_at_every_replay():
     from hpu_backend.serve import fallback
 
@@ -191,6 +194,7 @@ def test_reduce_overhead_replays_after_one_capture_on_a_miss_and_on_a_program_hi
     assert default_uses == len(xs)
 
 
+@pytest.mark.e2e
 def test_reduce_overhead_captures_each_shape_of_a_dynamic_graph():
     gpt = load_model_file("gpt")
     model = gpt.make_model().eval()

@@ -58,6 +58,7 @@ def test_tests_import_the_installed_copy():
         assert "site-packages" in package.parts, module.__file__
 
 
+@pytest.mark.e2e
 def test_console_script_runs():
     exe = shutil.which("hpurecipe")
     assert exe is not None, "the hpurecipe console script is not on PATH"

@@ -34,6 +34,7 @@ def fuzzer():
 GROUPS = ("graph.", "inputs.", ("state.", "target", "settings", "toolchain."))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("prefix", GROUPS, ids=["graph", "inputs", "state-settings-toolchain"])
 def test_one_mutation_of_every_kind_hits_only_what_it_may(fuzzer, prefix, tmp_path):
     kinds = [k for k in fuzzer.MUTATORS if k.startswith(prefix)]
@@ -200,6 +201,7 @@ print(_code_digest(space["backward"]))
 '''
 
 
+@pytest.mark.e2e
 def test_a_formulas_key_is_the_same_in_every_process_and_follows_its_code():
     from hpu_backend.serve.keys import _code_digest
 

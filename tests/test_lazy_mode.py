@@ -36,6 +36,7 @@ def _own_store(tmp_path) -> dict:
     return {"cache_config": f"{tmp_path / 'recipes'},false,64"}
 
 
+@pytest.mark.e2e
 def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_after_the_first(tmp_path):
     mnist = load_model_file("mnist")
     eager_losses, eager_model = training.mnist_run(mnist, steps=20)
@@ -55,6 +56,7 @@ def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_
     assert not any(s.cut for s in logged)  # after mark_step: nothing pending to cut
 
 
+@pytest.mark.e2e
 def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady(tmp_path):
     gpt = load_model_file("gpt")
     eager_losses, eager_model = training.gpt_run(gpt, steps=20)
@@ -255,6 +257,7 @@ with htcore.lazy():  # lazy mode on host tensors, for the whole script
 """
 
 
+@pytest.mark.e2e
 def test_a_second_process_runs_the_lazy_recipes_from_the_disk_cache(tmp_path):
     env = {"PT_HPU_LAZY_MODE": "1", "PT_HPU_RECIPE_CACHE_CONFIG": f"{tmp_path / 'cache'},false,64"}
     first = json.loads(run_python(SCRIPT, env).splitlines()[-1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hpu_backend.serve.compiled import collect_recipes
@@ -19,6 +20,7 @@ def _recipes(model, *inputs, backward=False, options=None, autocast=False, dynam
     return {r.kind: r for _, r, _ in found}, out
 
 
+@pytest.mark.e2e
 def test_gpt_attention_is_one_fused_sdpa_per_layer_in_every_graph():
     gpt = load_model_file("gpt")
     model = gpt.make_model(layers=3)
@@ -32,6 +34,7 @@ def test_gpt_attention_is_one_fused_sdpa_per_layer_in_every_graph():
     assert kinds == {"forward": ["fused_sdpa"] * 3, "backward": ["fused_sdpa_bwd"] * 3, "inference": ["fused_sdpa"] * 3}
 
 
+@pytest.mark.e2e
 def test_gpt_fused_attention_saves_at_least_one_layers_scores_at_seq_2048():
     """What is compared: the inference graph of models/gpt.py at S=2048 (batch 1), with and without
     fusion. The graph holds the sdpa op, not explicit attention; with fusion off the plan accounts
@@ -53,6 +56,7 @@ def test_gpt_fused_attention_saves_at_least_one_layers_scores_at_seq_2048():
     assert fused["inference"].facts["cost"]["total_s"] < unfused["inference"].facts["cost"]["total_s"]
 
 
+@pytest.mark.e2e
 def test_handwritten_attention_in_bert_is_planned_as_written_with_the_fused_saving():
     """What is compared: models/bert.py's inference graph, whose attention is written out by hand. It is
     not a FusedSDPA kernel on Gaudi, so the plan keeps its S×S scores in HBM with fusion on or off, and
@@ -77,6 +81,7 @@ def _bf16_ops_on_hpu(recipe):
     assert recipe.facts["placement"]["fallbacks"] == []
 
 
+@pytest.mark.e2e
 def test_gpt_under_bf16_autocast_matches_eager_and_stays_on_the_hpu():
     gpt = load_model_file("gpt")
     model = gpt.make_model()

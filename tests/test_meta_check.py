@@ -201,6 +201,7 @@ else:
 """
 
 
+@pytest.mark.e2e
 def test_a_kernel_that_trusts_its_caller_is_never_reached_in_a_child_process():
     out = run_python(CHILD, {})
     assert "refused: does not run on these inputs' shapes" in out, out

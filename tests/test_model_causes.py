@@ -123,6 +123,7 @@ def _python(code: str, *args: str, path: str = "") -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.e2e
 def test_a_library_custom_op_is_a_cpu_fallback_node_that_a_second_process_loads_from_the_cache(tmp_path):
     cache = str(tmp_path / "cache")
     # Strict mode accepts it (a library op has no device kernel); it is named with its own namespace and
@@ -169,6 +170,7 @@ def _pools_pads_and_sampling(x, grid, v):
     return a.sum() + b + c.pow(2).sum() + d.sum()
 
 
+@pytest.mark.e2e
 def test_backward_kernels_real_models_need_run_on_the_device_in_strict_mode():
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     grid = torch.rand(2, 3, 3, 2, requires_grad=True) * 2 - 1

@@ -8,6 +8,7 @@ import torch
 from conftest import load_model_file
 
 
+@pytest.mark.e2e
 def test_mnist_20_sgd_steps_match_eager():
     mnist = load_model_file("mnist")
     eager_losses, eager_model = mnist.train(steps=20, backend=None)
@@ -18,6 +19,7 @@ def test_mnist_20_sgd_steps_match_eager():
     assert eager_losses[-1] < eager_losses[0]  # it really trains
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("seq", [8, 37])
 def test_gpt_inference_and_gradients_match_eager(seq):
     gpt = load_model_file("gpt")

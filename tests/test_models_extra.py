@@ -8,6 +8,8 @@ import torch
 from hpu_backend.serve.compiled import collect_recipes
 from conftest import load_model_file
 
+pytestmark = pytest.mark.e2e  # the end-to-end tier (the e2e marker in pyproject.toml)
+
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_resnet_trains_like_eager(channels_last):

@@ -13,6 +13,8 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 from opinfo_sweep import sweep
 
+pytestmark = pytest.mark.e2e  # the end-to-end tier (the e2e marker in pyproject.toml)
+
 SHARDS = 4
 
 # op name -> why it does not pass under hpu_backend although it passes under aot_eager (none today: the

@@ -60,6 +60,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.e2e
 def test_packages_serve_every_model_in_a_fresh_process_without_dynamo(packages):
     code = f"PACKAGES = {str(packages)!r}\n" + SERVE
     out = json.loads(run_python(f"import sys; sys.argv[1:] = {list(MODELS)!r}\n" + code).splitlines()[-1])
@@ -75,6 +76,7 @@ def gpt(packages):
     return module, model, load_package(packages / "gpt.hpkg", model)
 
 
+@pytest.mark.e2e
 def test_a_call_outside_the_buckets_names_the_input_and_the_range(gpt):
     module, _, served = gpt
     with pytest.raises(PackageError) as e:
@@ -84,6 +86,7 @@ def test_a_call_outside_the_buckets_names_the_input_and_the_range(gpt):
     assert "'tokens' dim 1 = 300" in message and "65-128" in message
 
 
+@pytest.mark.e2e
 def test_a_call_with_another_layout_is_refused(gpt):
     module, _, served = gpt
     tokens, targets = module.make_inputs(2, 16)
@@ -218,6 +221,7 @@ def _serves_tied_weights(path, module, inputs, tied):
         torch.testing.assert_close(served(*inputs), model(*inputs))
 
 
+@pytest.mark.e2e
 def test_a_model_with_tied_weights_packages_with_and_without_weights(tmp_path):
     path = tmp_path / "tied.hpkg"
     cli("package", tiny_model(tmp_path, "tied", TIED), "-o", path)
@@ -230,6 +234,7 @@ def test_a_model_with_tied_weights_packages_with_and_without_weights(tmp_path):
     assert list(read_package(path).weights) == ["embed.weight"]  # the shared tensor is stored once
 
 
+@pytest.mark.e2e
 def test_hugging_face_gpt2_packages_its_tied_lm_head(tmp_path):
     path = tmp_path / "gpt2.hpkg"
     result = cli("package", tiny_model(tmp_path, "gpt2", HF_GPT2), "-o", path, "--with-weights")
@@ -287,6 +292,7 @@ def _strided_cnn(tmp_path, sizes, extra=""):
     return tiny_model(tmp_path, "cnn", STRIDED_CNN.replace("SIZES", repr(sizes)) + extra)
 
 
+@pytest.mark.e2e
 def test_a_strided_cnn_packages_from_the_bottom_of_its_smallest_bucket(tmp_path):
     # from 1, export fails: the convolutions need 7 pixels and specialize 7-10; the points' buckets start at 17
     path = tmp_path / "cnn.hpkg"

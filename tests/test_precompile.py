@@ -95,6 +95,7 @@ print(json.dumps(counts))
 """
 
 
+@pytest.mark.e2e
 def test_a_new_process_serves_every_bucket_matching_eager_without_tracing_or_lowering(precompiled, tmp_path):
     model_file, directory = precompiled
     env = dict(os.environ, PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp_path / 'empty-cache'},false,64",
@@ -107,6 +108,7 @@ def test_a_new_process_serves_every_bucket_matching_eager_without_tracing_or_low
     assert counts == dict(counts, aot_traces=0, dynamo_traces=0, dynamo_frames=0, lowered=0, recipe_misses=0)
 
 
+@pytest.mark.e2e
 def test_a_call_outside_every_precompiled_range_falls_back_to_torch_compile_with_one_warning(precompiled, caplog):
     model_file, directory = precompiled
     spec = hpu_backend.load_model_file(str(model_file))
@@ -133,6 +135,7 @@ def _info(directory: Path) -> dict:
     return read_artifact(directory / "range-000.hpuaot").info
 
 
+@pytest.mark.e2e
 def test_an_unsigned_forged_or_tampered_artifact_is_refused_before_unpickling(precompiled, tmp_path):
     model_file, directory = precompiled
     marker = tmp_path / "pickle-ran"
@@ -156,6 +159,7 @@ def test_an_unsigned_forged_or_tampered_artifact_is_refused_before_unpickling(pr
         assert not marker.exists()
 
 
+@pytest.mark.e2e
 def test_an_artifact_is_compressed_and_a_signed_bomb_is_refused_without_inflating_it(precompiled, tmp_path):
     model_file, directory = precompiled
     entry = json.loads((directory / MANIFEST).read_text())["manifest"]["artifacts"][0]
@@ -182,6 +186,7 @@ def _resign(directory: Path, change) -> None:
     (directory / MANIFEST).write_bytes(manifest_bytes(doc, KEY.encode()))
 
 
+@pytest.mark.e2e
 def test_a_version_target_or_parameter_mismatch_is_refused_naming_it(precompiled, tmp_path):
     model_file, directory = precompiled
     model = hpu_backend.load_model_file(str(model_file)).make_model()
@@ -202,6 +207,7 @@ def test_a_version_target_or_parameter_mismatch_is_refused_naming_it(precompiled
         hpu_backend.load_precompiled(copy, model)
 
 
+@pytest.mark.e2e
 def test_bad_directories_are_one_line_at_the_cli(precompiled, tmp_path):
     _, directory = precompiled
     copy = _copy(directory, tmp_path)
@@ -248,6 +254,7 @@ def test_training_and_dynamic_shapes_round_trip_through_torchs_own_save_and_load
     assert loaded._artifacts.compiled_fn.program.mode == "training"
 
 
+@pytest.mark.e2e
 def test_warm_precompile_is_the_precompile_command(precompiled, tmp_path):
     model_file, _ = precompiled
     out = tmp_path / "warmed.precompiled"
@@ -258,6 +265,7 @@ def test_warm_precompile_is_the_precompile_command(precompiled, tmp_path):
     assert "takes no --train" in line, line
 
 
+@pytest.mark.e2e
 def test_a_precompiled_directory_travels_in_a_signed_bundle(precompiled, tmp_path):
     _, directory = precompiled
     bundle = tmp_path / "ship.tar"
@@ -270,6 +278,7 @@ def test_a_precompiled_directory_travels_in_a_signed_bundle(precompiled, tmp_pat
     assert "is not a precompiled directory" in one_line(cli("import", bundle, "--precompiled", target, code=1))
 
 
+@pytest.mark.e2e
 def test_coverage_says_which_points_lie_outside_every_precompiled_range(precompiled):
     model_file, directory = precompiled
     cli("coverage", model_file, "--precompiled", directory)  # the points it was built over: exit 0
@@ -302,6 +311,7 @@ def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name.startswith("hpu_backend.shipping.precompiled")]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("where, register, expected", [
     ("submodule", lambda m: m[0].register_forward_hook(triple), "the model's '0' has hooks: forward hook "
                                                                 "test_precompile.triple (precompiled with none)"),
@@ -333,6 +343,7 @@ def test_a_hook_added_after_loading_is_run_with_one_warning_and_removing_it_serv
     assert runs == [1, 1]  # the hook removed: the model is the precompiled one again
 
 
+@pytest.mark.e2e
 def test_a_model_whose_modules_differ_is_refused_at_load_and_a_submodule_swapped_later_is_run(precompiled, caplog):
     model_file, directory = precompiled
     spec = hpu_backend.load_model_file(str(model_file))
@@ -352,6 +363,7 @@ def test_a_model_whose_modules_differ_is_refused_at_load_and_a_submodule_swapped
 
 # -- the sizes an artifact serves: listed as served (issue 47, item 7) ----------------------------------------------
 
+@pytest.mark.e2e
 def test_the_listing_names_the_sizes_served_from_recipes_and_a_call_outside_them_warns_naming_it(precompiled,
                                                                                                  caplog):
     """Batch 2 and 8 under exp:2 buckets: recipes for 0..2 (Dynamo specializes 0 and 1) and 5..8. Listed as
@@ -382,6 +394,7 @@ def test_the_listing_names_the_sizes_served_from_recipes_and_a_call_outside_them
     assert [r["artifact"] != "" for r in rows] == [True, False, True, True], rows
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("change, name", [
     (lambda doc: doc["artifacts"][0].update(serves={"batch": "all"}), "range-000.hpuaot serves"),
     (lambda doc: doc.update(dims={"batch": [[0, -1]]}), "dims"),
@@ -396,6 +409,7 @@ def test_a_malformed_record_of_sizes_or_modules_is_one_line(precompiled, tmp_pat
     assert f"its {name} is malformed" in one_line(cli("ls", copy, code=1))
 
 
+@pytest.mark.e2e
 def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_with_a_warning(tmp_path, caplog):
     """Issue 47: the README's gpt artifacts, listed as "batch=2 seq=16..128", served (3, 64), (2, 200) and (1, 8)
     with no warning. The listing now says what the recipes hold, and the calls agree with it: (3, 64) and (1, 8)
@@ -422,6 +436,7 @@ def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_wi
     assert "range-001.hpuaot: seq=200 is outside batch=2..16 seq=2..16,33..64" in warning, warning
 
 
+@pytest.mark.e2e
 def test_ls_and_show_list_an_unsigned_directory_without_unpickling_it(precompiled, tmp_path):
     """A user precompiled without HPURECIPE_BUNDLE_KEY and listed the directory: listing runs nothing, so it lists;
     loading it still refuses."""

@@ -86,6 +86,7 @@ def _run(models: str, cache_dir) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_a_warm_cache_serves_every_model_without_tracing_or_lowering(tmp_path):
     models = ",".join(MODELS)
     cold = _run(models, tmp_path / "cache")

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.e2e  # the end-to-end tier (the e2e marker in pyproject.toml)
+
 pytest.importorskip("transformers")
 
 

@@ -72,6 +72,7 @@ def _args_for(recipe, params, x):
     return args
 
 
+@pytest.mark.e2e
 def test_recipe_runs_identically_in_a_second_process(tmp_path):
     net, x, out, (recipe,) = _recipes(dynamic=True)
     (tmp_path / "recipe.bin").write_bytes(recipe.to_bytes())

@@ -90,6 +90,7 @@ def test_checksummed_wrong_header_maps_raise_only_corrupt_entry(fields):
     assert isinstance(fields.get("key"), str)
 
 
+@pytest.mark.e2e
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_any_single_byte_flip_or_truncation_is_detected(data):

@@ -8,11 +8,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from recipecache import CacheConfig, RecipeCache, decode_entry
 from recipecache.eviction import EvictionLog
 
 sys.path.insert(0, str(Path(__file__).parent))
 from recipecache_workers import key_for, payload_for  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # the end-to-end tier (the e2e marker in pyproject.toml)
 
 WORKERS = Path(__file__).parent / "recipecache_workers.py"
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.e2e  # the end-to-end tier (the e2e marker in pyproject.toml)
+
 CHILD = r"""
 import json, os, sys
 if os.environ.get("FAKE_HOST"):  # what another machine reports (the names a cache could have read)

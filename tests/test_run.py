@@ -77,6 +77,7 @@ NAMES = """
 """
 
 
+@pytest.mark.e2e
 def test_intel_names_resolve_under_the_launcher_only(tmp_path):
     path, out, report = script(tmp_path, NAMES), tmp_path / "names.json", tmp_path / "report.json"
     proc = launch("--report", report, path, out, "--hpu")
@@ -113,6 +114,7 @@ SPAWNS = """
 """
 
 
+@pytest.mark.e2e
 def test_processes_the_script_spawns_see_the_names_too(tmp_path):
     """DataLoader workers of Intel's examples start with the spawn method and import the script again."""
     path, out = script(tmp_path, SPAWNS), tmp_path / "child.txt"
@@ -121,6 +123,7 @@ def test_processes_the_script_spawns_see_the_names_too(tmp_path):
     assert out.read_text() == "True"
 
 
+@pytest.mark.e2e
 def test_refuses_where_intel_stack_is_installed(tmp_path):
     fake = tmp_path / "site" / "habana_frameworks"
     fake.mkdir(parents=True)
@@ -131,6 +134,7 @@ def test_refuses_where_intel_stack_is_installed(tmp_path):
     assert proc.stderr.count("\n") == 1 and "Intel's habana_frameworks is installed" in proc.stderr, proc.stderr
 
 
+@pytest.mark.e2e
 def test_script_failure_is_the_scripts_own(tmp_path):
     path = script(tmp_path, """\
         import sys
@@ -152,6 +156,7 @@ def test_script_failure_is_the_scripts_own(tmp_path):
     assert launch(path, "exit").returncode == 3
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, message, code", [
     (["missing.py"], "missing.py: no such script", 1),
     (["--cards", "0", "{script}"], "--cards must be 1 or more, got 0", 2),
@@ -184,6 +189,7 @@ RANK = """
 """
 
 
+@pytest.mark.e2e
 def test_cards_start_ranks_as_a_launcher_does(tmp_path):
     path, report = script(tmp_path, RANK), tmp_path / "report.json"
     proc = launch("--cards", "2", "--report", report, path, tmp_path / "out")
@@ -212,6 +218,7 @@ STOPS = """
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode, args, message", [
     ("fail", [], "rank 1 failed (RuntimeError: rank one cannot go on); the other ranks were stopped"),
     ("hang", ["--timeout", "3"], "ranks 0, 1 still running after 3 s (--timeout); all ranks were stopped"),
@@ -237,6 +244,7 @@ COMPILES = """
 """
 
 
+@pytest.mark.e2e
 def test_ctrl_c_leaves_a_cache_that_verifies_clean(tmp_path):
     cache = tmp_path / "cache"
     path = script(tmp_path, COMPILES)

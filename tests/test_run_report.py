@@ -57,6 +57,7 @@ def runs(tmp_path_factory):
         return tmp, cnn.result(), nothing.result()
 
 
+@pytest.mark.e2e
 def test_one_process_writes_the_report_shape_of_n_ranks(runs):
     tmp, cnn, _ = runs
     assert cnn.returncode == 0, cnn.stderr[-3000:]
@@ -66,6 +67,7 @@ def test_one_process_writes_the_report_shape_of_n_ranks(runs):
     assert report["rank"] == 0 and report["mode"] == "eager" and report["exit_code"] == 0
 
 
+@pytest.mark.e2e
 def test_eager_first_op_layouts_are_named_by_op_and_are_not_recompiles(runs):
     tmp, cnn, _ = runs
     (report,) = json.loads((tmp / "cnn.json").read_text())["ranks"]
@@ -83,6 +85,7 @@ def test_eager_first_op_layouts_are_named_by_op_and_are_not_recompiles(runs):
     assert "— ?-bound" not in text and max(map(len, lines)) < 400
 
 
+@pytest.mark.e2e
 def test_a_script_with_no_device_work_gets_one_line(runs):
     _, _, nothing = runs
     assert nothing.returncode == 1, nothing.stderr[-3000:]

@@ -23,6 +23,7 @@ def _added(step, point):
     return recipe, recipe.facts["plan_at"], fp8.added_outputs(recipe, step.params, recipe.facts["plan_at"])
 
 
+@pytest.mark.e2e
 def test_prefill_quantizes_what_each_matrix_op_reads(steps):
     # a layer: the normed input of q/k/v, the fused attention's q, k and v, the o projection's input, the normed
     # input of gate/up, down's input (7); then the head's input (the last position: 2 x 64 fp8 bytes)
@@ -32,6 +33,7 @@ def test_prefill_quantizes_what_each_matrix_op_reads(steps):
     assert added[:7] == [BATCH * 16 * 64] * 6 + [BATCH * 16 * 172]  # hidden 64, MLP 172: one byte a value
 
 
+@pytest.mark.e2e
 def test_decode_dequantizes_the_kv_cache_and_quantizes_attention_matmuls(steps):
     # attention is two matmuls (q.k, p.v), each quantizing both inputs: 4 where the fused prefill has 3; and each
     # layer's K and V cache inputs, stored in fp8, are dequantized to bf16 (twice their bytes)

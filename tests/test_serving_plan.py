@@ -108,6 +108,7 @@ def config(tmp_path_factory):
     return path
 
 
+@pytest.mark.e2e
 def test_plan_of_a_config(config, tmp_path, capsys):
     trace = tmp_path / "trace.jsonl"
     rows = [{"arrival": 0.01 * i, "prompt_tokens": 60 + 4 * i, "output_tokens": 8} for i in range(40)]
@@ -231,6 +232,7 @@ def test_a_kv_cache_that_cannot_hold_one_sequence_is_one_line_before_lowering(tm
     assert "the model was lowered" in passed.output, passed.output
 
 
+@pytest.mark.e2e
 def test_warm_from_a_plan_fills_the_cache_with_exactly_its_buckets(config, tmp_path):
     # a plan's JSON as serving-plan --json writes it (the fields warm reads): two prompt buckets, one decode bucket
     plan = tmp_path / "plan.json"

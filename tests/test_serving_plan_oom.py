@@ -39,11 +39,13 @@ def plans(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 def test_the_kv_cache_is_sized_as_published(plans):
     blocks = plans["main", None]["memory"]["kv_blocks"]
     assert abs(blocks / PUBLISHED_BLOCKS - 1) < 0.02, blocks  # from the config alone, within 2% of the log
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("blocks", [None, PUBLISHED_BLOCKS])
 def test_oom_at_the_first_decode_warmup_step_before_the_fix(plans, blocks):
     doc = plans["v0.27.0rc0", blocks]
@@ -66,6 +68,7 @@ def test_the_fix_fits(plans):
     assert doc["vllm_gaudi"]["release"].startswith("main@091bbad")
 
 
+@pytest.mark.e2e
 def test_an_override_past_the_card_is_the_first_step(tmp_path):
     # a tiny LLaMA: 2 layers x K,V x 2 heads x 8 x bf16 = 128 bytes a token, 16 KiB a block of 128
     tiny = {"model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,

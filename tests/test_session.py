@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 import torch
 
-from hpu_backend.lowering import lower_graph
+from hpu_backend.lowering import LoweringError, lower_graph
 from hpu_backend.serve.session import Session, session_for
 from hpu_backend.settings import Settings
 from test_lowering_helpers import context
@@ -41,3 +44,19 @@ def test_a_compile_uses_the_session_in_use_when_it_holds_the_store_its_settings_
     assert other.store is not mine.store and other.store.config is None
     assert session_for(Settings.from_options({"cache": False}, env={})).store is other.store  # the process's now
     mine.flush()
+
+
+def test_the_graph_step_decides_strict_or_eager_after_a_lowering_failure(caplog):
+    def fails():
+        raise LoweringError("no kernel for aten.frobnicate", graph="fx_graph_0007")
+
+    lenient, strict = (Session(Settings.from_options({"strict": s}, env={})) for s in (False, True))
+    assert lenient.graph_step("fx_graph_0007", lambda: "lowered", lambda: "eager") == "lowered"
+    with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        assert lenient.graph_step("fx_graph_0007", fails, lambda: "eager") == "eager"
+    assert [r.getMessage() for r in caplog.records] == [
+        "hpu_backend: could not lower fx_graph_0007, running it eagerly: no kernel for aten.frobnicate"]
+    with pytest.raises(LoweringError, match="frobnicate"):
+        strict.graph_step("fx_graph_0007", fails, lambda: "eager")
+    with pytest.raises(LoweringError, match="frobnicate"):  # a graph with no eager form (a package's) raises
+        lenient.graph_step("fx_graph_0007", fails, None)

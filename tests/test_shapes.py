@@ -50,6 +50,7 @@ def _gpt_calls(policy: str, lengths: list[int]):
     return dict(gc.stats())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("policy", ["exp", "exact"])
 def test_gpt_200_random_lengths_compile_once_per_bucket(policy):
     rng = random.Random(7)
@@ -66,6 +67,7 @@ def test_gpt_200_random_lengths_compile_once_per_bucket(policy):
     assert reasons == {"new graph": 1, "guard failure": 1, "new bucket": len(buckets) - 1}
 
 
+@pytest.mark.e2e
 def test_second_process_hits_the_disk_cache(tmp_path):
     code = (
         "import json, torch, sys\n"
@@ -121,6 +123,7 @@ KEY_SCRIPT = (
 )
 
 
+@pytest.mark.e2e
 def test_keys_are_stable_across_processes_and_hash_seeds():
     import subprocess
     import sys

@@ -105,6 +105,7 @@ def test_stats_with_a_fleet_tier_and_no_local_cache_checks_the_tier(tmp_path):
     assert line == "error: remote cache redis://127.0.0.1:1/0: server unreachable", line
 
 
+@pytest.mark.e2e
 def test_a_package_claims_only_the_sizes_it_serves(tmp_path):
     model_file = tiny_model(tmp_path)  # AXES batch 2 and 8, buckets exp:2: 1-2 and 5-8, nothing for 3 or 4
     cli("package", model_file, "-o", tmp_path / "t.hpkg", "--no-check")

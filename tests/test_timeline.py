@@ -63,6 +63,7 @@ def _shown(events: list[tuple], line: str) -> tuple[float, float]:
     return sum(s.time_s for s in rows) / len(rows), at / len(rows)
 
 
+@pytest.mark.e2e
 def test_a_print_every_step_is_a_sync_at_its_line_and_every_20th_saves_what_the_timeline_shows(lazy_device, tmp_path,
                                                                                                 capsys):
     every, twentieth = _train(lazy_device, 22, 1), _train(lazy_device, 22, 20)
@@ -406,6 +407,7 @@ def test_a_training_step_trace_has_gathers_buckets_and_the_optimizer_on_their_ro
         e["dur"] for e in rows["Network"]) / 1e6)
 
 
+@pytest.mark.e2e
 def test_analyze_train_writes_the_planned_step_as_a_trace(tmp_path):
     from cli_helpers import cli
 

@@ -63,6 +63,7 @@ def _plan(shard, global_batch, micro_batch=None, **layout):
     return plan_layout(shard, "llama", layout, "gaudi2", "bf16", SEQ, global_batch, micro_batch)
 
 
+@pytest.mark.e2e
 def test_checkpointing_trades_memory_for_recompute(shard):
     none = _plan(shard, 8, 4)
     full = _plan(shard, 8, 4, checkpointing="full")
@@ -88,6 +89,7 @@ def test_plan_fits_and_reports_throughput(shard):
     assert doc["memory"]["total_bytes"] == sum(v for k, v in doc["memory"].items() if k != "total_bytes")
 
 
+@pytest.mark.e2e
 def test_cli_prints_the_plan_as_json_and_refuses_bad_layouts_in_one_line():
     from cli_helpers import cli, cli_json
 

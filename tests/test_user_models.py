@@ -38,6 +38,7 @@ def vgg():
     return advise(load_model_file(USER_MODELS / "vgg_bn.py"))
 
 
+@pytest.mark.e2e
 def test_distilbert_in_training_calls_sdpa_so_no_hand_written_attention_is_reported(distilbert):
     """transformers calls F.scaled_dot_product_attention; dropout in training makes torch decompose it on the
     host. Gaudi runs the call as FusedSDPA: there is nothing to rewrite."""
@@ -45,6 +46,7 @@ def test_distilbert_in_training_calls_sdpa_so_no_hand_written_attention_is_repor
     assert distilbert["findings"], "the advisor ran and found the rest"
 
 
+@pytest.mark.e2e
 def test_distilbert_recompile_is_dynamo_specializing_batch_1_named_at_the_users_axes(distilbert):
     (rec,) = _findings(distilbert, "recompile")
     assert "Dynamo specializes sizes 0 and 1" in rec["what"] and "batch=1" in rec["what"]
@@ -53,11 +55,13 @@ def test_distilbert_recompile_is_dynamo_specializing_batch_1_named_at_the_users_
     assert "mark the dimension dynamic" not in rec["fix"] and "AXES['batch']" in rec["fix"]
 
 
+@pytest.mark.e2e
 def test_distilbert_batch_size_plans_the_whole_training_step(distilbert):
     (batch,) = _findings(distilbert, "batch size")
     assert "the whole step planned" in batch["what"] and "AdamW state (assumed" in batch["what"]
 
 
+@pytest.mark.e2e
 def test_vgg_recompiles_are_the_batch_1_graph_and_the_convolution_size_range(vgg):
     recompiles = {re.search(r"\((x dim 0: [^)]+)\)", f["what"])[1]: f for f in _findings(vgg, "recompile")}
     assert set(recompiles) == {"x dim 0: 1 -> 4", "x dim 0: 2..15 -> 16"}, recompiles

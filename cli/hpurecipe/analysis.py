@@ -77,7 +77,8 @@ def print_capacity(doc: dict[str, Any]) -> None:
     if b:
         render.table(["step", "batch", "length", "est. time", "peak HBM"],
                      ([r["step"], f"{b:,}", f"{'input' if r['step'] == 'prefill' else 'KV'} {r['length']:,}",
-                       _time(r["time_s"]), render.size(r["peak_hbm_bytes"]) + ("" if r["fits_hbm"] else " (does not fit)")]
+                       _time(r["time_s"]),
+                       render.size(r["peak_hbm_bytes"]) + ("" if r["fits_hbm"] else " (does not fit)")]
                       for r in doc["steps"]),
                      title=f"{doc['model']} on {_cards(doc)}{doc['target']} in {doc['dtype']}, "
                            f"{render.size(doc['hbm_bytes'])} HBM{' per card' if doc['cards'] > 1 else ''} (estimates)",

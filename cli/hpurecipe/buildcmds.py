@@ -22,11 +22,11 @@ from . import render
 from .warmreport import finish, progress, too_small
 from .caches import config_for, open_cache
 from .errors import UsageError, fail
-from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train, bounded
+from .options import Axis, CacheDir, Json, ModelFile, PlanTarget, Timeout, Train, bounded
 from .specs import load_spec
 from .tracing import TraceFile, check_trace, traced
 
-Cards = Annotated[int, typer.Option(
+RankCards = Annotated[int, typer.Option(
     "--cards", callback=bounded("--cards"),
     help="Build every rank of a tensor-parallel deployment over N cards (the model file's PER_CARD shard), in "
     "this process: ranks with identical graphs share recipes, so each unique graph compiles once.")]
@@ -61,7 +61,7 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
              show_default=False)] = None,
          precompile: Annotated[Optional[Path], typer.Option(
              "--precompile", help="Precompile into DIR instead (as hpurecipe precompile MODEL -o DIR).",
-             show_default=False)] = None, cards: Cards = 1) -> None:
+             show_default=False)] = None, cards: RankCards = 1) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.shipping.warm import warm as warm_spec
 
@@ -147,7 +147,7 @@ def interrupt_quiet() -> Iterator[None]:
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
              jobs: Annotated[int, typer.Option("--jobs", "-j", callback=bounded("--jobs"),
                                                help="Worker processes.")] = 1,
-             json: Json = False, cards: Cards = 1) -> None:
+             json: Json = False, cards: RankCards = 1) -> None:
     """Compile every bucket without running recipes (compile-only), across worker processes."""
     from hpu_backend.shipping.warm import prebuild as prebuild_spec
 
@@ -185,7 +185,8 @@ def coverage(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = Non
         render.note("{} of {} buckets covered in {}.", len(report.points) - len(report.uncovered), len(report.points),
                     config_for(cache_dir).resolved_path())
     if report.fit is not None:
-        raise fail(f"{len(report.uncovered)} buckets are not fully cached because {too_small(report.fit, cache.config)}")
+        raise fail(f"{len(report.uncovered)} buckets are not fully cached because "
+                   f"{too_small(report.fit, cache.config)}")
     if report.uncovered:
         raise fail(f"{len(report.uncovered)} buckets are not fully cached; run: hpurecipe warm {model_file}")
 
@@ -210,99 +211,116 @@ def _precompiled_coverage(model_file: str, directory: Path, axis, timeout, json:
 DTYPE_CHOICES = ("bf16", "fp8")  # hpu_backend.planning.capacity.DTYPES, without importing torch at start-up
 
 
-def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False,
-            target: Annotated[str, typer.Option(help=f"Device to plan for: {' or '.join(TARGETS)}.")] = TARGETS[0],
-            input_len: Annotated[Optional[int], typer.Option(
-                "--input-len", callback=bounded("--input-len"),
-                help="Capacity planning: prompt tokens per sequence (with --output-len).",
-                show_default=False)] = None,
-            output_len: Annotated[Optional[int], typer.Option(
-                "--output-len", callback=bounded("--output-len"),
-                help="Capacity planning: generated tokens per sequence (with --input-len).",
-                show_default=False)] = None,
-            dtype: Annotated[Optional[str], typer.Option(
-                help="Capacity planning: bf16, or fp8 (weights and matmul inputs in fp8). Default bf16.",
-                show_default=False)] = None,
-            batch: Annotated[Optional[int], typer.Option(
-                callback=bounded("--batch"),
-                help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
-                show_default=False)] = None,
-            cards: Annotated[Optional[int], typer.Option(
-                callback=bounded("--cards"),
-                help="Capacity planning: tensor parallel over this many cards of one server (per-card plan; "
-                     "a model file with PER_CARD).", show_default=False)] = None,
-            lazy: Annotated[bool, typer.Option(
-                "--lazy", help="Run the model eagerly in lazy mode (mark_step after each step) and report its "
-                "lazy graphs' recipes instead of torch.compile's.")] = False,
-            seq: Annotated[Optional[int], typer.Option(
-                callback=bounded("--seq"), help="Training plan (with --train): tokens per sequence.",
-                show_default=False)] = None,
-            global_batch: Annotated[Optional[int], typer.Option(
-                "--global-batch", callback=bounded("--global-batch"),
-                help="Training plan: sequences per optimizer step over all cards.",
-                show_default=False)] = None,
-            zero: Annotated[int, typer.Option(
-                callback=bounded("--zero"), help="Training plan: ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
-            tp: Annotated[int, typer.Option(
-                callback=bounded("--tp"), help="Training plan: tensor-parallel cards (of --cards).")] = 1,
-            bucket_mb: Annotated[float, typer.Option(
-                "--bucket-mb", callback=bounded("--bucket-mb"),
-                help="Training plan: DDP/ZeRO gradient bucket size in MB.")] = 25.0,
-            checkpointing: Annotated[str, typer.Option(
-                help="Training plan: activation checkpointing, none or full.")] = "none",
-            search: Annotated[bool, typer.Option(
-                "--search", help="Training plan: the fastest layout (TP, ZeRO, checkpointing) that fits.")] = False,
-            timeout: Timeout = None, json: Json = False, trace: TraceFile = None) -> None:
+def _dtype(value: str | None) -> str | None:
+    if value is not None and value not in DTYPE_CHOICES:
+        raise fail(f"--dtype {value!r}: expected {' or '.join(DTYPE_CHOICES)}", 2)
+    return value
+
+
+# The options of analyze: capacity planning (--input-len ...) and the training plan (--train --seq ...).
+InputLen = Annotated[Optional[int], typer.Option(
+    "--input-len", callback=bounded("--input-len"),
+    help="Capacity planning: prompt tokens per sequence (with --output-len).", show_default=False)]
+OutputLen = Annotated[Optional[int], typer.Option(
+    "--output-len", callback=bounded("--output-len"),
+    help="Capacity planning: generated tokens per sequence (with --input-len).", show_default=False)]
+Dtype = Annotated[Optional[str], typer.Option(
+    callback=_dtype, help="Capacity planning: bf16, or fp8 (weights and matmul inputs in fp8). Default bf16.",
+    show_default=False)]
+Batch = Annotated[Optional[int], typer.Option(
+    callback=bounded("--batch"), help="Capacity planning: the batch for tokens/s (default: the largest that fits).",
+    show_default=False)]
+Cards = Annotated[Optional[int], typer.Option(
+    callback=bounded("--cards"), help="Capacity planning: tensor parallel over this many cards of one server "
+    "(per-card plan; a model file with PER_CARD).", show_default=False)]
+Lazy = Annotated[bool, typer.Option(
+    "--lazy", help="Run the model eagerly in lazy mode (mark_step after each step) and report its lazy graphs' "
+    "recipes instead of torch.compile's.")]
+Seq = Annotated[Optional[int], typer.Option(
+    callback=bounded("--seq"), help="Training plan (with --train): tokens per sequence.", show_default=False)]
+GlobalBatch = Annotated[Optional[int], typer.Option(
+    "--global-batch", callback=bounded("--global-batch"),
+    help="Training plan: sequences per optimizer step over all cards.", show_default=False)]
+Zero = Annotated[int, typer.Option(
+    callback=bounded("--zero"), help="Training plan: ZeRO stage 0-3 (3 = FSDP full sharding).")]
+Tp = Annotated[int, typer.Option(callback=bounded("--tp"), help="Training plan: tensor-parallel cards (of --cards).")]
+BucketMb = Annotated[float, typer.Option(
+    "--bucket-mb", callback=bounded("--bucket-mb"), help="Training plan: DDP/ZeRO gradient bucket size in MB.")]
+Checkpointing = Annotated[str, typer.Option(help="Training plan: activation checkpointing, none or full.")]
+Search = Annotated[bool, typer.Option(
+    "--search", help="Training plan: the fastest layout (TP, ZeRO, checkpointing) that fits.")]
+
+
+def analyze(model_file: ModelFile, axis: Axis = None, train: Train = False, target: PlanTarget = TARGETS[0],
+            input_len: InputLen = None, output_len: OutputLen = None, dtype: Dtype = None, batch: Batch = None,
+            cards: Cards = None, lazy: Lazy = False, seq: Seq = None, global_batch: GlobalBatch = None,
+            zero: Zero = 0, tp: Tp = 1, bucket_mb: BucketMb = 25.0, checkpointing: Checkpointing = "none",
+            search: Search = False, timeout: Timeout = None, json: Json = False, trace: TraceFile = None) -> None:
     """Per bucket: CPU fallbacks, graph breaks, recompilations, estimated time and peak HBM; the largest batch
     that fits the target's HBM. With --input-len and --output-len (a model file with a DECODE step): the
     prefill and decode steps without weights, the largest batch and tokens/s. With --train --seq
     --global-batch: a whole training step across --cards (ZeRO, TP, buckets, checkpointing) without weights,
     per-card memory by category, the largest micro-batch and tokens/s. Reads and writes no cache."""
-    if target not in TARGETS:
-        raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
     problem = layout_problem(target, cards or 1, tp, global_batch)  # before any model loads
     if problem:
         raise UsageError(problem)
-    if lazy and (input_len is not None or output_len is not None):
+    kind = _plan_kind(train, axis, lazy, input_len, output_len, dtype, batch, cards, seq, global_batch)
+    check_trace(trace)
+    with time_limit(timeout, model_file):
+        if kind == "training":
+            _training(model_file, target, seq, global_batch, dtype or "bf16", batch, cards or 1, zero, tp, bucket_mb,
+                      checkpointing, search, json, trace)
+        elif kind == "capacity":
+            _capacity(model_file, target, input_len, output_len, dtype or "bf16", batch, cards, json, trace)
+        else:
+            _analysis(model_file, axis, train, target, lazy, json, trace)
+
+
+def _plan_kind(train, axis, lazy, input_len, output_len, dtype, batch, cards, seq, global_batch) -> str:
+    """Which of analyze's plans its options ask for: "analysis", "capacity" or "training" (UsageError when they
+    do not go together)."""
+    inference = input_len is not None or output_len is not None
+    if lazy and inference:
         raise UsageError("--lazy reports the lazy graphs of the model's steps; capacity planning has no lazy form")
     if seq is not None or global_batch is not None:
-        if input_len is not None or output_len is not None:
+        if inference:
             raise UsageError("--input-len/--output-len plan inference, --seq/--global-batch a training step: "
                              "give one pair")
-        check_trace(trace)
-        with time_limit(timeout, model_file):
-            _training(model_file, axis, train, target, seq, global_batch, dtype or "bf16", batch, cards or 1, zero,
-                      tp, bucket_mb, checkpointing, search, json, trace)
-        return
-    if input_len is None and output_len is None:
+        if not train or seq is None or global_batch is None or axis:
+            raise UsageError("a training plan needs --train, --seq and --global-batch (and no --axis), e.g. --train "
+                             "--seq 4096 --global-batch 1024 --cards 8 --zero 1")
+        return "training"
+    if not inference:
         if dtype is not None or batch is not None or cards is not None:
             raise UsageError("--dtype, --batch and --cards are for capacity planning: give --input-len and "
                              "--output-len too")
-        from hpu_backend.diagnosis.analyze import analyze_spec
+        return "analysis"
+    if input_len is None or output_len is None:
+        raise UsageError("capacity planning needs both --input-len and --output-len, e.g. --input-len 128 "
+                         "--output-len 128")
+    if train or axis:
+        raise UsageError("capacity planning estimates inference at the sizes given: drop --train and --axis")
+    return "capacity"
 
-        from .analysis import print_analysis
 
-        check_trace(trace)
-        with time_limit(timeout, model_file):
-            spec = load_spec(model_file, axis)
-            with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "analyze", target) as on_point:
-                doc = analyze_spec(spec, target, train, on_point, lazy=lazy)
-        render.emit_json(doc) if json else print_analysis(doc)
-        return
-    check_trace(trace)
-    with time_limit(timeout, model_file):
-        _capacity(model_file, axis, train, target, input_len, output_len, dtype or "bf16", batch, cards, json, trace)
+def _analysis(model_file: str, axis, train: bool, target: str, lazy: bool, json: bool, trace) -> None:
+    from hpu_backend.diagnosis.analyze import analyze_spec
+
+    from .analysis import print_analysis
+
+    spec = load_spec(model_file, axis)
+    with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "analyze", target) as on_point:
+        doc = analyze_spec(spec, target, train, on_point, lazy=lazy)
+    render.emit_json(doc) if json else print_analysis(doc)
 
 
 def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
-           target: Annotated[str, typer.Option(help=f"Device to plan for: {' or '.join(TARGETS)}.")] = TARGETS[0],
+           target: PlanTarget = TARGETS[0],
            json: Json = False) -> None:
     """The Gaudi optimization checklist over the model file: CPU fallbacks, host syncs and graph breaks,
     recompiles and their causes, hand-written attention, autocast, unfused optimizers and clipping, batch size,
     HPU Graphs; each finding with its source line, why it matters and the estimated gain, most valuable first.
     Reads and writes no cache."""
-    if target not in TARGETS:
-        raise UsageError(f"--target {target!r}: expected {' or '.join(TARGETS)}")
     from hpu_backend.diagnosis.advise import advise as run_advise
 
     from .analysis import print_advice
@@ -312,19 +330,8 @@ def advise(model_file: ModelFile, axis: Axis = None, train: Train = False,
     render.emit_json(doc) if json else print_advice(doc)
 
 
-def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | None, output_len: int | None,
-              dtype: str, batch: int | None, cards: int | None, json: bool, trace=None) -> None:
-    if input_len is None or output_len is None:
-        raise UsageError("capacity planning needs both --input-len and --output-len, e.g. --input-len 128 "
-                         "--output-len 128")
-    if dtype not in DTYPE_CHOICES:
-        raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPE_CHOICES)}")
-    for name, value in (("--input-len", input_len), ("--output-len", output_len), ("--batch", batch),
-                        ("--cards", cards)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} {value}: expected a positive integer")
-    if train or axis:
-        raise UsageError("capacity planning estimates inference at the sizes given: drop --train and --axis")
+def _capacity(model_file: str, target: str, input_len: int, output_len: int, dtype: str, batch: int | None,
+              cards: int | None, json: bool, trace=None) -> None:
     from hpu_backend.planning.capacity import capacity
 
     from .analysis import print_capacity
@@ -335,14 +342,8 @@ def _capacity(model_file: str, axis, train: bool, target: str, input_len: int | 
     render.emit_json(doc) if json else print_capacity(doc)
 
 
-def _training(model_file: str, axis, train: bool, target: str, seq: int | None, global_batch: int | None,
-              dtype: str, batch: int | None, cards: int, zero: int, tp: int, bucket_mb: float, checkpointing: str,
-              search: bool, json: bool, trace=None) -> None:
-    if not train or seq is None or global_batch is None or axis:
-        raise UsageError("a training plan needs --train, --seq and --global-batch (and no --axis), e.g. --train "
-                         "--seq 4096 --global-batch 1024 --cards 8 --zero 1")
-    if dtype not in DTYPE_CHOICES:
-        raise UsageError(f"--dtype {dtype!r}: expected {' or '.join(DTYPE_CHOICES)}")
+def _training(model_file: str, target: str, seq: int, global_batch: int, dtype: str, batch: int | None, cards: int,
+              zero: int, tp: int, bucket_mb: float, checkpointing: str, search: bool, json: bool, trace=None) -> None:
     from hpu_backend.planning.training_plan import plan_training
 
     from .analysis import print_training

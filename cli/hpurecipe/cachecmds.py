@@ -273,7 +273,8 @@ def _print_plan(plan: list[EntryInfo], verb: str, json: bool) -> None:
     render.table(["key", "kind", "graph", "model", "bucket", "size", "last used"],
                  ([i.key[:12], i.meta.get("kind", "") or "-", i.meta.get("graph", ""), i.meta.get("model", "") or "-",
                    _bucket(i), render.size(i.size), render.ago(i.last_used, now)]
-                  for i in plan), title=f"Would {verb} {render.plural(len(plan), 'entry')} ({render.size(sum(i.size for i in plan))}):",
+                  for i in plan),
+                 title=f"Would {verb} {render.plural(len(plan), 'entry')} ({render.size(sum(i.size for i in plan))}):",
                  right=("size",))
 
 

@@ -41,7 +41,8 @@ class UsageError(CliError):
 
 # Most specific first: ConfigError is a CacheError, SettingsError and BucketError are ValueErrors.
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
-    (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (PackageError, 1), (PrecompileError, 1), (CacheError, 1),
+    (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (PackageError, 1),
+    (PrecompileError, 1), (CacheError, 1),
     (BundleError, 1),
 ]
 

@@ -24,7 +24,9 @@ app = typer.Typer(
 
 COMMANDS = [
     ("warm", buildcmds.warm), ("prebuild", buildcmds.prebuild), ("coverage", buildcmds.coverage),
-    ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package), ("precompile", precompilecmds.precompile), ("ls", cachecmds.ls), ("show", cachecmds.show), ("stats", cachecmds.stats),
+    ("analyze", buildcmds.analyze), ("advise", buildcmds.advise), ("package", packagecmds.package),
+    ("precompile", precompilecmds.precompile), ("ls", cachecmds.ls), ("show", cachecmds.show),
+    ("stats", cachecmds.stats),
     ("evict", cachecmds.evict), ("verify", cachecmds.verify), ("clear", cachecmds.clear),
     ("explain", cachecmds.explain), ("export", shipcmds.export), ("import", shipcmds.import_),
     ("push", shipcmds.push), ("pull", shipcmds.pull), ("perf-tool", perftool.perf_tool),

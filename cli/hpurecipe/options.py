@@ -9,6 +9,8 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
+from hpu_backend.settings import TARGETS
+from hpu_backend.targets import target_problem
 from recipecache.config import ENV_VAR
 
 from .errors import fail
@@ -49,6 +51,20 @@ def bounded(name: str) -> Callable:
         return value
     return check
 
+
+def known_target(value: str) -> str:
+    """A typer callback that refuses a --target naming no device (usage error, exit 2)."""
+    problem = target_problem(value)
+    if problem is not None:
+        raise fail(problem, 2)
+    return value
+
+
+def target_option(help: str) -> typer.Option:
+    """--target, checked when the command line is parsed; ``help`` ends with the device names."""
+    return typer.Option(callback=known_target, help=f"{help}: {' or '.join(TARGETS)}.")
+
+
 CacheDir = Annotated[Optional[Path], typer.Option(
     "--cache-dir", "-d", help=f"Cache directory (default: as the backend, {ENV_VAR}, "
     "else ~/.cache/hpu_backend/recipes).", show_default=False)]
@@ -64,6 +80,7 @@ Axis = Annotated[Optional[list[str]], typer.Option(
 Train = Annotated[bool, typer.Option("--train", help="Warm training graphs (forward, loss, backward).")]
 Remote = Annotated[Optional[str], typer.Option(
     "--remote", help="Fleet tier URL, redis://host:port/db (default: HPU_RECIPE_CACHE_REMOTE).", show_default=False)]
+PlanTarget = Annotated[str, target_option("Device to plan for")]
 Key = Annotated[str, typer.Argument(help="A recipe key, or a unique prefix of one (or a package file).",
                                     show_default=False)]
 Timeout = Annotated[Optional[float], typer.Option(

@@ -27,7 +27,7 @@ import torch
 import torch.fx
 
 from ..capture.lazy import LazyRecorder, Pending
-from ..lowering import LoweringContext, LoweringError
+from ..lowering import LoweringContext
 from ..serve.compiled import CompiledGraph, boxed, collect_recipes
 from ..serve.keys import Unkeyable, program_key
 from ..serve.session import session_for
@@ -178,18 +178,19 @@ class LazyRunner:
 
     def _build(self, pending: Pending) -> tuple[tuple[CompiledGraph | _Eager, list], int]:
         """The graph lowered (its recipe from the store, or compiled), or after a lowering failure its FX graph,
-        run as it is after one warning (an error in strict mode), as the backend does for Dynamo graphs."""
+        run as it is after one warning (an error in strict mode): the session's one policy (``graph_step``)."""
         name = f"lazy_graph_{next(self.names):04d}"
         ctx = LoweringContext(settings=self.settings, name=name, kind="lazy", gm=pending.gm)
-        try:
+
+        def lowered():
             with collect_recipes() as taken:
                 graph = CompiledGraph.build(pending.gm, ctx, self.session, "new graph")
-        except LoweringError as e:
-            if self.settings.strict:
-                raise
-            log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
+            return (graph, _summary(pending.gm)), sum(not hit for _, _, hit in taken)
+
+        def eager():
             return (_Eager(ctx, boxed(pending.gm)), _summary(pending.gm)), 0
-        return (graph, _summary(pending.gm)), sum(not hit for _, _, hit in taken)
+
+        return self.session.graph_step(name, lowered, eager)
 
     def _why_new(self, gm: torch.fx.GraphModule) -> str:
         """The closest graph this process has run, and the first difference from it."""

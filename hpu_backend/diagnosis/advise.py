@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import metrics
+from ..errors import first_line
 from ..serve import hbm
 from ..serve.recompiles import LOOP_CONSTANT_FIX
 from ..serve.sources import library_location
@@ -152,7 +153,7 @@ def graph_breaks(spec: ModelSpec, train: bool) -> list[tuple[str, str]]:
     for b in out.break_reasons:
         stack = getattr(b, "user_stack", None) or []
         where = f"{stack[-1].filename}:{stack[-1].lineno}" if stack else ""
-        found.append((str(getattr(b, "reason", b)).splitlines()[0], where))
+        found.append((first_line(getattr(b, "reason", b)), where))
     return sorted(set(found))
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 
 from .. import metrics
+from ..errors import first_line
 from .report import GraphReport
 from ..modelfiles.modelspec import ModelSpec, model_call, point_label
 from .step_memory import StepState, step_state
@@ -88,7 +89,7 @@ def _graph_breaks(spec: ModelSpec, train: bool) -> list[str]:
         out = model_call(spec.path, f"the model at {point_label(point)}", torch._dynamo.explain(model), *inputs,
                          eager=model)
     torch._dynamo.reset()
-    return sorted({str(getattr(b, "reason", b)).splitlines()[0] for b in out.break_reasons})
+    return sorted({first_line(getattr(b, "reason", b)) for b in out.break_reasons})
 
 
 def hbm_bytes(target: str) -> int:

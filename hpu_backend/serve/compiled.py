@@ -228,18 +228,19 @@ class CompiledGraph:
     def on_new_values(self, values: tuple) -> Taken:
         env = dict(zip(self.symbols, values))
         self._check_guards(env)
-        try:
-            taken = self.ensure(self.bucket_of(values))
-        except LoweringError as e:
-            if self.ctx.settings.strict or self.eager is None:
-                raise
-            log.warning("hpu_backend: could not lower %s, running it eagerly: %s", self.ctx.name, e.reason)
-            self.fixed = Taken(None, self.eager)
-            return self.fixed
+        taken = self.session.graph_step(self.ctx.name, lambda: self.ensure(self.bucket_of(values)),
+                                        None if self.eager is None else self._eager_from_now)
+        if taken.recipe is None:  # it runs eagerly from now on
+            return taken
         if len(self.known) >= _VALUES_PER_BUCKET * self.store.capacity:
             self.known.clear()
         self.known[values] = taken
         return taken
+
+    def _eager_from_now(self) -> Taken:
+        """Every later call runs the graph eagerly (after a bucket that could not be lowered)."""
+        self.fixed = Taken(None, self.eager)
+        return self.fixed
 
     def _check_guards(self, env: dict[str, int]) -> None:
         """GuardViolation if these values break a guard the recipes were compiled under. A guard that cannot be

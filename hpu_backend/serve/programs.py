@@ -34,7 +34,6 @@ from ..lowering import LoweringContext, LoweringError, encode_guards
 from ..formats.program import MEMORY_FORMATS, Contract, Program, ProgramGraph
 from ..formats.recipe import RecipeFormatError
 from ..runtime.autograd import inference_call, missing_internals, training_call
-from ..settings import Settings
 from .session import Event, Session, emit
 from ..errors import HpuBackendError
 
@@ -225,7 +224,7 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
     _install_guards(program, gm)
     graphs = program_graphs(program, key, session, name_of, reason)
     emit(Event("program", program=key, hit=True))
-    call = _eager_after_failure(program_call(program, graphs), gm, session.settings, name_of("program"))
+    call = _eager_after_failure(program_call(program, graphs), gm, session, name_of("program"))
     replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) else None
     return Served(call, replayable_graph, program, graphs)
 
@@ -364,19 +363,19 @@ def _symbolic(tree: Any, env: dict) -> Any:
     return fn(*(_symbolic(a, env) for a in tree[1:]))
 
 
-def _eager_after_failure(call: Callable, gm: torch.fx.GraphModule, settings: Settings, name: str) -> Callable:
-    """``call``, until a new bucket cannot be lowered: then the Dynamo graph runs eagerly (or, strict, raises)."""
+def _eager_after_failure(call: Callable, gm: torch.fx.GraphModule, session: Session, name: str) -> Callable:
+    """``call``, until a new bucket cannot be lowered: then the Dynamo graph runs eagerly (the session's
+    ``graph_step`` decides: strict mode raises)."""
     state = {"call": call}
 
+    def eager_from_now(args: tuple) -> Any:
+        state["call"] = gm.forward
+        return gm.forward(*args)
+
     def run(*args):
-        try:
+        if state["call"] is not call:
             return state["call"](*args)
-        except LoweringError as e:
-            if settings.strict or state["call"] is not call:
-                raise
-            log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
-            state["call"] = gm.forward
-            return gm.forward(*args)
+        return session.graph_step(name, lambda: call(*args), lambda: eager_from_now(args))
 
     return run
 

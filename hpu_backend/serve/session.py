@@ -3,8 +3,9 @@ hands its graphs to.
 
 A front end (``torch.compile``'s backend, lazy mode, HPU graphs, packages, capacity planning, warm-up) opens
 a session or receives one, and hands it graphs. The session owns the one bucket loop (``recipes``: policy →
-bucket → bucket passes) and the events: ``listen`` to what graphs take up and use, ``observe_runs`` for
-every run. A tool takes the store from the session it opened and never looks it up again.
+bucket → bucket passes), the one answer to a graph that cannot be lowered (``graph_step``: strict mode raises,
+else one warning and the graph runs eagerly) and the events: ``listen`` to what graphs take up and use,
+``observe_runs`` for every run. A tool takes the store from the session it opened and never looks it up again.
 
 ``torch.compile`` hands the backend nothing but options, so the backend takes the session in use (``use``),
 else the process's own, opened at the first compile; a compile whose cache configuration differs opens a
@@ -20,16 +21,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from ..formats.recipe import Recipe
-from ..lowering import LoweringContext, lower_bucket
+from ..lowering import LoweringContext, LoweringError, lower_bucket
 from recipecache import CacheConfig, ConfigError
 
 from ..settings import Settings, SettingsError
 from .store import RecipeStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,19 @@ class Session:
         """The bucket passes over ``template`` for each bucket (symbol -> [lo, hi]), one recipe per bucket."""
         for bucket in buckets:
             yield lower_bucket(template, ctx.for_bucket(bucket))
+
+    def graph_step(self, name: str, lower: Callable[[], T], eager: Callable[[], T] | None) -> T:
+        """``lower()``, the graph ``name`` lowered; after a LoweringError, the one policy of every front end: in
+        strict mode (or with no ``eager`` form) the error is raised, otherwise one warning says why and
+        ``eager()`` runs the graph as traced."""
+        try:
+            return lower()
+        except LoweringError as e:
+            if self.settings.strict or eager is None:
+                raise
+            log.warning("hpu_backend: could not lower %s, running it eagerly: %s", name, e.reason)
+            log.debug("lowering failure of %s in full:\n%s", name, e)
+            return eager()
 
     def buckets(self, symbols: list[str], values: Iterable[tuple[int, ...]]) -> list[dict[str, list[int]]]:
         """The bucket (symbol -> [lo, hi]) the settings' policies put each tuple of symbol values in."""

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
 
 from ..capture.exported import decompose, graph_inputs, lower_exported
+from ..errors import first_line
 from ..lowering import LoweringContext, LoweringError, constant_of
 from ..modelfiles.modelspec import ModelSpec, check_eager, point_label, quiet_trace_logs
 from recipecache.signing import signing_key
@@ -211,7 +212,7 @@ def _check(path: Path, weights_from: torch.nn.Module | None, model: torch.nn.Mod
                 torch.testing.assert_close(served(*example), model(*example))
             except AssertionError as e:
                 raise PackageError(f"{spec.name} at {point_label(point)}: the package does not match eager: "
-                                   f"{str(e).strip().splitlines()[0]}") from None
+                                   f"{first_line(e)}") from None
             checked.append(point_label(point))
     return checked
 

@@ -23,7 +23,7 @@ import torch
 from recipecache import CacheConfig
 from recipecache.signing import signing_key
 
-from ..errors import one_line
+from ..errors import first_line, one_line
 from ..formats.precompiled import MAGIC, MANIFEST, MANIFEST_VERSION, PrecompileError, artifact_bytes, manifest_bytes
 from ..serve.precompiled import PrecompiledGraph, plain_settings
 from ..settings import Settings
@@ -166,7 +166,8 @@ def _capture(spec: ModelSpec, model: torch.nn.Module, inputs: tuple, options: di
         return _aot_compile(compiled, (model, *inputs))
     except torch._dynamo.exc.Unsupported as e:
         raise PrecompileError(f"{spec.path}: Dynamo cannot capture the model in one graph (graph break: "
-                              f"{_first_line(e)}); use `hpurecipe warm` instead, which serves graph breaks") from None
+                              f"{first_line(e, 200) or type(e).__name__}); use `hpurecipe warm` instead, which "
+                              "serves graph breaks") from None
     except PrecompileError:
         raise
     except Exception as e:  # Dynamo and the backend raise many types; one line names it
@@ -179,7 +180,7 @@ def _check(spec: ModelSpec, point: dict[str, int], got: Any, want: Any) -> None:
         torch.testing.assert_close(got, want)
     except (AssertionError, TypeError, ValueError) as e:
         raise PrecompileError(f"{spec.path}: at {point_label(point)} the precompiled result differs from eager "
-                              f"({_first_line(e)})") from None
+                              f"({first_line(e, 200) or type(e).__name__})") from None
 
 
 def _aot_compile(compiled, args: tuple, attempts: int = 4):
@@ -200,11 +201,6 @@ def _aot_compile(compiled, args: tuple, attempts: int = 4):
             return compiled.aot_compile((args, {}))
     finally:
         TensorifyState.clear()
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 def _check_out(out: Path) -> None:

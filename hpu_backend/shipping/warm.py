@@ -24,6 +24,7 @@ from recipecache import CacheConfig
 from recipecache.remote import redact_url
 
 from .. import metrics
+from ..errors import first_line
 from ..serve.session import Event, Session, listen
 from ..settings import Settings
 from .cachefit import cache_fit
@@ -134,7 +135,7 @@ def _compare(result: PointResult, got: Any, want: Any) -> None:
     try:
         torch.testing.assert_close(got_t, want_t)
     except AssertionError as e:
-        result.check_error = str(e).strip().splitlines()[0]
+        result.check_error = first_line(e)
     diffs = [(g.double() - w.double()).abs().max().item() for g, w in zip(got_t, want_t)
              if g.shape == w.shape and g.numel()]
     result.max_abs_diff = max(diffs, default=0.0)
