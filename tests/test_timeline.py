@@ -328,7 +328,7 @@ def test_a_layered_step_is_its_first_layer_and_one_kernel_per_further_layer():
                     for i in range(n)]
         return SimpleNamespace(at=lambda point: SimpleNamespace(facts={"cost": {"clusters": clusters}}))
 
-    step = SimpleNamespace(one=lowered(1), two=lowered(2), layers=5)
+    step = SimpleNamespace(one=lowered(1), two=lowered(2), layers=5, groups=5)  # groups of one layer
     cost = step_cost(step, {})
     assert len(cost.clusters) == 5 and cost.device_s == pytest.approx(5 * 2.1)
     events = request_events(step, step, 4, 8, [8, 9, 10])

@@ -15,6 +15,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
+from hpu_backend.units import size  # noqa: F401 (the one byte formatter; the commands call it as render.size)
 
 # C0 and C1 control characters and DEL, except tab and newline: stored strings (model names, graph
 # names, reasons) could otherwise move the cursor, recolour or retitle the user's terminal.
