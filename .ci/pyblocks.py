@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The README's Python examples, run as a reader runs them, with the values they claim to print compared
-(.ci/readme.py runs them with the console blocks: --check in CI, --write to update the claims).
+"""The Python examples of the README and of every docs page, run as a reader runs them, with the values they
+claim to print compared (.ci/readme.py runs them with the console blocks: --check in CI, --write to update the
+claims).
 
-Every ```python block of README.md has a marker on the line right before its fence:
+Every ```python block of a page has a marker on the line right before its fence:
 
     <!-- python -->                            run the block in a fresh interpreter
     <!-- python [continue] -->                 run it in the interpreter of the python block before it (its names),
@@ -11,12 +12,12 @@ Every ```python block of README.md has a marker on the line right before its fen
     <!-- python [file=/tmp/x.py]: COMMAND -->  write the block to that file instead of running it, then run COMMAND
     <!-- python fragment: REASON -->           never run, and REASON says why
 
-A value the README says a statement prints is a claim: a comment ``# -> TEXT`` at the end of the statement's
+A value the page says a statement prints is a claim: a comment ``# -> TEXT`` at the end of the statement's
 last line, or comment lines ``# -> TEXT`` right after the statement, one per line of output. The statement's
 standard output must be exactly its claims, where ``...`` stands for any text (a time, a count that varies).
 A statement without a claim may print anything.
 
-The blocks run in README order in one session, as a reader following the README in one shell would: one
+A page's blocks run in page order in one session, as a reader following the page in one shell would: one
 temporary directory is HOME, so the recipe cache is the default one there; ``/tmp/`` in code and commands
 means that directory; the working directory is the checkout (``models/gpt.py`` resolves), with ``hpurecipe``
 and ``python`` this checkout's. So a block may use what an earlier one left: a warm cache, a package file.
@@ -24,7 +25,7 @@ Leading NAME=value words of a COMMAND set the environment of the command, its bl
 continue it. A block that continues a console block (right after it, blank lines apart) runs that block's
 command as its own COMMAND, once, in a session of its own (a fresh HOME and cache, as for every console
 block): the console block shows what the command printed there, compared as usual. Each statement is
-compiled with its README line number, so a traceback names README.md:LINE.
+compiled with its line number in the page, so a traceback names PAGE:LINE (README.md:LINE, docs/...:LINE).
 """
 
 from __future__ import annotations
@@ -57,14 +58,14 @@ TIMEOUT_S = 900  # one session of continued blocks; the slowest (warm, prebuild,
 
 @dataclass
 class Claim:
-    line: int  # README index of the line holding it
+    line: int  # the page's index of the line holding it
     text: str
     inline: bool
 
 
 @dataclass
 class Statement:
-    first: int  # README indices of its first and last lines
+    first: int  # the page's indices of its first and last lines
     last: int
     claims: list[Claim] = field(default_factory=list)
 
@@ -73,7 +74,7 @@ class Statement:
 class PyBlock:
     """One python block: its marker's parts and, for a block that runs, its top-level statements."""
 
-    fence: int  # README index of the opening fence
+    fence: int  # the page's index of the opening fence
     end: int  # and of the closing one
     code: str
     options: dict[str, str]
@@ -81,21 +82,22 @@ class PyBlock:
     fragment: str | None
     statements: list[Statement]
     console: object = None  # the console block (readme.Block) this block continues, whose command it runs
+    page: str = "README.md"  # the page it is on, as its messages name it
 
 
-def python_blocks(lines: list[str], console: list = ()) -> list[PyBlock]:
-    """Every python block with its marker; ValueError naming the README line of a block with no marker, a
+def python_blocks(lines: list[str], console: list = (), page: str = "README.md") -> list[PyBlock]:
+    """Every python block with its marker; ValueError naming the page's line of a block with no marker, a
     marker with no block after it, or a claim that does not follow a statement. ``console``: the marked
     console blocks, which a python block may continue."""
     found = []
     for i, line in enumerate(lines):
         marked = MARKER.match(line) or FRAGMENT.match(line)
         if marked and (i + 1 >= len(lines) or lines[i + 1] != FENCE):
-            raise ValueError(f"README.md:{i + 1}: a python marker must be right before a {FENCE} fence")
+            raise ValueError(f"{page}:{i + 1}: a python marker must be right before a {FENCE} fence")
         if line == FENCE:
             if not (i and (MARKER.match(lines[i - 1]) or FRAGMENT.match(lines[i - 1]))):
-                raise ValueError(f"README.md:{i + 1}: a python block with no marker before it (see .ci/pyblocks.py)")
-            found.append(_block(lines, i))
+                raise ValueError(f"{page}:{i + 1}: a python block with no marker before it (see .ci/pyblocks.py)")
+            found.append(_block(lines, i, page))
     for before, block in itertools.pairwise([None, *found]):
         if "continue" in block.options:
             _continue(block, before, console, lines)
@@ -108,25 +110,25 @@ def _continue(block: PyBlock, before: PyBlock | None, console: list, lines: list
                   and not any(line.strip() for line in lines[c.end + 1:block.fence - 1])), None)
     if shell is not None:
         if block.command:
-            raise ValueError(f"README.md:{block.fence}: a block that continues a console block runs its command")
+            raise ValueError(f"{block.page}:{block.fence}: a block that continues a console block runs its command")
         block.console, block.command = shell, shell.command
     elif before is None:
-        raise ValueError(f"README.md:{block.fence}: the first python block has none before it to continue")
+        raise ValueError(f"{block.page}:{block.fence}: the first python block has none before it to continue")
 
 
-def _block(lines: list[str], fence: int) -> PyBlock:
+def _block(lines: list[str], fence: int, page: str) -> PyBlock:
     end = lines.index("```", fence + 1)
     code = "\n".join(lines[fence + 1:end]) + "\n"
     fragment = FRAGMENT.match(lines[fence - 1])
     marker = MARKER.match(lines[fence - 1])
     options = _options(marker["options"]) if marker else {}
     block = PyBlock(fence, end, code, options, marker["command"] if marker else None,
-                    fragment["reason"] if fragment else None, [])
+                    fragment["reason"] if fragment else None, [], page=page)
     if fragment or "file" in options:
         if "# ->" in code:
-            raise ValueError(f"README.md:{fence + 1}: a block that does not run claims no output")
+            raise ValueError(f"{page}:{fence + 1}: a block that does not run claims no output")
         return block
-    block.statements = _statements(code, fence + 1)
+    block.statements = _statements(code, fence + 1, page)
     _attach_claims(block, _claims(code, fence + 1))
     return block
 
@@ -142,11 +144,11 @@ def _options(text: str | None) -> dict[str, str]:
     return options
 
 
-def _statements(code: str, offset: int) -> list[Statement]:
+def _statements(code: str, offset: int, page: str) -> list[Statement]:
     try:
         tree = ast.parse(code)
     except SyntaxError as e:
-        raise ValueError(f"README.md:{offset + (e.lineno or 1)}: {e.msg} (mark a fragment as one)") from None
+        raise ValueError(f"{page}:{offset + (e.lineno or 1)}: {e.msg} (mark a fragment as one)") from None
     return [Statement(offset + s.lineno - 1, offset + s.end_lineno - 1) for s in tree.body]
 
 
@@ -168,7 +170,7 @@ def _attach_claims(block: PyBlock, claims: list[Claim]) -> None:
         expected = None if owner is None else owner.last if claim.inline else (
             owner.claims[-1].line + 1 if owner.claims and not owner.claims[-1].inline else owner.last + 1)
         if owner is None or claim.line != expected:
-            raise ValueError(f"README.md:{claim.line + 1}: a claim (# ->) must end a statement's last line or "
+            raise ValueError(f"{block.page}:{claim.line + 1}: a claim (# ->) must end a statement's last line or "
                              "follow the statement or its claims directly")
         owner.claims.append(claim)
 
@@ -176,7 +178,7 @@ def _attach_claims(block: PyBlock, claims: list[Claim]) -> None:
 # Running: the parent groups blocks into sessions of continued blocks and runs each in a child interpreter.
 
 def session_env(tmp: str, cache: bool = True) -> dict[str, str]:
-    """The environment every README command and block runs in: a fresh HOME under ``tmp``, and a recipe cache
+    """The environment every command and block of a page runs in: a fresh HOME under ``tmp``, and a recipe cache
     there (``cache``: ``/tmp/recipes``, else the default one in HOME, as a new user has)."""
     env = dict(os.environ, HOME=tmp, COLUMNS="160", PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp}/recipes,false,4096",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")]))
@@ -187,7 +189,7 @@ def session_env(tmp: str, cache: bool = True) -> dict[str, str]:
 
 
 def command_argv(command: str, tmp: str) -> tuple[dict[str, str], list[str]]:
-    """A README command's leading NAME=value words and its argv, ``/tmp/`` meaning ``tmp`` and ``hpurecipe`` and
+    """A page's command's leading NAME=value words and its argv, ``/tmp/`` meaning ``tmp`` and ``hpurecipe`` and
     ``python`` this checkout's."""
     words = shlex.split(command)
     assignments = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w), words))
@@ -198,7 +200,7 @@ def command_argv(command: str, tmp: str) -> tuple[dict[str, str], list[str]]:
 
 def run(blocks: list[PyBlock]) -> dict[int, dict]:
     """Each runnable block's ``statements`` outputs and its ``command``'s (stdout, stderr), keyed by the block's
-    fence line, from one README session."""
+    fence line, from one session per page (the blocks given are one page's)."""
     outputs: dict[int, dict] = {}
     if not blocks:
         return outputs
@@ -209,7 +211,7 @@ def run(blocks: list[PyBlock]) -> dict[int, dict]:
                 tmp = own if group[0].console is not None else shared
                 for block, got in zip(group, _run_session(group, tmp)):
                     outputs[block.fence] = json.loads(json.dumps(got).replace(tmp, "/tmp").replace(f"{ROOT}/", ""))
-            lines = ", ".join(f"README.md:{b.fence + 1}" for b in group)
+            lines = ", ".join(f"{b.page}:{b.fence + 1}" for b in group)
             print(f"{time.perf_counter() - start:6.1f} s  python blocks at {lines}", file=sys.stderr)
     return outputs
 
@@ -226,13 +228,13 @@ def _sessions(blocks: list[PyBlock]) -> list[list[PyBlock]]:
 
 def _run_session(group: list[PyBlock], tmp: str) -> list[dict]:
     job = Path(tmp) / ".readme-session.json"
-    job.write_text(json.dumps([{"code": b.code.replace("/tmp/", f"{tmp}/"), "line": b.fence + 1,
+    job.write_text(json.dumps([{"code": b.code.replace("/tmp/", f"{tmp}/"), "line": b.fence + 1, "page": b.page,
                                 "command": b.command, "file": b.options.get("file")} for b in group]))
     proc = subprocess.run([sys.executable, __file__, "--session", str(job), tmp], capture_output=True, text=True,
                           env=session_env(tmp, cache=False), cwd=ROOT, timeout=TIMEOUT_S)
     result = Path(f"{job}.out")
     if proc.returncode != 0 or not result.exists():
-        raise RuntimeError(f"python blocks at README.md:{group[0].fence + 1}: exit {proc.returncode}\n"
+        raise RuntimeError(f"python blocks at {group[0].page}:{group[0].fence + 1}: exit {proc.returncode}\n"
                            f"{proc.stderr[-3000:]}")
     done = json.loads(result.read_text())
     result.unlink()
@@ -249,8 +251,8 @@ def _session_main(job: str, tmp: str) -> int:
     for step in json.loads(Path(job).read_text()):
         try:
             outputs.append(_run_step(step, namespace, tmp))
-        except Exception:  # a block that raises fails the check with its traceback (README.md line numbers)
-            error = f"python block at README.md:{step['line']} raised:\n{traceback.format_exc(limit=-6)}"
+        except Exception:  # a block that raises fails the check with its traceback (the page's line numbers)
+            error = f"python block at {step['page']}:{step['line']} raised:\n{traceback.format_exc(limit=-6)}"
             break
     Path(f"{job}.out").write_text(json.dumps({"outputs": outputs, "error": error}))
     return 0
@@ -274,7 +276,7 @@ def _run_step(step: dict, namespace: dict, tmp: str) -> dict:
     for statement in tree.body:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(ast.Module([statement], type_ignores=[]), "README.md", "exec"), namespace)
+            exec(compile(ast.Module([statement], type_ignores=[]), step["page"], "exec"), namespace)
         done["statements"].append(out.getvalue())
     return done
 
@@ -301,12 +303,12 @@ def stale(blocks: list[PyBlock], outputs: dict[int, dict]) -> list[tuple[PyBlock
                 found.append((block, statement, output))
                 sys.stdout.writelines(difflib.unified_diff([w + "\n" for w in want],
                                                            [g + "\n" for g in _lines(output).splitlines()],
-                                                           f"README.md:{statement.first + 1}", "a real run"))
+                                                           f"{block.page}:{statement.first + 1}", "a real run"))
     return found
 
 
 def rewrite(lines: list[str], statement: Statement, output: str) -> tuple[int, int, list[str]]:
-    """The edit that makes a statement's claims its real output: (start, end, new lines) of the README."""
+    """The edit that makes a statement's claims its real output: (start, end, new lines) of the page."""
     got = _lines(output).splitlines() or [""]
     last = lines[statement.last]
     inline = [c for c in statement.claims if c.inline]

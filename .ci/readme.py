@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Every shell session in the README is the output of a real run: the walk-through (.ci/walkthrough.py) and
-each ```console block after an output marker, rerun here and written (--write) or compared (--check, CI).
+"""Every shell session in the README and in every page under docs/ is the output of a real run: the walk-through
+(.ci/walkthrough.py) and each ```console block after an output marker, rerun here and written (--write) or
+compared (--check, CI). Pages are checked one after another; PAGES given on the command line limit the run to
+them (the walk-through runs with the page that holds it).
 
 To add a block, put a marker on the line right before its fence, then run --write --only WORDS:
 
@@ -25,6 +27,7 @@ block: each has a marker too, and runs with the values it claims to print compar
     python .ci/readme.py --write [--only WORDS]   # rerun the blocks (those whose command holds WORDS)
     python .ci/readme.py --write --python         # rerun the python blocks only, rewriting wrong claims
     python .ci/readme.py --check                  # exit 1 with a diff per block that is out of date
+    python .ci/readme.py --check docs/guides/advisor.md README.md   # those pages only
 """
 
 from __future__ import annotations
@@ -45,7 +48,12 @@ import pyblocks  # noqa: E402  (sibling scripts, not a package)
 import walkthrough  # noqa: E402
 
 ROOT = walkthrough.ROOT
-README = walkthrough.README
+README = ROOT / "README.md"
+
+
+def all_pages() -> list[Path]:
+    """The README, then every page under docs/ in path order."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = re.compile(r"^<!-- output(?: \[(?P<options>[^\]]*)\])?: (?P<command>.+?) -->$")
 FENCE = "```console"
 TIMEOUT_S = 1800  # one command; the slowest (a 70B plan across cards) takes a few minutes
@@ -53,15 +61,16 @@ TIMEOUT_S = 1800  # one command; the slowest (a 70B plan across cards) takes a f
 
 @dataclass
 class Block:
-    """One marked block: its command, options, and where its body lies in the README (line numbers)."""
+    """One marked block: its command, options, and where its body lies in its page (line numbers)."""
 
     command: str
     options: dict[str, str]
     start: int  # the first body line (after the fence)
     end: int  # the closing fence
+    page: str = "README.md"  # the page it is on, as its messages name it
 
 
-def blocks(lines: list[str]) -> list[Block]:
+def blocks(lines: list[str], page: str = "README.md") -> list[Block]:
     """Every marked block; ValueError naming the line of a console block with no marker, or a marker with no
     console block after it (the walk-through's block, between its own markers, is left to walkthrough.py)."""
     found, in_walkthrough = [], False
@@ -70,13 +79,13 @@ def blocks(lines: list[str]) -> list[Block]:
             in_walkthrough = "begin" in line
         marker = MARKER.match(line)
         if marker and (i + 1 >= len(lines) or lines[i + 1] != FENCE):
-            raise ValueError(f"README.md:{i + 1}: an output marker must be right before a {FENCE} fence")
+            raise ValueError(f"{page}:{i + 1}: an output marker must be right before a {FENCE} fence")
         if line == FENCE and not in_walkthrough and not (i and MARKER.match(lines[i - 1])):
-            raise ValueError(f"README.md:{i + 1}: a console block with no output marker before it "
+            raise ValueError(f"{page}:{i + 1}: a console block with no output marker before it "
                              "(see .ci/readme.py)")
         if marker:
             end = lines.index("```", i + 2)
-            found.append(Block(marker["command"], _options(marker["options"]), i + 2, end))
+            found.append(Block(marker["command"], _options(marker["options"]), i + 2, end, page))
     return found
 
 
@@ -124,14 +133,41 @@ def main() -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--only", help="only the console blocks whose command holds this text")
     which.add_argument("--python", action="store_true", help="only the python blocks")
+    parser.add_argument("pages", nargs="*", type=Path, help="only these pages (default: README.md and docs/)")
     args = parser.parse_args()
-    lines = README.read_text().splitlines()
-    try:
-        console = blocks(lines)
-        examples = pyblocks.python_blocks(lines, console) if args.only is None else []
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    pages = [p.resolve() for p in args.pages] or all_pages()
+    missing = [str(p) for p in pages if not p.is_file()]
+    if missing:
+        print(f"error: no such page: {', '.join(missing)}", file=sys.stderr)
         return 1
+    stale = outputs = examples = 0
+    for page in pages:
+        try:
+            got = check_page(page, args)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        stale, outputs, examples = stale + got[0], outputs + got[1], examples + got[2]
+    walk = args.only is None and not args.python and walkthrough.PAGE in pages
+    if walk:  # the walk-through: its own script, run the same way
+        stale += subprocess.run([sys.executable, str(Path(__file__).with_name("walkthrough.py")),
+                                 "--write" if args.write else "--check"]).returncode != 0
+    if stale:
+        print(f"{stale} block(s) or claim(s) out of date: run python .ci/readme.py --write", file=sys.stderr)
+        return 1
+    done = "written from real runs" if args.write else "match a real run"
+    print(f"{len(pages)} page(s): {outputs} output blocks, {examples} python blocks"
+          f"{' and the walk-through' if walk else ''} {done}")
+    return 0
+
+
+def check_page(path: Path, args) -> tuple[int, int, int]:
+    """Rerun one page's blocks: (how many are out of date, output blocks run, python blocks); with --write the
+    page is rewritten from the runs. ValueError for a block the check refuses."""
+    page = str(path.relative_to(ROOT))
+    lines = path.read_text().splitlines()
+    console = blocks(lines, page)
+    examples = pyblocks.python_blocks(lines, console, page) if args.only is None else []
     in_sessions = {id(e.console): e for e in examples if e.console is not None}  # run there, not on their own
     chosen = [] if args.python else [b for b in console if id(b) not in in_sessions
                                      and (args.only is None or args.only in b.command)]
@@ -145,20 +181,11 @@ def main() -> int:
     wrong = pyblocks.stale(examples, outputs)
     edits += [pyblocks.rewrite(lines, statement, output) for _, statement, output in wrong]
     stale += 0 if args.write else len(wrong)
-    if args.write:
+    if args.write and edits:
         for start, end, new in sorted(edits, reverse=True):  # from the end: earlier edits keep their lines
             lines[start:end] = new
-        README.write_text("\n".join(lines) + "\n")
-    if args.only is None and not args.python:  # the walk-through: its own script, run the same way
-        stale += subprocess.run([sys.executable, str(Path(__file__).with_name("walkthrough.py")),
-                                 "--write" if args.write else "--check"]).returncode != 0
-    if stale:
-        print(f"{stale} README block(s) or claim(s) out of date: run python .ci/readme.py --write", file=sys.stderr)
-        return 1
-    done = "written from real runs" if args.write else "match a real run"
-    walk = " and the walk-through" if args.only is None and not args.python else ""
-    print(f"README: {len(got)} output blocks, {len(examples)} python blocks{walk} {done}")
-    return 0
+        path.write_text("\n".join(lines) + "\n")
+    return stale, len(got), len(examples)
 
 
 def normalised(lines: list[str], sizes: bool = False) -> list[str]:
@@ -177,7 +204,7 @@ def _differs(want: list[str], got: list[str], block: Block) -> bool:
     if want_n == got_n:
         return False
     sys.stdout.writelines(difflib.unified_diff([w + "\n" for w in want_n], [g + "\n" for g in got_n],
-                                               f"README.md ({command})", "a real run"))
+                                               f"{block.page} ({command})", "a real run"))
     return True
 
 

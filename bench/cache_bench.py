@@ -112,7 +112,8 @@ def bench_recipecache(root: Path, n: int, ops: int, payload: bytes, fsync: bool)
     result["put_caller"] = percentiles(timed(cache.put, new))
     cache.flush()
     seconds = time.perf_counter() - start
-    result["put_background"] = {"puts_per_s": round(ops / seconds, 1), "mb_per_s": round(ops * len(payload) / seconds / 2**20, 1)}
+    result["put_background"] = {"puts_per_s": round(ops / seconds, 1),
+                                "mb_per_s": round(ops * len(payload) / seconds / 2**20, 1)}
     result.update(bench_eviction(path, payload, fsync))
     mem.flush()  # persist stats now: the directory is removed before interpreter exit
     return result

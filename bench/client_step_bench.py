@@ -123,7 +123,8 @@ def main() -> None:
                 for name in ("train_step", "generate_16")}, "device time / CPU time (median)")
     for r in results:
         line = "; ".join(f"{name} {row['hpu_s'] * 1e3:.1f} ms vs CPU {row['cpu_s'] * 1e3:.1f} ms = {row['ratio']:.2f}x"
-                         f"{'' if row['matches_cpu'] else ' (DIFFERS from the CPU)'}" for name, row in r["rows"].items())
+                         f"{'' if row['matches_cpu'] else ' (DIFFERS from the CPU)'}"
+                         for name, row in r["rows"].items())
         print(f"{r['mode']}: {line}")
 
 

@@ -90,7 +90,8 @@ def main() -> None:
     for mode in ("eager", "lazy"):
         row = rows[mode]
         row["ratio_to_cpu"] = row["step_s"] / cpu["step_s"]
-        row["losses_match_cpu"] = all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(row["losses"], cpu["losses"]))
+        row["losses_match_cpu"] = all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(row["losses"],
+                                                                                            cpu["losses"]))
     result = {"model": "models/mnist.py", "batch": 64, "steps": args.steps, "warmup": args.warmup,
               "repeats": args.repeats, "load_average_1min": os.getloadavg()[0],
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"), "rows": list(rows.values())}
@@ -99,7 +100,8 @@ def main() -> None:
     maybe_plot("device_bench", [f"{m} ({rows[m]['step_s'] / cpu['step_s']:.2f}x)" for m in MODES],
                {"median ms per training step": [rows[m]["step_s"] * 1e3 for m in MODES]}, "ms per step (batch 64)")
     for row in rows.values():
-        extra = f", {row['ratio_to_cpu']:.2f}x the CPU, losses match: {row['losses_match_cpu']}" if row["mode"] != "cpu" else ""
+        extra = "" if row["mode"] == "cpu" else \
+            f", {row['ratio_to_cpu']:.2f}x the CPU, losses match: {row['losses_match_cpu']}"
         print(f"{row['mode']}: {row['step_s'] * 1e3:.1f} ms per step (first step {row['first_step_s']:.2f} s){extra}")
 
 

@@ -6,7 +6,8 @@ Dynamo alone (backend="eager", the floor), aot_eager, hpu_backend with an empty 
 recipe cache, inductor with an empty and with a warm FX graph cache; for inference also
 ``hpu_backend.load_package`` of a package built by ``hpurecipe package`` over the model file's axes,
 ``hpu_backend.load_precompiled`` of a directory built by ``hpurecipe precompile`` (torch's aot_compile:
-Dynamo's guards and bytecode saved, signed, loaded without a trace), and AOTInductor's ``aoti_load_package`` of a package compiled from the same exported program (needs
+Dynamo's guards and bytecode saved, signed, loaded without a trace), and AOTInductor's ``aoti_load_package`` of a
+package compiled from the same exported program (needs
 a C++ compiler; skipped with a message without one). Timing starts after ``import torch`` and
 building the model, so it includes importing Dynamo (or hpu_backend, or torch._inductor) — the cost
 a serving process pays. hpu_backend runs report their phases (program key and load, AOT trace,

@@ -89,7 +89,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="few repetitions, no inductor (CI smoke run)")
     args = ap.parse_args()
-    backends = [b for b in (*BACKENDS, "hpu_package", "hpu_graph", "hpu_reduce_overhead") if not (args.quick and b == "inductor")]
+    backends = [b for b in (*BACKENDS, "hpu_package", "hpu_graph",
+                            "hpu_reduce_overhead") if not (args.quick and b == "inductor")]
     results, rows = {}, []
     for case, (_, kind) in CASES.items():
         repeat = 5 if args.quick else (10 if kind == "compute" else 1000)

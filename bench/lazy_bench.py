@@ -66,8 +66,9 @@ def main() -> None:
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=2))
     for r in rows:
-        print(f"{r['model']}: eager {r['eager_s']:.2f} s, lazy {r['lazy_cold_s']:.2f} s cold / {r['lazy_warm_s']:.2f} s "
-              f"warm for {r['iterations']} iterations; compiled per step {r['compiled_per_step']}; "
+        print(f"{r['model']}: eager {r['eager_s']:.2f} s, lazy {r['lazy_cold_s']:.2f} s cold / "
+              f"{r['lazy_warm_s']:.2f} s warm for {r['iterations']} iterations; "
+              f"compiled per step {r['compiled_per_step']}; "
               f"ops per graph {r['ops_per_graph']}")
 
 

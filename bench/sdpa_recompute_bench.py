@@ -37,7 +37,8 @@ def plan(recompute: bool, shape: tuple[int, int, int, int], target: str) -> list
     for _, recipe, _ in sorted(found, key=lambda f: f[1].kind != "forward"):
         memory, cost = recipe.facts["memory"], recipe.facts["cost"]
         rows.append({"recompute": recompute, "kind": recipe.kind, "peak_bytes": memory["peak_bytes"],
-                     "saved_probs_bytes": memory["saved_probs_bytes"], "flops": sum(c["flops"] for c in cost["clusters"]),
+                     "saved_probs_bytes": memory["saved_probs_bytes"],
+                     "flops": sum(c["flops"] for c in cost["clusters"]),
                      "est_device_s": cost["device_s"], "bound": [c["bound"] for c in cost["clusters"]]})
     return rows
 
@@ -52,8 +53,9 @@ def main() -> None:
     rows = plan(False, shape, args.target) + plan(True, shape, args.target)
     print(f"{'recompute':>9} {'recipe':>8} {'peak HBM':>10} {'saved P':>9} {'GFLOP':>7} {'est. time':>10}  bound")
     for r in rows:
-        print(f"{r['recompute']!s:>9} {r['kind']:>8} {r['peak_bytes'] / MIB:8.1f}Mi {r['saved_probs_bytes'] / MIB:7.1f}Mi "
-              f"{r['flops'] / 1e9:7.2f} {r['est_device_s'] * 1e6:8.1f}us  {','.join(r['bound'])}")
+        print(f"{r['recompute']!s:>9} {r['kind']:>8} {r['peak_bytes'] / MIB:8.1f}Mi "
+              f"{r['saved_probs_bytes'] / MIB:7.1f}Mi {r['flops'] / 1e9:7.2f} {r['est_device_s'] * 1e6:8.1f}us  "
+              f"{','.join(r['bound'])}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"shape_bhsd": shape, "dtype": "bfloat16", "target": args.target,
                                    "estimate": True, "rows": rows}, indent=2))

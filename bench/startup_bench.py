@@ -29,7 +29,8 @@ BASELINE = "python SCRIPT (import torch, then the first line)"
 
 def to_first_line(cmd: list[str], stamp: str) -> tuple[float, float]:
     """Wall seconds from starting ``cmd`` to its script's first line, and the CPU seconds it had used by then."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH",
+                                                                                                     "")])}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     start = time.time()
     proc = subprocess.run([*cmd, stamp], capture_output=True, text=True, env=env)

@@ -17,6 +17,7 @@ from .version import __version__
 
 _EXPORTS = {
     "hpu_backend": "backend", "Settings": "settings", "SettingsError": "settings",
+    "HpuBackendError": "errors",  # the base of every error the project raises
     "autocast": "gaudi.mixed_precision", "simulate": "run.names",
     # planning: what a model needs, before anything is built
     "load_model_file": "modelfiles.modelfile",

@@ -12,11 +12,12 @@ import bisect
 import logging
 from dataclasses import dataclass
 from typing import Any
+from .errors import HpuBackendError
 
 log = logging.getLogger(__name__)
 
 
-class BucketError(ValueError):
+class BucketError(HpuBackendError, ValueError):
     """A bucket policy that does not parse (raised by ``parse_policy``)."""
 
 

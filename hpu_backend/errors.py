@@ -1,8 +1,13 @@
-"""Error text for people: one line per exception (torch-free, imported by every layer that reports)."""
+"""The project's base exception, and error text for people: one line per exception (torch-free, imported by
+every layer that reports)."""
 
 from __future__ import annotations
 
 import re
+
+from recipecache.errors import HpuBackendError
+
+__all__ = ["HpuBackendError", "one_line"]
 
 
 # Dynamo's wrapper of an op that failed on fake tensors names the real error inside its explanation:

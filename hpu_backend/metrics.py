@@ -8,7 +8,8 @@ class of each recompile's failed guard; ``recompiles()`` lists them in full, wit
 graphs served from a stored program, skipping AOTAutograd, or traced), ``cache_misses`` (TotalNumber,
 Reasons: misses of an entry the cache holds for the same graph under another key, and what differed, old → new),
 ``cpu_fallback`` (TotalNumber,
-FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step`` (TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
+FallbackOps: executions of CPU-fallback ops, counted at every call of a recipe, as the bridge does) and ``mark_step``
+(TotalNumber: calls of ``hpu_backend.gaudi.mark_step``).
 ``PT_HPU_METRICS_FILE`` writes them as JSON at process exit in the bridge's format.
 """
 
@@ -22,7 +23,10 @@ import logging
 import os
 import threading
 from collections import Counter, deque
-from typing import Any
+from typing import Any, Mapping
+
+from . import envs
+from .errors import HpuBackendError
 
 _lock = threading.Lock()
 
@@ -51,7 +55,7 @@ def phase_times() -> dict[str, float]:
         return dict(_PHASES)
 
 
-class MetricError(KeyError):
+class MetricError(HpuBackendError, KeyError):
     """An unknown metric name (raised by ``metric_global`` / ``metric_localcontext``)."""
 
 
@@ -166,11 +170,11 @@ def metric_localcontext(name: str) -> _Local:
     return _Local(name)
 
 
-def metrics_file_path(base: str, env: dict | os._Environ = os.environ) -> str:
+def metrics_file_path(base: str, env: Mapping[str, str] | None = None) -> str:
     """``base`` with ``-rank{N}`` under RANK, and a numeric suffix instead of overwriting a file."""
     root, ext = os.path.splitext(base)
-    if env.get("RANK") is not None:
-        root = f"{root}-rank{env['RANK']}"
+    if envs.is_set("RANK", env):
+        root = f"{root}-rank{envs.get('RANK', env)}"
     path, n = root + ext, 1
     while os.path.exists(path):
         path, n = f"{root}.{n}{ext}", n + 1
@@ -189,7 +193,7 @@ def dump(path: str, triggered_by: str = "process_exit") -> str:
 
 
 def _dump_at_exit() -> None:
-    base = os.environ.get("PT_HPU_METRICS_FILE")
+    base = envs.get("PT_HPU_METRICS_FILE")
     if base:
         try:
             dump(base)

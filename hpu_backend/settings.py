@@ -15,13 +15,15 @@ from typing import Any, Mapping
 from recipecache import CacheConfig, ConfigError
 from recipecache.config import ENV_VAR
 
+from . import envs
 from .buckets import BucketError, Policy, parse_policy, policies_for
+from .errors import HpuBackendError
 
 TARGETS = ("gaudi2", "gaudi3")  # the devices of targets.py (a test keeps them equal)
 DTYPE_POLICIES = ("native", "fp8")  # lowering/passes/apply_dtype_policy.py
 
 
-class SettingsError(ValueError):
+class SettingsError(HpuBackendError, ValueError):
     """An unknown option or a value of the wrong form (raised by ``Settings.from_options``)."""
 
 
@@ -72,8 +74,11 @@ class Settings:
         env = os.environ if env is None else env
         values = {f.name: _parse(f, env[f.metadata["env"]], "environment variable " + f.metadata["env"])
                   for f in dataclasses.fields(cls) if f.metadata["env"] in env}
-        if env.get("PT_HPU_USE_EAGER_FALLBACK", "").strip() in ("0", "false", "False"):
-            values["strict"] = True
+        try:
+            if not envs.get("PT_HPU_USE_EAGER_FALLBACK", env):
+                values["strict"] = True
+        except envs.EnvError as e:
+            raise SettingsError(str(e)) from None
         options = dict(options or {})
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
         if unknown:

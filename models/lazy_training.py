@@ -3,7 +3,8 @@
 On Gaudi this script imports ``habana_frameworks.torch.core as htcore``; here ``hpu_backend.gaudi`` stands for it.
 Without lazy mode the same loop runs eagerly (``mark_step`` only counts), which is what the tests compare with.
 Run as a script (``PT_HPU_LAZY_MODE=1 python models/lazy_training.py [mnist|gpt] [steps]``) to train lazily
-and print the per-step report: graphs, recipes compiled and host syncs with their source lines.
+(in ``with htcore.lazy():``, as the device's mode is read: ``hpu_backend/device/release.py``) and print the
+per-step report: graphs, recipes compiled and host syncs with their source lines.
 It is also a model file (``hpurecipe analyze models/lazy_training.py --lazy --train``): models/mnist.py's model.
 """
 
@@ -71,11 +72,16 @@ COMPILE = {"options": {}}
 
 
 if __name__ == "__main__":
+    from contextlib import nullcontext
+
+    from hpu_backend.device.release import mode_from_env
+
     name = sys.argv[1] if len(sys.argv) > 1 else "mnist"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     module = _load(name)
     run = mnist_run if name == "mnist" else gpt_run
     kwargs = {"log_interval": 5} if name == "mnist" else {}
-    losses, _ = run(module, steps, **kwargs)
-    print("losses:", " ".join(f"{v:.4f}" for v in losses.tolist()))
+    with htcore.lazy() if mode_from_env() == "lazy" else nullcontext():  # PT_HPU_LAZY_MODE=1: lazily
+        losses, _ = run(module, steps, **kwargs)
+        print("losses:", " ".join(f"{v:.4f}" for v in losses.tolist()))
     print(htcore.lazy_report())

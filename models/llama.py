@@ -7,7 +7,8 @@ and returns the logits and the new token's keys and values. ``LLAMA2_7B`` and ``
 LLaMA 2's shapes (Touvron et al. 2023, "Llama 2", Table 1 and the released config.json files);
 ``LLAMA31_8B``, ``LLAMA31_70B`` and ``LLAMA31_405B`` LLaMA 3.1's (Llama Team 2024, "The Llama 3 Herd of
 Models", Table 3, and the released config.json files; LLaMA 3.1's rope scaling for long contexts is left
-out: it changes no shape or cost). ``TINY`` is for tests.
+out: it changes no shape or cost). ``TINY`` is for tests; ``TINY_TP`` (``models/llama.py:TINY_TP``) is as tiny
+with 8 heads and an MLP that splits over 1, 2, 4 or 8 cards (``hpurecipe warm models/llama.py:TINY_TP --cards 8``).
 The file's own names are the tiny model; ``models/llama.py:LLAMA2_7B`` selects the 7B one (built on
 the meta device by ``hpurecipe analyze --input-len ... --output-len ...``: no weight is allocated).
 
@@ -61,6 +62,7 @@ CONFIG_31_70B = Config(vocab=128256, dim=8192, layers=80, heads=64, kv_heads=8, 
 CONFIG_31_405B = Config(vocab=128256, dim=16384, layers=126, heads=128, kv_heads=8, hidden=53248, max_seq=131072,
                         rope_theta=500000.0)
 CONFIG_TINY = Config(vocab=256, dim=64, layers=2, heads=4, kv_heads=2, hidden=172, max_seq=512)
+CONFIG_TINY_TP = Config(vocab=256, dim=64, layers=2, heads=8, kv_heads=2, hidden=176, max_seq=512)  # up to 8 cards
 
 
 class RMSNorm(nn.Module):
@@ -248,6 +250,7 @@ LLAMA31_8B = model_file(CONFIG_31_8B, "llama-3.1-8b")
 LLAMA31_70B = model_file(CONFIG_31_70B, "llama-3.1-70b")
 LLAMA31_405B = model_file(CONFIG_31_405B, "llama-3.1-405b")
 _TINY = model_file(CONFIG_TINY, "llama")
+TINY_TP = model_file(CONFIG_TINY_TP, "llama-tiny")
 AXES, COMPILE, DECODE = _TINY["AXES"], _TINY["COMPILE"], _TINY["DECODE"]
 PER_CARD, LAYERS, CONTEXT = _TINY["PER_CARD"], _TINY["LAYERS"], _TINY["CONTEXT"]
 

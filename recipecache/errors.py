@@ -1,7 +1,13 @@
-"""The named exceptions of the recipe cache."""
+"""The named exceptions of the recipe cache, and the base every error of the project sits under."""
 
 
-class CacheError(Exception):
+class HpuBackendError(Exception):
+    """The base of every error the project raises (the cache's, the backend's, the tools' and the command line's):
+    ``except HpuBackendError`` catches ours and nothing else. It is defined here, on the lowest floor, so that the
+    cache's errors sit under it too; ``hpu_backend.errors`` exports it."""
+
+
+class CacheError(HpuBackendError):
     """A cache problem the caller must hear about (e.g. a cache directory other users can write)."""
 
 

@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .signing import TAG_BYTES, sign, signing_key, verify
+from .errors import HpuBackendError
 
 logger = logging.getLogger("recipecache")
 
@@ -42,7 +43,7 @@ SEAL = b"HPRS"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-class BadReply(Exception):
+class BadReply(HpuBackendError):
     """The server answered a command with a reply of the wrong type (e.g. a number to GET)."""
 
 

@@ -27,7 +27,8 @@ class StatsStore:
         self.hits_file = root / "hits.log"
         self._lock = DirLock(root / "stats.lock", lock_timeout_s)
         self._mutex = threading.Lock()  # the pending counts (held briefly: hits take it)
-        self._flushing = threading.Lock()  # a flush in progress (readers wait, so nothing is counted twice or not at all)
+        # a flush in progress (readers wait, so nothing is counted twice or not at all)
+        self._flushing = threading.Lock()
         self._pending: Counter = Counter()
         self._pending_hits: Counter = Counter()
         self.last_flush = time.monotonic()

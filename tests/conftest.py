@@ -24,7 +24,8 @@ MODELS = ROOT / "models"
 LONG_FIRST = ("test_opinfo.py", "test_programs.py::test_a_warm_cache", "test_fleet.py::test_ci_warms",
               "test_recipecache_multiprocess.py::test_stress", "test_model_causes.py::test_a_library_custom_op",
               "test_shapes.py::test_second_process", "test_shapes.py::test_keys_are_stable", "test_ddp.py",
-              "test_fabric.py", "test_gaudi_scripts.py", "test_cli_gpt.py", "test_fleet.py::test_host_b", "test_lazy_mode.py::test_a_second")
+              "test_fabric.py", "test_gaudi_scripts.py", "test_cli_gpt.py", "test_fleet.py::test_host_b",
+              "test_lazy_mode.py::test_a_second")
 
 
 def pytest_collection_modifyitems(items):

@@ -20,9 +20,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
 import gpt  # noqa: E402
 
-import hpu_backend.gaudi  # noqa: E402  (registers backend="hccl", as Gaudi scripts import it)
+import hpu_backend.gaudi  # noqa: E402
 from hpu_backend.gaudi.ddp import BucketLog  # noqa: E402
 from hpu_backend.serve.compiled import collect_recipes  # noqa: E402
+
+hpu_backend.gaudi.register_hccl()  # backend="hccl", as a Gaudi script's import of distributed.hccl registers it
 
 GLOBAL_BATCH, SEQ, LAYERS = 4, 16, 4  # 4 layers: about 1.5 MB of gradients, over 1 MB buckets (DDP's least)
 

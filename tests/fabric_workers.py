@@ -20,8 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "models"))
 import gpt  # noqa: E402
 import llama  # noqa: E402
 
-import hpu_backend.gaudi  # noqa: E402,F401  (registers backend="hccl", as Gaudi scripts import it)
+import hpu_backend.gaudi  # noqa: E402
 from hpu_backend.serve.compiled import collect_recipes  # noqa: E402
+
+hpu_backend.gaudi.register_hccl()  # backend="hccl", as a Gaudi script's import of distributed.hccl registers it
 
 
 def llama_plan(model) -> dict:

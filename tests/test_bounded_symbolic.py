@@ -46,7 +46,8 @@ BAD = {
     "list-repeat": ([_sym("s", "operator::mul", [[0, 0], 10 ** 9])], "past 4096 items"),
     "repeat-on-the-left": ([_sym("s", "operator::mul", [10 ** 9, [0]])], "past 4096 items"),
     "doubling-joins": ([_sym("j0", "operator::add", [[0] * 64, [0] * 64])]
-                       + [_sym(f"j{i}", "operator::add", [{"r": f"j{i - 1}"}, {"r": f"j{i - 1}"}]) for i in range(1, 40)],
+                       + [_sym(f"j{i}", "operator::add", [{"r": f"j{i - 1}"}, {"r": f"j{i - 1}"}]) for i in range(1,
+                                                                                                                  40)],
                        "past 4096 items"),
     "mul-chain": (_mul_chain(40), "more than 4096 bits"),
     "string-format": ([_sym("f", "operator::mod", ["%0999999999d", 1])], "formatting"),
@@ -56,7 +57,8 @@ BAD = {
         _sym("i", "operator::getitem", [{"r": "bn"}, 7])], "returns 3"),
     "dimension-out-of-range": ([_sym("d", "aten::sym_size.int", ["USER", 99])], "dimension 99"),
     "size-chain": ([_sym("n", "aten::sym_size.int", ["USER", 0])]
-                   + [_sym(f"p{i}", "operator::mul", [{"r": "n" if i == 0 else f"p{i - 1}"}, 10 ** 18]) for i in range(300)],
+                   + [_sym(f"p{i}", "operator::mul", [{"r": "n" if i == 0 else f"p{i - 1}"},
+                                                      10 ** 18]) for i in range(300)],
                    "more than 4096 bits"),
 }
 

@@ -144,7 +144,8 @@ def test_long_commands_show_progress_on_a_terminal_only(tiny_file, monkeypatch, 
 def test_analyze_shows_the_point_and_the_bucket_end_it_was_planned_at(tmp_path):
     path = tiny_model(tmp_path, "wide", TINY.replace('"exp:2"', '"exp:16"'))  # batch 2 and 8 share bucket 0-16
     rows = cli_json("analyze", path)["buckets"]
-    assert [(r["point"], r["planned_at"]) for r in rows] == [({"batch": 2}, {"batch": 16}), ({"batch": 8}, {"batch": 16})]
+    assert [(r["point"], r["planned_at"]) for r in rows] == [({"batch": 2}, {"batch": 16}), ({"batch": 8},
+                                                                                             {"batch": 16})]
     assert rows[0]["peak_hbm_bytes"] == rows[1]["peak_hbm_bytes"]  # one plan, at batch 16
     out = cli("analyze", path).output
     assert "planned at" in out and "upper end of each point's bucket" in out
@@ -159,7 +160,8 @@ def test_warm_shows_cpu_fallbacks(tmp_path):
 def make_model():""")
     path = tiny_model(tmp_path, "fallback", text)
     doc = cli_json("warm", path, "-d", tmp_path / "c", "--check")
-    assert doc["fallback_ops"] == ["aten::digamma"] and all(p["fallback_ops"] == ["aten::digamma"] for p in doc["points"])
+    assert doc["fallback_ops"] == ["aten::digamma"]
+    assert all(p["fallback_ops"] == ["aten::digamma"] for p in doc["points"])
     out = cli("warm", path, "-d", tmp_path / "c").output
     assert "fallbacks" in out.splitlines()[0] and "CPU fallback ops: aten::digamma" in out
     assert "CPU fallback" not in cli("warm", tiny_model(tmp_path), "-d", tmp_path / "c").output
@@ -475,7 +477,8 @@ def test_units_are_spelled_one_way(warmed, tiny_file):
     import re
 
     key = keys_of(warmed)[0]
-    outputs = [cli(*args).output for args in (["ls", "-d", warmed], ["stats", "-d", warmed], ["show", key, "-d", warmed],
+    outputs = [cli(*args).output for args in (["ls", "-d", warmed], ["stats", "-d", warmed], ["show", key, "-d",
+                                                                                              warmed],
                                               ["analyze", tiny_file])]
     text = "\n".join(line for out in outputs for line in out.splitlines() if "sources" not in line)  # quoted specs
     assert re.search(r"\d (KiB|MiB|GiB)\b", text) and "µs" in text

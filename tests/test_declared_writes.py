@@ -135,7 +135,8 @@ def test_batch_norm_training_through_the_cache_declares_its_writes_and_matches_e
 def _copy_into(raw, target_index: int, declare: bool) -> None:
     weight = raw["input_names"][target_index]
     raw["nodes"][:0] = [node("z", "aten::zeros_like.default", [{"r": weight}], raw["inputs"][target_index]["shape"]),
-                        node("w", "aten::copy_.default", [{"r": weight}, {"r": "z"}], raw["inputs"][target_index]["shape"])]
+                        node("w", "aten::copy_.default", [{"r": weight}, {"r": "z"}],
+                             raw["inputs"][target_index]["shape"])]
     if declare:
         raw["writes"] = sorted(set(raw["writes"]) | {weight})
 
@@ -218,7 +219,8 @@ def crafted_nodes(draw):
             break
         kind = str(a.type)
         if "Tensor" in kind:
-            args.append([{"r": f"t{draw(st.integers(0, 2))}"}] if "[]" in kind else {"r": f"t{draw(st.integers(0, 2))}"})
+            ref = {"r": f"t{draw(st.integers(0, 2))}"}
+            args.append([ref] if "[]" in kind else ref)
         elif kind == "bool":
             args.append(draw(st.booleans()))
         elif "int" in kind:

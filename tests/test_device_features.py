@@ -22,7 +22,7 @@ import hpu_backend.device as hd
 # device from its first line). Enabling it is global to the process (PrivateUse1 renamed, torch.hpu).
 hd.enable("eager")
 from hpu_backend import gaudi
-from hpu_backend.serve import device_memory as memory
+from hpu_backend.device.context import current_context
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture
 def eager():
     yield hd.enable("eager")
-    memory.set_capacity(None)
+    current_context().memory.set_capacity(None)
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_memory_counts_every_device_tensor_and_oom_names_request_use_and_capacit
     assert hpu.max_memory_allocated() == hpu.memory_allocated()
     free, total = hpu.mem_get_info()
     assert total == hpu.memory_stats()["Limit"] and free == total - hpu.memory_allocated()
-    memory.set_capacity(hpu.memory_allocated() + 10_000)
+    current_context().memory.set_capacity(hpu.memory_allocated() + 10_000)
     with pytest.raises(torch.OutOfMemoryError) as e:
         torch.empty(1 << 20, device="hpu")
     text = str(e.value)
@@ -225,6 +225,6 @@ def test_a_graph_compiled_for_another_target_leaves_the_devices_memory_target(ea
     doubled = torch.compile(lambda x: x * 2, backend="hpu_backend", options={"target": "gaudi3", "cache": False})
     torch.testing.assert_close(doubled(torch.ones(3)), torch.full((3,), 2.0))
     assert hpu.memory_stats()["Limit"] == limit and hpu.mem_get_info()[1] == limit
-    memory.set_capacity(hpu.memory_allocated() + 10_000)
+    current_context().memory.set_capacity(hpu.memory_allocated() + 10_000)
     with pytest.raises(torch.OutOfMemoryError, match=r"\(gaudi2 HBM, limited by"):
         torch.empty(1 << 20, device="hpu")

@@ -193,7 +193,8 @@ def _run_script(tmp_path, text: str, *launcher: str, **env: str):
 
 def test_a_data_loader_with_workers_feeds_the_device_without_cache_errors(tmp_path, monkeypatch):
     """Forked DataLoader workers inherit the recipe cache's lock objects: each process takes its own."""
-    monkeypatch.delenv("PT_HPU_RECIPE_CACHE_CONFIG", raising=False)  # the default cache under HOME, as a user's run has it
+    monkeypatch.delenv("PT_HPU_RECIPE_CACHE_CONFIG",
+                       raising=False)  # the default cache under HOME, as a user's run has it
     done = _run_script(tmp_path, (
         "import torch, hpu_backend.device as hd\n"
         "hd.enable('lazy')\n"

@@ -65,6 +65,24 @@ def test_planned_weights_and_kv_bytes(configs, kind):
     assert model.kv_bytes_per_token == 2 * 2 * BASE["num_hidden_layers"] * 2 * 8  # K and V, 2 KV heads of 8, bf16
 
 
+def test_interleaved_layers_extrapolate_by_their_period(tmp_path):
+    # Llama 4 alternates a dense layer and a mixture of experts: a shard extrapolated from one and two layers would
+    # count a dense layer and seven expert layers; by groups of two it counts four of each, as the model has.
+    folder = tmp_path / "llama4"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama4_text", **BASE, "num_hidden_layers": 8, "head_dim": 8, "intermediate_size_mlp": 128,
+        "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2}))
+    spec = load_model_file(folder / "config.json")
+    assert (spec.layers, spec.layer_period) == (8, 2)
+    cards = 2
+    shard = spec.per_card(cards=cards, group="tp", layers=None)["make_model"]()
+    expected = 2 * sum(t.numel() for t in [*shard.parameters(), *shard.buffers()])  # one card's shard, bf16
+    model = served.load(spec, "gaudi2", "bf16", cards)
+    assert model.decode.period == 2 and model.decode.groups == 4
+    assert model.weights_bytes == expected
+
+
 def test_capacity_across_cards_takes_a_config(configs):  # (LLaMA is planned in test_serving_plan.py)
     doc = cli_json("analyze", configs["mistral"] / "config.json", "--input-len", "16", "--output-len", "4",
                    "--cards", "2", "--batch", "4")

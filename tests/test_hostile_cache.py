@@ -114,7 +114,8 @@ def in_fresh_process(commands: list, then: str = "", timeout: float = 30, limit_
     args = json.dumps([[str(a) for a in c] for c in commands])
     proc = subprocess.run([sys.executable, "-c", RUNNER, args, then, str(limit_as), *map(str, argv)],
                           capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'cli'}"))
+                          text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ,
+                                                                         PYTHONPATH=f"{ROOT}:{ROOT / 'cli'}"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for command, result in zip(commands, results):

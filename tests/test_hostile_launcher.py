@@ -231,15 +231,15 @@ def test_an_unknown_option_is_named_not_taken_for_the_script(tmp_path):
 
 
 def test_hbm_bytes_takes_units(monkeypatch):
-    from hpu_backend.serve import device_memory
+    from hpu_backend.device.memory import CAPACITY_ENV, Memory
     from hpu_backend.settings import SettingsError
 
     for text, nbytes in (("1GB", 10 ** 9), ("16GiB", 16 << 30), ("1e6", 10 ** 6), ("4096", 4096)):
-        monkeypatch.setenv(device_memory.CAPACITY_ENV, text)
-        assert device_memory.capacity() == nbytes
-    monkeypatch.setenv(device_memory.CAPACITY_ENV, "1e6 apples")
+        monkeypatch.setenv(CAPACITY_ENV, text)
+        assert Memory().capacity() == nbytes
+    monkeypatch.setenv(CAPACITY_ENV, "1e6 apples")
     with pytest.raises(SettingsError, match="HPU_BACKEND_HBM_BYTES='1e6 apples' is not valid"):
-        device_memory.capacity()
+        Memory().capacity()
 
 
 # -- traces ---------------------------------------------------------------------------------------------------

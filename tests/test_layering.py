@@ -1,8 +1,10 @@
 """The floors hold: every import goes down (or stays on its floor), read from every import of every module.
 
 Floors, bottom to top (a module's floor is its longest matching prefix):
-recipecache → errors, metrics, units, version → formats → settings, targets, timeline → runtime → lowering → capture →
-serve → backend → gaudi, device → modelfiles → shipping → diagnosis → planning → run → the hpu_backend package itself → cli (hpurecipe).
+recipecache → errors, envs, metrics, units, version → formats → settings, targets, timeline → runtime → lowering →
+capture →
+serve → backend → gaudi, device → modelfiles → shipping → diagnosis → planning → run → the hpu_backend package itself →
+cli (hpurecipe).
 
 The floors meet at the compile session (``hpu_backend.serve.session``): every front end hands its graphs to
 one, so the session is the one place that runs the bucket passes (``lower_bucket``) outside the lowering
@@ -27,7 +29,7 @@ PACKAGES = {"cli/hpurecipe": "hpurecipe", "hpu_backend": "hpu_backend", "recipec
 # Bottom to top; the modules of one floor may import each other.
 FLOORS = (
     ("recipecache",),
-    ("hpu_backend.errors", "hpu_backend.metrics", "hpu_backend.units", "hpu_backend.version"),
+    ("hpu_backend.errors", "hpu_backend.envs", "hpu_backend.metrics", "hpu_backend.units", "hpu_backend.version"),
     ("hpu_backend.formats",),
     ("hpu_backend.settings", "hpu_backend.buckets", "hpu_backend.targets", "hpu_backend.timeline"),
     ("hpu_backend.runtime",),
@@ -49,10 +51,12 @@ FLOORS = (
 )
 LAYERS = tuple(prefix for floor in FLOORS for prefix in floor)
 FLOOR_OF = {prefix: i for i, floor in enumerate(FLOORS) for prefix in floor}
-TORCH_FREE = ("recipecache", "hpu_backend.formats", "hpu_backend.errors", "hpu_backend.version", "hpu_backend.timeline")
+TORCH_FREE = ("recipecache", "hpu_backend.formats", "hpu_backend.errors", "hpu_backend.envs", "hpu_backend.version",
+              "hpu_backend.timeline")
 # Torch-free modules that may import torch inside one function, each with its reason.
 TORCH_EXCEPTIONS = {
-    "hpu_backend.formats.symexpr": "encode() walks sympy trees holding torch's sympy functions; decoding needs no torch",
+    "hpu_backend.formats.symexpr":
+        "encode() walks sympy trees holding torch's sympy functions; decoding needs no torch",
 }
 # What a package __init__ may hold besides imports and its docstring: the names it exports, and the lazy
 # loader of those names (so that importing the package stays cheap).
@@ -127,7 +131,8 @@ def _check_import(module: str, target: str) -> str | None:
         return f"{prefix_of(module)} is below {prefix_of(target)}"
     top = target.split(".")[0]
     free = prefix_of(module)
-    if free in TORCH_FREE and (top == "torch" and module not in TORCH_EXCEPTIONS or top == "hpurecipe" or (free == "recipecache" and top == "hpu_backend")):
+    if free in TORCH_FREE and (top == "torch" and module not in TORCH_EXCEPTIONS or top == "hpurecipe"
+                               or (free == "recipecache" and top == "hpu_backend")):
         return f"{free} must not import {top}"
     return None
 
@@ -190,7 +195,8 @@ def _modules(root: Path):
 
 
 def _called(tree: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)
+    return any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) == name or getattr(n.func, "attr",
+                                                                                           None) == name)
                for n in ast.walk(tree))
 
 

@@ -30,11 +30,17 @@ def _assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
         torch.testing.assert_close(p, q, msg=name)
 
 
-def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_after_the_first():
+def _own_store(tmp_path) -> dict:
+    """Options of a lazy block with a recipe store of its own: its first graphs compile whatever ran before in this
+    process (the suite runs in random order, several tests to a process)."""
+    return {"cache_config": f"{tmp_path / 'recipes'},false,64"}
+
+
+def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_after_the_first(tmp_path):
     mnist = load_model_file("mnist")
     eager_losses, eager_model = training.mnist_run(mnist, steps=20)
     before = len(gaudi.lazy_report())
-    with gaudi.lazy():
+    with gaudi.lazy(_own_store(tmp_path)):
         lazy_losses, lazy_model = training.mnist_run(mnist, steps=20, log_interval=10)
     torch.testing.assert_close(lazy_losses, eager_losses)
     _assert_same_params(lazy_model, eager_model)
@@ -49,11 +55,11 @@ def test_mnist_loop_of_the_docs_matches_eager_for_20_steps_and_compiles_nothing_
     assert not any(s.cut for s in logged)  # after mark_step: nothing pending to cut
 
 
-def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady():
+def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady(tmp_path):
     gpt = load_model_file("gpt")
     eager_losses, eager_model = training.gpt_run(gpt, steps=20)
     before = len(gaudi.lazy_report())
-    with gaudi.lazy():
+    with gaudi.lazy(_own_store(tmp_path)):
         lazy_losses, lazy_model = training.gpt_run(gpt, steps=20)
     torch.testing.assert_close(lazy_losses, eager_losses)
     _assert_same_params(lazy_model, eager_model)
@@ -65,7 +71,7 @@ def test_gpt_training_loop_matches_eager_and_compiles_nothing_once_steady():
     assert max(g.ops for s in marked for g in s.graphs) > 100  # forward and backward in one graph
 
 
-def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report_says_which():
+def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report_says_which(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     # A learning rate no other test uses: its step constants are new to this process's recipe store, whatever
@@ -83,7 +89,7 @@ def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report
         ref_opt.zero_grad()
         ref_sched.step()
     before = len(gaudi.lazy_report())
-    with gaudi.lazy():
+    with gaudi.lazy(_own_store(tmp_path)):
         for _ in range(4):
             model(x).square().mean().backward()
             gaudi.mark_step()
@@ -113,7 +119,7 @@ def test_host_reads_mid_step_cut_the_graph_and_are_reported_with_their_line():
     with gaudi.lazy():
         for step in range(3):
             loss = (x @ w).relu().sum()
-            if loss > 0:  # Python control flow on a tensor: a host sync  # noqa: this line is checked below
+            if loss > 0:  # Python control flow on a tensor: a host sync  (this line is checked below)
                 got.append(loss.item())
             gaudi.mark_step()
     assert got == pytest.approx(expected)
@@ -228,23 +234,24 @@ SCRIPT = """
 import json, os, sys, torch
 import hpu_backend.gaudi as htcore
 from hpu_backend.metrics import metric_global
-assert htcore.is_lazy()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-htcore.mark_step()
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-start = len(htcore.lazy_report())
-for step in range(3):
-    x = torch.full((4, 8), 0.5)
-    loss = model(x).square().mean()
-    loss.backward()
+with htcore.lazy():  # lazy mode on host tensors, for the whole script
+    assert htcore.is_lazy()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     htcore.mark_step()
-    opt.step()
-    opt.zero_grad()
-    htcore.mark_step()
-steps = htcore.lazy_report()[start:]
-print(json.dumps({"compiled": [s.compiled for s in steps], "loss": loss.item(),
-                  "hits": dict(metric_global("recipe_cache").stats())["TotalHit"]}))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = len(htcore.lazy_report())
+    for step in range(3):
+        x = torch.full((4, 8), 0.5)
+        loss = model(x).square().mean()
+        loss.backward()
+        htcore.mark_step()
+        opt.step()
+        opt.zero_grad()
+        htcore.mark_step()
+    steps = htcore.lazy_report()[start:]
+    print(json.dumps({"compiled": [s.compiled for s in steps], "loss": loss.item(),
+                      "hits": dict(metric_global("recipe_cache").stats())["TotalHit"]}))
 """
 
 
@@ -274,7 +281,8 @@ def test_analyze_reports_a_model_files_lazy_graphs(tmp_path):
         names = [g["name"] for g in row["graphs"]]
         assert names and all(n.startswith("lazy_graph_") for n in names), names
         assert row["time_s"] > 0 and row["graph_breaks"] == 0
-    assert cli_json("analyze", tiny_model(tmp_path), "--train")["buckets"][0]["graphs"][0]["name"].startswith("fx_graph")
+    assert cli_json("analyze", tiny_model(tmp_path),
+                    "--train")["buckets"][0]["graphs"][0]["name"].startswith("fx_graph")
 
 
 def test_a_graph_that_cannot_be_lowered_runs_as_recorded(monkeypatch):

@@ -1,4 +1,5 @@
-"""Fusion passes on small graphs: TPC chains, reduction pro/epilogues, FusedSDPA (sdpa op; hand-written attention costed as written)."""
+"""Fusion passes on small graphs: TPC chains, reduction pro/epilogues, FusedSDPA (sdpa op; hand-written attention
+costed as written)."""
 
 from __future__ import annotations
 

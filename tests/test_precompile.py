@@ -7,7 +7,6 @@ it must be refused before torch's unpickler sees it.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -217,7 +216,8 @@ def test_a_version_target_or_parameter_mismatch_is_refused_naming_it(precompiled
         hpu_backend.load_precompiled(directory, torch.nn.Sequential(torch.nn.Linear(8, 32)))
     copy = _copy(directory, tmp_path)
     _resign(copy, lambda doc: doc["fingerprint"].update(torch="2.0.0"))
-    with pytest.raises(PrecompileError, match=re.escape("built for torch=2.0.0, this process has torch=" + torch.__version__)):
+    with pytest.raises(PrecompileError,
+                       match=re.escape("built for torch=2.0.0, this process has torch=" + torch.__version__)):
         hpu_backend.load_precompiled(copy, model)
     # Captured where Dynamo saw an accelerator, its bytecode reads that device's current stream.
     _resign(copy, lambda doc: doc["fingerprint"].update(torch=torch.__version__, accelerator="cuda"))
@@ -459,7 +459,8 @@ def test_ls_and_show_list_an_unsigned_directory_without_unpickling_it(precompile
         entry["sha256"] = read_artifact(copy / entry["file"], allow_unsigned=True).digest
     (copy / MANIFEST).write_bytes(manifest_bytes(doc, None))
     listed = cli("ls", copy).output
-    assert all(entry["file"] in listed for entry in doc["artifacts"]) and "batch=2,5..8" in listed.replace(" ", "")  # the sizes it serves
+    assert all(entry["file"] in listed for entry in doc["artifacts"])
+    assert "batch=2,5..8" in listed.replace(" ", "")  # the sizes it serves
     shown = cli("show", copy).output
     assert "signed" in shown and "listed only" in shown and "HPURECIPE_BUNDLE_KEY" in shown
     assert "not signed" in one_line(cli("verify", copy, code=1))

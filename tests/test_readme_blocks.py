@@ -1,4 +1,5 @@
-"""The README check (.ci/readme.py): which blocks it reruns, and that a console block nobody reruns is refused."""
+"""The docs check (.ci/readme.py): which blocks of the README and the docs pages it reruns, and that a console block
+nobody reruns is refused."""
 
 from __future__ import annotations
 
@@ -39,9 +40,19 @@ def test_what_the_check_refuses(readme, lines, says):
         readme.blocks(lines)
 
 
-def test_the_readme_itself_has_no_unmarked_console_block(readme):
-    blocks = readme.blocks(readme.README.read_text().splitlines())
+def test_the_readme_and_every_docs_page_have_no_unmarked_console_block(readme):
+    pages = readme.all_pages()
+    assert pages[0] == readme.README and len(pages) > 20
+    blocks = [b for page in pages for b in readme.blocks(page.read_text().splitlines(), page.name)]
     assert any("--input-len" in b.command for b in blocks) and any("advise" in b.command for b in blocks)
+    assert readme.walkthrough.PAGE in pages
+
+
+def test_a_page_names_itself_in_what_the_check_refuses(readme):
+    with pytest.raises(ValueError, match=r"^docs/x\.md:2: a console block with no output marker"):
+        readme.blocks(["text", "```console", "```"], "docs/x.md")
+    with pytest.raises(ValueError, match=r"^docs/x\.md:1: a python block with no marker"):
+        readme.pyblocks.python_blocks(["```python", "x = 1", "```"], page="docs/x.md")
 
 
 # The python blocks (.ci/pyblocks.py): markers, claims and their matching, on tiny README texts.
@@ -86,9 +97,11 @@ def test_a_wrong_claim_is_rewritten_to_the_real_output(readme):
     assert readme.pyblocks.rewrite(lines, second, "a\nb\n") == (3, 5, ["print('a\\nb')", "# -> a", "# -> b"])
 
 
-def test_every_python_block_of_the_readme_is_marked(readme):
-    lines = readme.README.read_text().splitlines()
-    examples = readme.pyblocks.python_blocks(lines, readme.blocks(lines))
+def test_every_python_block_of_the_readme_and_the_docs_is_marked(readme):
+    examples = []
+    for page in readme.all_pages():
+        lines = page.read_text().splitlines()
+        examples += readme.pyblocks.python_blocks(lines, readme.blocks(lines, page.name), page.name)
     assert any(b.console is not None for b in examples) and any(s.claims for b in examples for s in b.statements)
 
 

@@ -33,7 +33,8 @@ def test_bad_keys_are_value_errors(key):
         encode_entry(key, b"")
 
 
-@pytest.mark.parametrize("meta", [{1: "int key"}, {"huge": 2**70}, {"obj": object()}, ["not", "a", "map"], {"b": b"bytes"}])
+@pytest.mark.parametrize("meta", [{1: "int key"}, {"huge": 2**70}, {"obj": object()}, ["not", "a", "map"],
+                                  {"b": b"bytes"}])
 def test_bad_meta_is_a_value_error(meta):
     with pytest.raises(ValueError):
         encode_entry("k", b"", meta)
@@ -71,7 +72,8 @@ def test_checksummed_garbage_headers_raise_only_corrupt_entry(header, payload):
     assert isinstance(entry.key, str) and isinstance(entry.meta, dict)
 
 
-_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text() | st.binary(),
+_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63,
+                                                               2**64 - 1) | st.floats() | st.text() | st.binary(),
                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
                        max_leaves=10)
 

@@ -66,9 +66,11 @@ NAMES = """
     htcore.mark_step()
     print("the script's own stdout")
     json.dump({"heavy": [m for m in ("torch._dynamo", "sympy") if m in sys.modules],  # the first compile loads them
-               "argv": sys.argv[1:], "main": __name__, "hpu_is_torch_hpu": hthpu is torch.hpu and htcore.hpu is torch.hpu,
+               "argv": sys.argv[1:], "main": __name__,
+               "hpu_is_torch_hpu": hthpu is torch.hpu and htcore.hpu is torch.hpu,
                "mark_step": htcore.mark_step is gaudi.mark_step, "sdpa": FusedSDPA is gaudi.FusedSDPA,
-               "optimizers": [FusedAdamW is gaudi.FusedAdamW, FusedSGD is gaudi.FusedSGD, FusedClipNorm is gaudi.FusedClipNorm],
+               "optimizers": [FusedAdamW is gaudi.FusedAdamW, FusedSGD is gaudi.FusedSGD,
+                              FusedClipNorm is gaudi.FusedClipNorm],
                "attr_import": ht.hpex.kernels.FusedSDPA is FusedSDPA, "metrics": metric_global is metrics.metric_global,
                "permute": htcore.is_enabled_weight_permute_pass(), "hccl": "hccl" in dist.Backend.backend_list,
                "missing": missing, "world": hccl.initialize_distributed_hpu()}, open(sys.argv[1], "w"))
@@ -81,8 +83,9 @@ def test_intel_names_resolve_under_the_launcher_only(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "the script's own stdout\n"  # the report is not on stdout
     seen = json.loads(out.read_text())
-    assert seen == {"heavy": [], "argv": [str(out), "--hpu"], "main": "__main__", "hpu_is_torch_hpu": True, "mark_step": True,
-                    "sdpa": True, "optimizers": [True, True, True], "attr_import": True, "metrics": True,
+    assert seen == {"heavy": [], "argv": [str(out), "--hpu"], "main": "__main__", "hpu_is_torch_hpu": True,
+                    "mark_step": True, "sdpa": True, "optimizers": [True, True, True], "attr_import": True,
+                    "metrics": True,
                     "permute": True, "hccl": True, "missing": True, "world": [1, 0, 0]}  # one rank, as torchrun
     doc = json.loads(report.read_text())  # one process: the shape of N ranks, with one
     assert doc["world_size"] == 1 and [(r["rank"], r["exit_code"]) for r in doc["ranks"]] == [(0, 0)]

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hpu_backend.planning.serving import bucketfile, ranges
-from hpu_backend.planning.serving.buckets import RELEASES, BucketSettingError, Engine, Grid, generate, validate
+from hpu_backend.planning.serving.buckets import (RELEASES, BucketSettingError, Engine, Grid, generate, settings_env,
+                                                  validate)
 
 DATA = json.loads((Path(__file__).parent / "data" / "vllm_gaudi_grids.json").read_text())
 ROWS = {row["name"]: row for row in DATA["grids"]}
@@ -60,15 +62,49 @@ def test_the_issue_counts_as_the_plugin_gives_them_today(tmp_path):
     # LLaMA 3.1 8B, max-model-len 4096, 128 seqs, 2048 tokens, 4096 blocks, prefix caching off (16 prefill seqs)
     llama = _grid(ROWS["llama8b_exp_pc0"], tmp_path)
     assert (len(llama.prompt), len(llama.decode)) == (161, 117)
-    # PR #762's setting (8192 tokens, 32768 max-model-len, 256 seqs, 4127 blocks): exp 120 prompt as published;
-    # linear today gives 16,321 prompt buckets, not the 14,368 published (its ranges have changed since)
+    # PR #762's setting (8192 tokens, 32768 max-model-len, 256 seqs, 4127 blocks) on main today: exp 120 prompt
+    # buckets as published but over other ranges, linear 16,321 (the release PR #762 counted is tested below)
     pr762 = _grid(ROWS["pr762_exp_pc0"], tmp_path)
     assert len(pr762.prompt) == 120
+    assert pr762.values["prompt_query"] == (128, 256, 384, 512, 768, 1024, 1536, 2048, 2944, 4096, 5888, 8192)
     assert ROWS["pr762_lin_pc0"]["prompt"]["count"] == 16_321
     # PR #1160's Llama-4-Maverick (21 seqs, 131072 max-model-len): its cap was reverted, and with contiguous PA
     # (prefix caching off) today's grid has the 126 decode buckets that PR counted
     maverick = _grid(ROWS["maverick_exp_pc0_45000"], tmp_path)
     assert len(maverick.decode) == 126
+
+
+def test_pr_762_published_grid_at_the_release_it_counted():
+    # PR #762 (the pad strategy) published, for 8192 batched tokens, 32768 max-model-len, 256 seqs and 4127 blocks,
+    # the grid of vllm-gaudi main@c799e57 with its defaults (prefix caching on): its counts and all four ranges
+    engine = Engine(max_model_len=32768, max_num_batched_tokens=8192, max_num_seqs=256, release="main@c799e57")
+    exp = generate(engine, 4127)
+    assert (exp.strategy, len(exp.prompt), len(exp.decode)) == ("exponential", 120, 81)
+    assert exp.values["prompt_query"] == (128, 256, 384, 512, 640, 1792, 2816, 3968, 4992, 6144, 7168, 8192)
+    assert exp.values["prompt_ctx"] == (0, 1, 3, 8, 22, 56, 90, 124, 158, 192)
+    assert exp.values["decode_bs"] == (1, 2, 4, 8, 14, 24, 42, 78, 140, 256)
+    assert exp.values["decode_block"] == (1, 256, 512, 768, 1024, 1280, 1536, 1792, 2304, 2816, 3584, 4352)
+    lin = generate(engine, 4127, {"VLLM_EXPONENTIAL_BUCKETING": "false"})
+    assert len(lin.prompt) == 14_368
+    # the 4,042 linear decode buckets published are not this release's linear grid: its generator gives 342 here
+    # (520 with prefix caching off); 4,042 is what the linear with padding limits of PR #925's branch gives with
+    # its decode PAD_PERCENT at 0 and prefix caching on
+    assert len(lin.decode) == 342
+    assert len(generate(replace(engine, enable_prefix_caching=False), 4127, {"VLLM_EXPONENTIAL_BUCKETING": "0"}
+                        ).decode) == 520
+
+
+def test_a_release_before_the_strategy_variable():
+    engine = Engine(max_model_len=4096, release="main@c799e57")
+    for env in ({"VLLM_BUCKETING_STRATEGY": "lin"}, {"VLLM_BUCKETING_STRATEGY": "pad"}):
+        with pytest.raises(BucketSettingError, match=r"^VLLM_BUCKETING_STRATEGY: not read by vLLM-Gaudi main@c799e57 "
+                                                     r"\(2026-01-02\); set VLLM_EXPONENTIAL_BUCKETING"):
+            generate(engine, 1000, env)
+    # a recommended linear grid is written with the switch that release reads
+    env = settings_env({"decode_bs": (1, 2, 8)}, "main@c799e57")
+    assert env["VLLM_EXPONENTIAL_BUCKETING"] == "false" and "VLLM_BUCKETING_STRATEGY" not in env
+    assert generate(engine, 1000, env).strategy == "linear"
+    assert settings_env({"decode_bs": (1, 2, 8)})["VLLM_BUCKETING_STRATEGY"] == "lin"
 
 
 def test_pr_1700_top_decode_bucket(tmp_path):
@@ -86,6 +122,13 @@ def test_plugin_docstring_ranges():
     assert ranges.padding_aware(0, 8, 64, 64, 50) == [0, 1, 2, 4, 8, 16, 32, 64]
     assert ranges.padding_aware(0, 8, 64, 16, 50) == [0, 1, 2, 4, 8, 16, 32, 48, 64]
     assert ranges.padding_aware(16, 16, 128, 32, 25) == [16, 32, 48, 64, 80, 96, 128]
+    # older releases: a long context's prompt range half exponential up to MAX / limit (8192 / 13), then linear;
+    # and a last value past MAX kept (4127 blocks rounded up to the batch step, 256)
+    assert ranges.exponential(128, 128, 8192, 13, split=True, cap=False) == [
+        128, 256, 384, 512, 640, 1792, 2816, 3968, 4992, 6144, 7168, 8192]
+    assert ranges.exponential(128, 128, 8192, 3, split=True) == [8192]  # one exponential value: MAX alone
+    assert ranges.exponential(1, 256, 4127, 14, cap=False)[-1] == 4352
+    assert ranges.exponential(1, 256, 4127, 14)[-1] == 4127
 
 
 def test_lookup_and_fallback(tmp_path):

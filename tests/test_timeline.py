@@ -52,7 +52,8 @@ def _train(device, steps: int, print_every: int, pin: bool = False) -> list[tupl
     return list(device.timeline.events)
 
 
-PRINT_LINE = f"{Path(__file__).name}:{next(i for i, line in enumerate(inspect.getsource(_train).splitlines()) if '# the print' in line) + _train.__code__.co_firstlineno}"
+_PRINT_OFFSET = next(i for i, line in enumerate(inspect.getsource(_train).splitlines()) if "# the print" in line)
+PRINT_LINE = f"{Path(__file__).name}:{_PRINT_OFFSET + _train.__code__.co_firstlineno}"
 
 
 def _shown(events: list[tuple], line: str) -> tuple[float, float]:

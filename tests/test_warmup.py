@@ -54,7 +54,8 @@ def test_a_bad_model_file_is_one_line_naming_the_problem(tmp_path, edit, message
 
 
 def test_spec_from_a_namespace_or_dict():
-    ns = types.SimpleNamespace(make_model=lambda: torch.nn.Linear(2, 2), make_inputs=lambda n, seed=0: (torch.ones(n, 2),),
+    ns = types.SimpleNamespace(make_model=lambda: torch.nn.Linear(2, 2), make_inputs=lambda n, seed=0: (torch.ones(n,
+                                                                                                                   2),),
                                AXES={"n": [1, 2]}, COMPILE={"dynamic": False})
     assert spec_from(ns, "ns").points() == [{"n": 1}, {"n": 2}]
     assert spec_from(vars(ns), "dict").axes == {"n": [1, 2]}

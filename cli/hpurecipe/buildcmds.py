@@ -26,6 +26,12 @@ from .options import Axis, CacheDir, Json, ModelFile, Timeout, Train, bounded
 from .specs import load_spec
 from .tracing import TraceFile, check_trace, traced
 
+Cards = Annotated[int, typer.Option(
+    "--cards", callback=bounded("--cards"),
+    help="Build every rank of a tensor-parallel deployment over N cards (the model file's PER_CARD shard), in "
+    "this process: ranks with identical graphs share recipes, so each unique graph compiles once.")]
+
+
 @contextlib.contextmanager
 def stages(what: str, quiet: bool) -> Iterator[Callable[[str], None] | None]:
     """A spinner line on stderr for a long plan (capacity, training, advise): ``what``, the stage it is at and
@@ -55,11 +61,14 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
              show_default=False)] = None,
          precompile: Annotated[Optional[Path], typer.Option(
              "--precompile", help="Precompile into DIR instead (as hpurecipe precompile MODEL -o DIR).",
-             show_default=False)] = None) -> None:
+             show_default=False)] = None, cards: Cards = 1) -> None:
     """Compile and run every bucket of a model file once, filling the cache; write its manifest."""
     from hpu_backend.shipping.warm import warm as warm_spec
 
     check_trace(trace)
+    if cards > 1 and (precompile is not None or serving_plan is not None):
+        raise UsageError("--cards builds the model file's buckets on every rank; it takes no --precompile or "
+                         "--serving-plan")
     if precompile is not None:
         return _precompile(model_file, precompile, axis, cache_dir, timeout, json, train, serving_plan, trace)
     if serving_plan is not None:
@@ -71,9 +80,9 @@ def warm(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, t
         config = config_to_fill(cache_dir, "warm")
         before = _recipe_keys(config)
         try:
-            with progress(len(spec.points()), json) as on_point, traced(trace, on_point, "warm") as on_point, \
-                    interrupt_quiet():
-                report = warm_spec(spec, config, train=train, check=check, on_point=on_point)
+            with progress(cards * len(spec.points()), json) as on_point, \
+                    traced(trace, on_point, "warm") as on_point, interrupt_quiet():
+                report = warm_spec(spec, config, train=train, check=check, on_point=on_point, cards=cards)
         except KeyboardInterrupt:
             raise _interrupted(config, before) from None
     finish(report, config, json, check)
@@ -138,14 +147,16 @@ def interrupt_quiet() -> Iterator[None]:
 def prebuild(model_file: ModelFile, cache_dir: CacheDir = None, axis: Axis = None, train: Train = False,
              jobs: Annotated[int, typer.Option("--jobs", "-j", callback=bounded("--jobs"),
                                                help="Worker processes.")] = 1,
-             json: Json = False) -> None:
+             json: Json = False, cards: Cards = 1) -> None:
     """Compile every bucket without running recipes (compile-only), across worker processes."""
     from hpu_backend.shipping.warm import prebuild as prebuild_spec
 
+    if cards > 1 and jobs > 1:
+        raise UsageError("--cards builds every rank in one process (ranks share what they compile); drop --jobs")
     spec = load_spec(model_file, axis)
     config = config_to_fill(cache_dir, "prebuild")
-    with progress(len(spec.points()), json) as on_point:
-        report = prebuild_spec(spec, config, jobs=jobs, train=train, on_point=on_point)
+    with progress(cards * len(spec.points()), json) as on_point:
+        report = prebuild_spec(spec, config, jobs=jobs, train=train, on_point=on_point, cards=cards)
     finish(report, config, json, False)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import traceback
 from typing import Callable
@@ -12,6 +11,7 @@ import typer
 import typer.core
 from rich.markup import escape
 
+from hpu_backend import envs
 from hpu_backend.shipping.bundles import BundleError
 from hpu_backend.buckets import BucketError
 from hpu_backend.modelfiles.modelspec import ModelFileError
@@ -23,9 +23,10 @@ from hpu_backend.settings import SettingsError
 from recipecache import CacheError, ConfigError
 
 from .render import clean, err_console
+from hpu_backend.errors import HpuBackendError
 
 
-class CliError(Exception):
+class CliError(HpuBackendError):
     """A failure the user can act on; ``code`` is the exit code (1 failure, 2 usage)."""
 
     def __init__(self, message: str, code: int = 1):
@@ -75,11 +76,11 @@ def mapped(fn: Callable) -> Callable:
         except (typer.Exit, typer.Abort):
             raise
         except OSError as e:  # a disk, permission or path problem the command did not expect
-            if os.environ.get(TRACEBACK_ENV):
+            if envs.get(TRACEBACK_ENV):
                 raise
             raise fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or one_line(e)}") from None
         except Exception as e:
-            if os.environ.get(TRACEBACK_ENV) or type(e).__module__.split(".")[0] in ("typer", "click"):
+            if envs.get(TRACEBACK_ENV) or type(e).__module__.split(".")[0] in ("typer", "click"):
                 raise
             raise fail(f"unexpected {one_line(e)} (run with {TRACEBACK_ENV}=1 to see where)") from None
 
@@ -88,7 +89,7 @@ def mapped(fn: Callable) -> Callable:
 
 def _traceback(e: BaseException) -> None:
     """With HPURECIPE_TRACEBACK=1, the traceback of a named error (and of what caused it) before its one line."""
-    if os.environ.get(TRACEBACK_ENV):
+    if envs.get(TRACEBACK_ENV):
         traceback.print_exception(e, file=sys.stderr)
 
 

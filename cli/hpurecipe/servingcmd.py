@@ -46,7 +46,8 @@ def serving_plan(
             "--num-gpu-blocks-override", help="KV-cache blocks, instead of those the memory gives.",
             show_default=False)] = None,
         vllm_gaudi: Annotated[str, typer.Option(
-            "--vllm-gaudi", help="The vllm-gaudi release whose bucketing to follow: main (091bbad) or v0.27.0rc0.")
+            "--vllm-gaudi", help="The vllm-gaudi release whose bucketing to follow: main (091bbad), v0.27.0rc0 or "
+            "main@c799e57 (2026-01-02, the grid PR #762 counted).")
         ] = "main",
         env: Annotated[Optional[list[str]], typer.Option(
             "--env", "-e", help="A bucket variable VAR=VALUE (repeatable; over the process environment's VLLM_*), "

@@ -50,6 +50,9 @@ def finish(report: WarmReport, config, json: bool, check: bool) -> None:
         if s["fallback_ops"]:
             render.note("CPU fallback ops: {} (they run on the host, not the device)",
                         ", ".join(s["fallback_ops"]))
+        if s.get("ranks"):
+            render.note("{} ranks: {}; {} compiled in all, one per distinct recipe.", s["cards"],
+                        shared_ranks(s["ranks"]), s["compiled"])
         for line in s.get("missed", []):  # the cache held these graphs, built under another key: say what differs
             render.warn(f"missed an entry the cache holds under another key: {line}")
     if report.fit is not None and not report.fit.fits:
@@ -89,13 +92,33 @@ def too_small(fit, config) -> str:
             f"Give it at least {mb} MiB, e.g. {ENV_VAR}={config.resolved_path()},false,{mb}")
 
 
+def shared_ranks(ranks: list[dict]) -> str:
+    """"ranks 0-7 use the same 2 recipes", or per group of ranks with the same recipes when they differ."""
+    groups: dict[int, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(r["same_as"], []).append(r["rank"])
+    recipes = {r["rank"]: r["recipes"] for r in ranks}
+    return "; ".join(f"{_span(members)} {'use the same' if len(members) > 1 else 'uses its own'} "
+                     f"{render.plural(recipes[first], 'recipe')}" for first, members in groups.items())
+
+
+def _span(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
 def print_report(report: WarmReport, check: bool) -> None:
-    columns = ["bucket", "status", "recipes", "compiled", "hits", "fallbacks", "time"] + (
+    ranked = report.cards > 1
+    columns = ["rank"] * ranked + ["bucket", "status", "recipes", "compiled", "hits", "fallbacks", "time"] + (
         ["max |diff|", "check"] if check else [])
     rows = []
     for p in report.points:
-        row = [p.label, p.status, len(p.keys), p.compiled, p.hits, len(p.fallback_ops), render.duration(p.seconds)]
+        row = [p.rank] * ranked + [p.label, p.status, len(p.keys), p.compiled, p.hits, len(p.fallback_ops),
+                                   render.duration(p.seconds)]
         if check:
             row += [f"{p.max_abs_diff:.2e}" if p.max_abs_diff is not None else "-", p.check_error or "ok"]
         rows.append(row)
-    render.table(columns, rows, right=("recipes", "compiled", "hits", "fallbacks", "time", "max |diff|"))
+    render.table(columns, rows, right=("rank", "recipes", "compiled", "hits", "fallbacks", "time", "max |diff|"))

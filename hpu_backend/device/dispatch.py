@@ -15,42 +15,46 @@ of the device ones:
   and runs directly on the host tensors after that, adding its recipe's estimated device time to the step.
 
 Results are wrapped back into device tensors (an in-place op returns the very tensor it wrote); each new
-storage is counted by the allocator (``serve/device_memory.py``).
+storage is counted by the device context's memory (``memory.py``). The ``Device`` is the context's
+(``context.py``): it writes what it runs into the context's step ledger.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
-import weakref
 from collections import Counter
 
 import torch
 import torch.utils._pytree as pytree
 
-from ..capture.lazy import user_line
-from ..gaudi import lazy_mode
+from ..capture.lazy import LazyRecorder, user_line
 from ..lowering import optable
 from ..lowering.passes.place import SCALAR_TYPE
 from ..serve import fallback
 from ..settings import Settings
 from ..timeline.record import Recorder
+from .cards import resolve
+from .context import current_context
+from .lazy import Ledger
 from .tensor import HPU, HpuTensor
+from ..errors import HpuBackendError
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
 KEPT_SYNCS = 10_000
 
 
-class DeviceFallbackError(RuntimeError):
+class DeviceFallbackError(HpuBackendError, RuntimeError):
     """An op the device does not support for its dtypes, in strict mode (eager mode; lazy graphs raise
     ``LoweringError`` from placement)."""
 
 
 class Device:
-    """The process's hpu device: its mode, settings, placement decisions and what it saw."""
+    """The hpu device of a context: its mode, settings, placement decisions and what it saw."""
 
-    def __init__(self, mode: str, settings: Settings, release: str = ""):
+    def __init__(self, mode: str, settings: Settings, release: str, recorder: LazyRecorder, ledger: Ledger):
         self.mode = mode
         self.release = release
         self.settings = settings
@@ -62,12 +66,11 @@ class Device:
         # Eager mode lowers each op once per layout through the lazy recorder (a one-op graph, cut at once): its
         # recipe is placed, planned, estimated and stored like any other; repeats run the op at once and add
         # the estimate remembered for it.
-        self.recorder = lazy_mode.device_recorder(settings)
+        self.recorder = recorder  # the context's lazy recorder
+        self.ledger = ledger  # the context's steps: ops, estimated device time, graphs, syncs
         self.lazy = mode == "lazy"
         self.estimates: dict = {}  # eager op and layout -> the estimated device seconds of its recipe
         self.op_names: dict[int, str] = {}  # id of an op in ``estimates`` -> its name
-        self.on_estimate = lambda seconds: None  # the report's per-step device time (set by enable())
-        self.measure = lambda: 0.0  # device seconds estimated so far (the report's)
         self.timeline = Recorder(mode)  # the run's events for its step timeline (hpu_backend/timeline/)
         self.lock = threading.RLock()
 
@@ -106,7 +109,7 @@ class Device:
             raise _mixed(flat[0].device, next(t.device for t in flat if isinstance(t, HpuTensor)))
         if func is aten._to_copy.default and isinstance(kwargs.get("device"), torch.device) \
                 and kwargs["device"].type == HPU:
-            device = torch.hpu.resolve(kwargs["device"])
+            device = resolve(kwargs["device"])
         read = _host_read(func, flat)
         args, kwargs = _unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
@@ -117,7 +120,7 @@ class Device:
             self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
             return func(*args, **kwargs)  # a host value or tensor: not wrapped
         self.ops += 1
-        if func.namespace == "c10d":
+        if _is_collective(func):
             self._collective(func, hosts)
         if _upload(func, flat):
             self._copy_in(flat)
@@ -139,17 +142,17 @@ class Device:
         key = _eager_key(func, hosts, kwargs)
         known = self.estimates.get(key) if key is not None else None
         if known is not None:
-            self.on_estimate(known[0])
+            self.ledger.add_device_time(known[0])
             if known[1] is not None:
                 self.timeline.again(known[1])
             return func(*args, **kwargs)
-        before = self.measure()
+        before = self.ledger.total_s
         self.timeline.last = None
         out = self.recorder.__torch_dispatch__(func, (), args, kwargs)
         if self.recorder.pending():
             self.recorder.flush("eager op", user_line())
         if key is not None and len(self.estimates) < _EAGER_KEYS:
-            self.estimates[key] = (self.measure() - before, self.timeline.last)
+            self.estimates[key] = (self.ledger.total_s - before, self.timeline.last)
             self.op_names[key[0]] = str(func)  # keys hold the op's id (a cheap hash): its name, for the report
         return out
 
@@ -207,13 +210,13 @@ class Device:
 
     def place(self, func, hosts: list) -> bool:
         """True when the op falls back to the CPU (logged and counted; DeviceFallbackError in strict mode)."""
-        dtypes = tuple(sorted({str(a.dtype).removeprefix("torch.") for a in hosts if isinstance(a, torch.Tensor)}))
-        key = (id(func), dtypes)  # ops are never freed: their ids are stable (OpOverload's hash is Python's)
+        # keyed by the op and its tensors' dtypes as they come (names, sorted, only for a new key): every op asks
+        key = (id(func), *[a.dtype for a in hosts if isinstance(a, torch.Tensor)])  # ops are never freed
         line = self.placed.get(key, 0)
         if line == 0:
-            line = self.placed[key] = self._decide(func, dtypes)
+            line = self.placed[key] = self._decide(func, _dtype_names(key[1:]))
         if line is not None:
-            self._fall_back(func, dtypes, line)
+            self._fall_back(func, _dtype_names(key[1:]), line)
         return line is not None
 
     def _decide(self, func, dtypes: tuple) -> str | None:
@@ -241,18 +244,20 @@ class Device:
             fallback.emit(line)
 
 
-_PINNED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
-
-
 def pinned(t: torch.Tensor) -> torch.Tensor:
     """Remember ``t`` as page-locked host memory (``pin_memory()`` made it), for as long as it lives."""
-    _PINNED[t.untyped_storage().data_ptr()] = t
+    current_context().pinned[t.untyped_storage().data_ptr()] = t
     return t
 
 
 def is_pinned(t: torch.Tensor) -> bool:
-    found = _PINNED.get(t.untyped_storage().data_ptr()) if t.numel() else None
+    found = current_context().pinned.get(t.untyped_storage().data_ptr()) if t.numel() else None
     return found is not None
+
+
+def _dtype_names(dtypes) -> tuple[str, ...]:
+    """Dtypes as the op table and the fallback report name them: ("bfloat16", "float32"), each once, sorted."""
+    return tuple(sorted({str(d).removeprefix("torch.") for d in dtypes}))
 
 
 def _host_read(func, flat: list) -> str:
@@ -268,7 +273,6 @@ def _host_read(func, flat: list) -> str:
 
 
 _EAGER_KEYS = 100_000  # eager op layouts remembered (past it, new layouts lower each time they come)
-_VIEWS: dict = {}
 
 
 def _eager_key(func, hosts: list, kwargs: dict):
@@ -290,13 +294,17 @@ def _eager_key(func, hosts: list, kwargs: dict):
     return tuple(parts)
 
 
+@functools.cache  # ops are never freed, and an op's hash is its identity
+def _is_collective(func) -> bool:
+    """A c10d op (DDP's bucket all-reduces): ``OpOverload.namespace`` is a property, asked of every op."""
+    return func.namespace == "c10d"
+
+
+@functools.cache
 def _is_view(func) -> bool:
     """An op that returns a view of its input (not one that writes it)."""
-    found = _VIEWS.get(id(func))
-    if found is None:
-        schema = func._schema
-        found = _VIEWS[id(func)] = not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
-    return found
+    schema = func._schema
+    return not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
 
 
 def _upload(func, flat: list) -> bool:
@@ -347,7 +355,7 @@ def _flatten(args: tuple, kwargs: dict) -> tuple[list, tuple]:
     """An op's arguments as one flat list and how to rebuild them: aten ops take values and lists of values,
     flattened here without pytree's generality (its cost, on every op, was most of the device's own); anything
     nested deeper goes to pytree."""
-    flat, shape = [], []
+    flat, shape, nested = [], [], False
     for a in (*args, *kwargs.values()):
         if type(a) is list or type(a) is tuple:
             if any(type(x) is list or type(x) is tuple or type(x) is dict for x in a):
@@ -355,16 +363,19 @@ def _flatten(args: tuple, kwargs: dict) -> tuple[list, tuple]:
                 return leaves, (None, spec)
             shape.append((type(a), len(a)))
             flat.extend(a)
+            nested = True
         else:
             shape.append(None)
             flat.append(a)
-    return flat, (len(args), shape, tuple(kwargs))
+    return flat, (len(args), shape if nested else None, tuple(kwargs))
 
 
 def _unflatten(flat: list, spec: tuple) -> tuple[tuple, dict]:
     if spec[0] is None:
         return pytree.tree_unflatten(flat, spec[1])
     n, shape, keys = spec
+    if shape is None:  # no list among the arguments (most ops): the values as they are
+        return tuple(flat[:n]), (dict(zip(keys, flat[n:])) if keys else {})
     values, i = [], 0
     for s in shape:
         if s is None:

@@ -8,7 +8,7 @@ registered here. Every factory is built from these two allocations: the rest of 
 
 ``torch.autocast("hpu", dtype=torch.bfloat16)`` enables torch's AutocastPrivateUse1 key, which has no kernels
 of torch's own: the ones registered here cast the floating-point arguments of the ops on Gaudi's lists
-(``gaudi/mixed_precision.py``) to the autocast dtype (lower-precision list) or float32 (FP32 list), then run the
+(``autocast_lists.py``) to the autocast dtype (lower-precision list) or float32 (FP32 list), then run the
 op below autocast. An op on neither list runs as it comes, by torch's type promotion, as Gaudi does.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ..gaudi.mixed_precision import op_lists
-from ..serve import device_memory as memory
-from . import attention, tensor
+from . import attention, context
+from .autocast_lists import op_lists
+from .cards import resolve
 from .dispatch import is_pinned, pinned
 from .tensor import HPU, HpuTensor, untraced
 
@@ -32,12 +32,12 @@ def _device(device) -> torch.device | None:
     ``device_count()`` is refused, as a real device refuses a nonexistent ordinal."""
     if device is None:
         return None
-    return torch.hpu.resolve(torch.device(device))
+    return resolve(torch.device(device))
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     device = _device(device)
-    memory.check_request(_nbytes(size, dtype))
+    context.current_context().memory.check_request(_nbytes(size, dtype))
     host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
     return HpuTensor(host, device)
 
@@ -45,7 +45,7 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     device = _device(device)
     span = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
-    memory.check_request(_nbytes([span], dtype))
+    context.current_context().memory.check_request(_nbytes([span], dtype))
     return HpuTensor(torch.empty_strided(size, stride, dtype=dtype), device)
 
 
@@ -61,8 +61,8 @@ def _copy_from(src, dst, non_blocking=False):
     after the device has run any pending work on the destination."""
     source = src.host if isinstance(src, HpuTensor) else src
     target = dst.host if isinstance(dst, HpuTensor) else dst
-    device = tensor.DISPATCH[0]
-    if device is not None and device.recorder is not None:
+    device = context.enabled_device()
+    if device is not None:
         device.sync_write(target)
         if isinstance(src, HpuTensor):
             device.sync_write(source)

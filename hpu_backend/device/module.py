@@ -3,31 +3,32 @@
 The names Gaudi scripts call on ``torch.hpu`` / ``habana_frameworks.torch.hpu``, and the hooks torch asks a
 PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``, the RNG state, ``device``).
 
-- Cards: ``device_count()`` is ``HPU_SIM_CARDS`` when set, else the launcher's ``LOCAL_WORLD_SIZE`` or
+- Cards (``cards.py``): ``device_count()`` is ``HPU_SIM_CARDS`` when set, else the launcher's ``LOCAL_WORLD_SIZE`` or
   ``WORLD_SIZE``, else 1 (one simulated card per rank, as a server gives each rank its own card). A process
   uses one card, as a Gaudi process uses the one module it acquired: ``set_device(N)`` and ``hpu:N`` are checked
   against ``device_count()`` and name that card, whose tensors are on ``hpu:0``. (torch's autograd engine
   queues a Python-side backend's work for one device only, so a tensor on ``hpu:1`` could not run a backward.)
 - Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
-  it, and a seeded script draws the same numbers on the device as on the CPU.
-- Memory: ``memory_allocated`` and friends read the device allocator (``serve/device_memory.py``).
+  it, and a seeded script draws the same numbers on the device as on the CPU (``random.py``).
+- Memory: ``memory_allocated`` and friends read the device context's memory (``memory.py``, ``context.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 
 import torch
 
-from ..serve import device_memory as memory
-from . import tensor
+from . import random  # noqa: F401  (``torch.hpu.random``, Intel's RNG submodule)
+from .cards import device_count, resolve  # noqa: F401  (torch.hpu's names)
+from .context import current_context, enabled_device
+from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,  # noqa: F401
+                     seed, seed_all, set_rng_state, set_rng_state_all)
 from .tensor import HPU
 
-_names = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
-TARGET = ["gaudi2"]  # set by enable()
+_NAMES = {"gaudi2": "GAUDI2", "gaudi3": "GAUDI3"}
 
 
 def is_available() -> bool:
@@ -42,14 +43,6 @@ def init() -> None:
     """Nothing to initialize: the simulated device is ready once enabled."""
 
 
-def device_count() -> int:
-    for name in ("HPU_SIM_CARDS", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        text = os.environ.get(name, "").strip()
-        if text.isdigit() and int(text) > 0:
-            return int(text)
-    return 1
-
-
 def current_device() -> int:
     """This process's card: always device 0 (see the module's docstring)."""
     return 0
@@ -60,18 +53,14 @@ def set_device(device) -> None:
     resolve(torch.device(HPU, device) if isinstance(device, int) else torch.device(device))
 
 
-def resolve(device: torch.device) -> torch.device:
-    """``hpu`` or ``hpu:N`` as this process's device: ``hpu:0``, the one card it uses; RuntimeError for a card
-    that does not exist."""
-    index = device.index or 0
-    if not 0 <= index < device_count():
-        raise RuntimeError(f"hpu device {index} does not exist: device_count() is {device_count()} "
-                           "(HPU_SIM_CARDS sets the simulated cards per process)")
-    return torch.device(HPU, 0)
+def target() -> str:
+    """The target the enabled device simulates (``gaudi2`` before ``enable()``)."""
+    device = enabled_device()
+    return device.settings.target if device is not None else "gaudi2"
 
 
 def get_device_name(device=None) -> str:
-    return _names[TARGET[0]]
+    return _NAMES[target()]
 
 
 def synchronize(device=None) -> None:
@@ -92,7 +81,7 @@ class DeviceProperties:
 
 
 def get_device_properties(device=None) -> DeviceProperties:
-    return DeviceProperties(get_device_name(device), memory.capacity())
+    return DeviceProperties(get_device_name(device), _memory().capacity())
 
 
 # -- streams and events: host-synchronous (an op has run when its call returns) -------------------------------------
@@ -121,13 +110,11 @@ class Stream(torch.Stream):
         """Events are already complete."""
 
 
-_stream = [None]
-
-
 def current_stream(device=None) -> Stream:
-    if _stream[0] is None:
-        _stream[0] = Stream(device)
-    return _stream[0]
+    context = current_context()
+    if context.stream is None:
+        context.stream = Stream(device)
+    return context.stream
 
 
 default_stream = current_stream
@@ -162,29 +149,37 @@ class Event:
         return (end.time - self.time) * 1e3
 
 
-# -- memory: one allocator per process (one card per rank), so ``device`` only names the card asked about -----------
+# -- memory: the device context's (one card per rank), so ``device`` only names the card asked about ----------------
+
+def _memory():
+    return current_context().counted_memory()
+
 
 def memory_allocated(device=None) -> int:
-    return memory.memory_allocated()
+    """Bytes of device memory held now by the device's tensors and those of the recipes that ran."""
+    return _memory().allocated()
 
 
 def max_memory_allocated(device=None) -> int:
-    return memory.max_memory_allocated()
+    """The largest ``memory_allocated()`` since the start or ``reset_peak_memory_stats()``, arenas included."""
+    return _memory().max_allocated()
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    memory.reset_peak_memory_stats()
+    """Start the peak over from the memory held now."""
+    _memory().reset_peak()
 
 
 reset_max_memory_allocated = reset_peak_memory_stats  # DeepSpeed's accelerator calls Intel's older name
 
 
 def memory_stats(device=None) -> dict:
-    return memory.memory_stats()
+    """Gaudi's keys: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs, MaxAllocSize."""
+    return _memory().memory_stats()
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
-    return memory.mem_get_info()
+    return _memory().mem_get_info()
 
 
 def memory_cached(device=None) -> int:
@@ -197,57 +192,15 @@ def max_memory_cached(device=None) -> int:
 
 
 def memory_reserved(device=None) -> int:
-    return memory.memory_allocated()
+    return memory_allocated()
 
 
 def max_memory_reserved(device=None) -> int:
-    return memory.max_memory_allocated()
+    return max_memory_allocated()
 
 
 def empty_cache() -> None:
     """The simulated allocator holds no cache: freed storages leave the count at once."""
-
-
-# -- random numbers: the host's generator ------------------------------------------------------------------------
-
-def manual_seed(seed: int) -> None:
-    """Seed the device's generator. Pending lazy work draws its random numbers first: it was issued before the
-    seed (``torch.manual_seed`` calls this after seeding the host, so the flush draws from the new seed: the
-    numbers a pending op would have drawn had it run at once)."""
-    device = tensor.DISPATCH[0]
-    if device is not None:
-        device.flush("manual_seed")
-    torch.default_generator.manual_seed(int(seed))
-
-
-manual_seed_all = manual_seed
-
-
-def seed() -> None:
-    torch.default_generator.seed()
-
-
-seed_all = seed
-
-
-def initial_seed() -> int:
-    return torch.default_generator.initial_seed()
-
-
-def get_rng_state(device=None) -> torch.Tensor:
-    return torch.default_generator.get_state()
-
-
-def set_rng_state(new_state: torch.Tensor, device=None) -> None:
-    torch.default_generator.set_state(new_state)
-
-
-def get_rng_state_all() -> list[torch.Tensor]:
-    return [get_rng_state()]
-
-
-def set_rng_state_all(states) -> None:
-    set_rng_state(states[0])
 
 
 # -- hooks torch asks a PrivateUse1 module for ---------------------------------------------------------------------
@@ -291,5 +244,3 @@ def enable_dynamic_shape() -> None:
 def disable_dynamic_shape() -> None:
     """See ``enable_dynamic_shape``."""
 
-
-from . import random  # noqa: E402  - ``torch.hpu.random``, Intel's RNG submodule (it reads the functions above)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from typing import Mapping
+from ..errors import HpuBackendError
 
 RELEASE_ENV = "HPU_SIM_RELEASE"
 LAZY_ENV = "PT_HPU_LAZY_MODE"
@@ -18,7 +19,7 @@ DEFAULT_MODES = {"1.18.0": "lazy", "1.19.0": "lazy", "1.20.0": "lazy", "1.21.0":
 NEWEST = "1.22.0"
 
 
-class ReleaseError(ValueError):
+class ReleaseError(HpuBackendError, ValueError):
     """An unknown release or an invalid ``PT_HPU_LAZY_MODE``: one line naming the variable and what is allowed."""
 
 

@@ -13,49 +13,19 @@ from collections import Counter
 from typing import Any
 
 from .. import metrics
-from ..gaudi import lazy_mode
-from ..serve import device_memory as memory
 from ..serve import fallback
 from ..timeline import whatif
 from ..timeline.host import HOST
 
-KEPT_STEPS = 10_000
 TIMELINE_STEPS = 1_000  # steps of the timeline the report lists one by one (its means cover all)
 
 
-class StepTimes:
-    """Ops issued and estimated device seconds per step, from the recipes that ran and the device's op count."""
-
-    def __init__(self):
-        self.steps: list[dict] = [{"ops": 0, "estimated_device_s": 0.0}]
-        self.ops_at_start = 0
-        self.total_s = 0.0  # over the whole run: what an eager op's first run adds is its estimate
-
-    def on_run(self, recipe, args, outputs) -> None:
-        if recipe is not None:
-            self.add(float(recipe.facts.get("cost", {}).get("total_s") or 0.0))
-
-    def add(self, seconds: float) -> None:
-        self.steps[-1]["estimated_device_s"] += seconds
-        self.total_s += seconds
-
-    def end_step(self, ops_now: int) -> None:
-        self.steps[-1]["ops"] = ops_now - self.ops_at_start
-        self.ops_at_start = ops_now
-        if len(self.steps) < KEPT_STEPS:
-            self.steps.append({"ops": 0, "estimated_device_s": 0.0})
-
-
-def watch(times: StepTimes, ops_now, session) -> None:
-    """Hear every recipe run of ``session`` (and the sessions derived from it) and every ``mark_step()``
-    (``ops_now()``: the device's op count so far)."""
-    session.observe_runs(times.on_run)
-    lazy_mode.observe_steps(lambda: times.end_step(ops_now()))
-
-
-def build(device, times: StepTimes) -> dict[str, Any]:
-    steps = _steps(device, times)
-    graphs = _graph_steps() if device.mode == "lazy" else []
+def build(device, context) -> dict[str, Any]:
+    """The report of ``device``, the enabled device of ``context`` (``context.py``), from the context's ledger and
+    memory."""
+    ledger, memory = context.ledger, context.memory
+    steps = _steps(device, ledger)
+    graphs = _graph_steps(ledger) if device.mode == "lazy" else []
     steady = [s["estimated_device_s"] for s in steps[2:]] or [s["estimated_device_s"] for s in steps]
     return {
         "mode": device.mode,
@@ -65,11 +35,11 @@ def build(device, times: StepTimes) -> dict[str, Any]:
         "lazy_graph_steps": graphs,
         "recipes_compiled": sum(s["recipes_compiled"] for s in graphs),
         "recompiles": [{"kind": "dynamo", **{k: str(v) for k, v in r.items()}} for r in metrics.recompiles()]
-        + _lazy_recompiles(),
+        + _lazy_recompiles(ledger),
         "op_layouts_compiled": op_layouts(device),
         "cpu_fallbacks": _fallbacks(device),
         "host_syncs": _syncs(device),
-        "memory": {"peak_bytes": memory.max_memory_allocated(), "in_use_bytes": memory.memory_allocated(),
+        "memory": {"peak_bytes": memory.max_allocated(), "in_use_bytes": memory.allocated(),
                    "hbm_bytes": memory.capacity()},
         "estimated_device_s_per_step": sorted(steady)[len(steady) // 2] if steady else 0.0,
         "timeline": timeline(device),
@@ -119,31 +89,31 @@ def _constants() -> dict[str, float]:
                                            "graph_replay_s", "sync_s", "staging_bytes_per_s")}
 
 
-def _steps(device, times: StepTimes) -> list[dict]:
+def _steps(device, ledger) -> list[dict]:
     """Per step: the ops issued on the device and the estimated device time of the recipes that ran."""
-    rows = [dict(s, step=i) for i, s in enumerate(times.steps)]
-    rows[-1]["ops"] = device.ops - times.ops_at_start  # the step under way
+    rows = [{"ops": s.ops, "estimated_device_s": s.estimated_device_s, "step": s.index} for s in ledger.steps]
+    rows[-1]["ops"] = device.ops - ledger.ops_at_start  # the step under way
     return [r for r in rows if r["ops"] or r["estimated_device_s"]]
 
 
-def _graph_steps() -> list[dict]:
+def _graph_steps(ledger) -> list[dict]:
     """Per lazy-mode step that ran graphs or synced: the graphs, the recipes compiled, and why each new graph
     is new."""
     return [{"step": s.index, "graphs": len(s.graphs), "recipes_compiled": s.compiled, "host_syncs": len(s.syncs),
              "new_graphs": [{"graph": g.name, "ops": g.ops, "cut_by": g.cut_by, "source": g.source, "why": g.new}
                             for g in s.graphs if g.new]}
-            for s in lazy_mode.lazy_report()]
+            for s in ledger.lazy_report()]
 
 
 EAGER_OP = "eager op"  # what cuts an eager-mode op's one-op graph (``dispatch.py``)
 
 
-def _lazy_recompiles() -> list[dict]:
+def _lazy_recompiles(ledger) -> list[dict]:
     """Lazy graphs built again for a change of a constant, an argument or an input layout (the same ops as a
     graph seen before): the recompiles a steady state should not have (the docs' loop-constant pattern). An
     eager-mode op's one-op graph is not one: its first run at a layout is that layout's first compile."""
     return [{"kind": "lazy graph", "graph": g.name, "source": g.source, "cause": g.new}
-            for step in lazy_mode.lazy_report() for g in step.graphs
+            for step in ledger.lazy_report() for g in step.graphs
             if g.new.startswith("like ") and g.cut_by != EAGER_OP]
 
 

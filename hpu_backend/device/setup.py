@@ -1,9 +1,11 @@
 """``enable()``: turn the simulated hpu device on in this process (nothing happens at import time).
 
 Enabling renames torch's PrivateUse1 backend to ``hpu``, registers ``module.py`` as ``torch.hpu``, generates
-the ``Tensor.hpu()``/``Module.hpu()`` methods, installs the factory and autocast kernels (``kernels.py``)
-and starts the device (``dispatch.py``) in lazy or eager mode. It is never done on import, so that on a
-Gaudi host Intel's own stack is never shadowed; it refuses when PrivateUse1 already belongs to another backend.
+the ``Tensor.hpu()``/``Module.hpu()`` methods and installs the factory and autocast kernels (``kernels.py``),
+once per process; then it starts the device (``dispatch.py``) in lazy or eager mode in the device context in use
+(``context.py``), which owns its state. It is never done on import, so that on a Gaudi host Intel's own stack is
+never shadowed; it refuses when PrivateUse1 already belongs to another backend. The mode is read here, once:
+``PT_HPU_LAZY_MODE`` and the simulated release's default (``release.py``).
 """
 
 from __future__ import annotations
@@ -13,20 +15,14 @@ import types
 
 import torch
 
-from ..gaudi import lazy_mode
-from ..serve import device_memory as memory
 from ..serve.session import session_for
 from ..settings import Settings
 from ..timeline import trace, whatif
-from . import kernels, module, release, report as reporting, swap, tensor
+from . import context, kernels, module, release, report as reporting, swap, tensor
+from .context import DeviceSetupError
 from .dispatch import Device
 
 MODES = ("lazy", "eager")
-_state: dict = {}  # "lib": the kernels' library (kept alive), "device": the Device
-
-
-class DeviceSetupError(RuntimeError):
-    """The hpu device cannot be enabled here (another PrivateUse1 backend, a bad mode): one line."""
 
 
 def enable(mode: str | None = None, options: dict | None = None) -> types.ModuleType:
@@ -35,62 +31,40 @@ def enable(mode: str | None = None, options: dict | None = None) -> types.Module
     (target, cache, strict, ...); returns the ``torch.hpu`` module.
     Idempotent; a later call with another mode or options switches the device after running pending work.
 
-    Call it before the process's first backward: torch's autograd engine sizes its per-device queues then, and
-    a device that did not exist yet cannot run a backward (torch fails an internal assertion)."""
+    The thread that enables the device runs the device's backward itself (torch's autograd multithreading off
+    for that thread), as it runs the CPU's: no hand-off to a device thread on every backward, and a device
+    enabled after the process's first backward still runs one (torch sizes its device threads' queues at the
+    first backward). Another thread's backward of device tensors needs the device enabled before the
+    process's first backward."""
     mode = _mode(mode)
     _release()
     settings = Settings.from_options(options or {})
-    current = _state.get("device")
+    owner = context.current_context()
+    current = owner.device
     if current is not None and (current.mode, current.settings) == (mode, settings):
         return module
     _register()
-    if current is not None:
-        lazy_mode.release_device_recorder()
-    memory.start()  # every device tensor and every run of a compiled graph counts from now on
-    memory.set_target(settings.target)
-    module.TARGET[0] = settings.target
-    device = _state["device"] = Device(mode, settings, release.release())
-    if "times" not in _state:
-        _state["times"] = reporting.StepTimes()
-        # The device is a front end like the others: it compiles in the session in use, else the process's
-        # (the one its lazy graphs are handed to), and observes the runs of its graphs there.
-        reporting.watch(_state["times"], lambda: _state["device"].ops, session_for(settings))
-        _watch_timeline(session_for(settings))
-    times = _state["times"]
-    device.on_estimate, device.measure = times.add, lambda: times.total_s
-    tensor.DISPATCH[0] = device
-    tensor.BEFORE_COMPILED[0] = lambda: device.before_compiled()
+    torch.autograd.set_multithreading_enabled(False)  # this thread runs the device's backward (see above)
+    owner.release_device()  # what the device left pending runs in its mode
+    owner.counted_memory().set_target(settings.target)  # every device tensor and every recipe run counts now
+    owner.device = Device(mode, settings, release.release(), owner.lazy.for_device(settings), owner.ledger)
+    # The device is a front end like the others: it compiles in the session in use, else the process's (the one
+    # its lazy graphs are handed to), and its context records the runs of its graphs there.
+    session_for(settings).observe_runs(context.on_device_run)
     return module
-
-
-def _watch_timeline(session) -> None:
-    """Put every recipe run and every step end on the enabled device's timeline; ``mark_step`` is the
-    simulator's time, not the user's."""
-    def on_run(recipe, args, outputs) -> None:
-        if recipe is not None:
-            device = _state["device"]
-            device.timeline.launch(recipe, device.launch_kind())
-
-    session.observe_runs(on_run)
-    lazy_mode.observe_step_starts(lambda: _state["device"].timeline.enter())
-    lazy_mode.observe_steps(lambda: _state["device"].timeline.step_end())
 
 
 def report() -> dict:
     """What the run did on the device (``report.py``): mode, target, per-step ops, graphs, recipes compiled and
     estimated device time, recompiles, CPU fallbacks, host syncs, peak memory against HBM. JSON-ready."""
-    device = _state.get("device")
-    if device is None:
-        raise DeviceSetupError("the hpu device is not enabled: call hpu_backend.device.enable() first")
-    return reporting.build(device, _state["times"])
+    device = context.current_device()
+    return reporting.build(device, context.current_context())
 
 
 def write_trace(path: str, rank: int | None = None) -> None:
     """Write the run's step timeline so far as a Chrome/Perfetto trace (``timeline/trace.py``) to ``path``;
     ``TraceError`` (one line) when it cannot be written."""
-    device = _state.get("device")
-    if device is None:
-        raise DeviceSetupError("the hpu device is not enabled: call hpu_backend.device.enable() first")
+    device = context.current_device()
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     schedule = whatif.schedule(device.timeline.events, device.settings.target, spans=True)
     trace.write(path, schedule.spans, rank, {"target": device.settings.target, "mode": device.mode,
@@ -98,8 +72,8 @@ def write_trace(path: str, rank: int | None = None) -> None:
 
 
 def current() -> Device | None:
-    """The enabled device (None before ``enable()``)."""
-    return _state.get("device")
+    """The enabled device of the context in use (None before ``enable()``)."""
+    return context.enabled_device()
 
 
 def _release() -> None:
@@ -149,7 +123,7 @@ def _host_storage(storage, location: str):
 
 def _register() -> None:
     """Name PrivateUse1 ``hpu`` and install the module, methods and kernels (once per process)."""
-    if "lib" in _state:
+    if context.registration() is not None:
         return
     name = torch._C._get_privateuse1_backend_name()
     if name == "privateuseone":
@@ -167,4 +141,4 @@ def _register() -> None:
     torch.utils.swap_tensors = swap.swap_tensors  # module.to("hpu") of weakly referenced parameters (swap.py)
     lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")
     kernels.register(lib, every_op)
-    _state["lib"] = (lib, every_op)
+    context.set_registration((lib, every_op))

@@ -15,12 +15,10 @@ import copy
 import functools
 
 import torch
-import torch.utils._pytree as pytree
 from torch._C._dynamo.eval_frame import set_eval_frame
 
-from ..serve import device_memory as memory
-
-HPU = "hpu"
+from . import context
+from .cards import HPU
 
 
 class HpuTensor(torch.Tensor):
@@ -37,7 +35,7 @@ class HpuTensor(torch.Tensor):
                 device=device or CARD, requires_grad=requires_grad)
             r.host = host
             if type(host) is torch.Tensor:  # a real allocation (not a traced one): counted against the HBM
-                memory.allocate(host)
+                context.current_context().memory.allocate(host)
             return r
         finally:
             set_eval_frame(prior)
@@ -48,7 +46,7 @@ class HpuTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         prior = set_eval_frame(None)  # see untraced()
         try:
-            return DISPATCH[0](func, args, kwargs or {})
+            return context.current_device()(func, args, kwargs or {})
         finally:
             set_eval_frame(prior)
 
@@ -60,7 +58,7 @@ class HpuTensor(torch.Tensor):
     @property
     def _traced_host(self) -> torch.Tensor:
         """The host tensor as a compiled graph reads it: pending lazy work on the device is done first."""
-        BEFORE_COMPILED[0]()
+        context.before_compiled()
         return self.host
 
     @staticmethod
@@ -112,7 +110,7 @@ class HpuTensor(torch.Tensor):
     def _dlpack_host(self) -> torch.Tensor:
         if not is_plain(self.host):
             raise BufferError("a traced hpu tensor has no memory to share through DLPack")
-        DISPATCH[0].sync("DLPack export", [self.host])
+        context.current_device().sync("DLPack export", [self.host])
         return self.host.detach()
 
     def __deepcopy__(self, memo):
@@ -154,13 +152,6 @@ def untraced(fn):
         finally:
             set_eval_frame(prior)
     return run
-DISPATCH: list = [None]  # the device's dispatch function, set by enable()
-BEFORE_COMPILED: list = [lambda: None]  # what a compiled graph's read of a host tensor does first
-
-
-def unwrap(tree):
-    """The tree with every HpuTensor replaced by its host tensor."""
-    return pytree.tree_map_only(HpuTensor, lambda t: t.host, tree)
 
 
 def is_plain(t: torch.Tensor) -> bool:

@@ -40,7 +40,8 @@ from ..shipping.warm import PointResult, plan
 
 # The checks in checklist order (port, optimize, profile): the order of findings without a gain estimate.
 CHECKS = ("hbm", "cpu fallback", "host sync", "graph break", "recompile", "buckets", "hand-written attention",
-          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs", "per-step sync", "pinned memory")
+          "autocast", "unfused optimizer", "gradient clipping", "batch size", "hpu graphs", "per-step sync",
+          "pinned memory")
 
 DOCS = {
     "hbm": "a graph whose plan exceeds HBM fails on the device; the docs split it with mark_step, recompute "

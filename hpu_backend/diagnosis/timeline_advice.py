@@ -36,7 +36,8 @@ def findings(spec, recipes: list, point: dict, target: str, make, train: bool = 
         gain = whatif.gain(events, whatif.without_syncs(f"{path.name}:{line}"), target)
         if gain > 0:
             rate = "every step" if every == 1 else f"every {every} steps"
-            out.append(make("per-step sync", f"{what}() {rate} in a loop drains the device", f"{path.name}:{line}", gain,
+            out.append(make("per-step sync", f"{what}() {rate} in a loop drains the device", f"{path.name}:{line}",
+                            gain,
                             "read the value every N steps, or keep it on the device and read it once"))
     gain = whatif.gain(events, whatif.pinned, target)
     if gain > 0:

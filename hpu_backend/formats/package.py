@@ -33,6 +33,7 @@ from recipecache.signing import KEY_ENV, signing_key
 
 from . import keyparts, signed
 from .recipe import Constant, Recipe, RecipeFormatError, unpack, versioned
+from ..errors import HpuBackendError
 
 PACKAGE_VERSION = 2
 MAGIC = b"HPUPKG\x00\x02"  # then the payload's sha256, the signature tag (zeros: unsigned), the msgpack payload
@@ -46,7 +47,7 @@ MAX_LAYOUT_NODES = 10_000
 MAX_LAYOUT_DEPTH = 32
 
 
-class PackageError(ValueError):
+class PackageError(HpuBackendError, ValueError):
     """A package that cannot be loaded, or a call it does not cover (one line, for the user)."""
 
 
@@ -105,7 +106,8 @@ class Package:
                     first.input_names, first.symbols, first.symbol_sources, len(first.outputs)):
                 raise RecipeFormatError(f"{where}.recipes[{i}]: not a bucket of the same graph")
         if len(self.inputs) != len(first.inputs):
-            raise RecipeFormatError(f"{where}: {len(self.inputs)} inputs described, the graph takes {len(first.inputs)}")
+            raise RecipeFormatError(
+                f"{where}: {len(self.inputs)} inputs described, the graph takes {len(first.inputs)}")
         for gi in self.inputs:
             if gi.kind not in INPUT_KINDS:
                 raise RecipeFormatError(f"{where}: input kind {gi.kind!r:.20}")
@@ -156,7 +158,8 @@ def check_layout(tree: Any, where: str) -> int:
                 and len(node) == (3 if node[0] in KEYED_KINDS else 2) and isinstance(node[-1], list)):
             raise RecipeFormatError(f"{where}: {node!r:.60} is not a leaf, tuple, list or dict layout")
         if node[0] in KEYED_KINDS and not (isinstance(node[1], list) and len(node[1]) == len(node[2])
-                                      and all(isinstance(k, str) for k in node[1]) and len(set(node[1])) == len(node[1])):
+                                      and all(isinstance(k,
+                                                         str) for k in node[1]) and len(set(node[1])) == len(node[1])):
             raise RecipeFormatError(f"{where}: dict keys {node[1]!r:.60} are not distinct names, one per child")
         if node[0] == "record" and (bad := next((k for k in node[1] if not record_field(k)), None)) is not None:
             raise RecipeFormatError(f"{where}: record field {bad!r:.40} is not a field name (a record reads its "

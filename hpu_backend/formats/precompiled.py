@@ -5,7 +5,8 @@ writes around torch's bytes is the magic number, the payload's SHA-256, an HMAC-
 under ``HPURECIPE_BUNDLE_KEY`` (zeros: unsigned) and a msgpack payload ``{"info": {...}, "size": n,
 "torch": zlib bytes}``: torch's pickle (which holds our own msgpack part) compressed, ``n`` bytes once inflated.
 The header, checksum and signature are checked, in chunks, before any byte of ``torch`` is inflated (never
-past ``n``, itself capped: a signed bomb cannot exhaust memory) and handed to torch's unpickler; ``info`` (the fingerprint, the program key, the recipe keys, the ranges it was built
+past ``n``, itself capped: a signed bomb cannot exhaust memory) and handed to torch's unpickler; ``info`` (the
+fingerprint, the program key, the recipe keys, the ranges it was built
 for) is plain data that ``hpurecipe ls``/``show``/``verify`` read without torch. The fingerprint holds
 everything that must be equal where the artifact is loaded; a difference is refused naming the field.
 """
@@ -24,6 +25,8 @@ import msgpack
 
 from recipecache.signing import KEY_ENV, sign, signing_key, verify
 
+from .. import envs
+from ..errors import HpuBackendError
 from . import keyparts, signed
 from .recipe import RecipeFormatError, unpack
 from .signed import open_regular
@@ -42,7 +45,7 @@ FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target
 NO_ACCELERATOR = "none"
 
 
-class PrecompileError(ValueError):
+class PrecompileError(HpuBackendError, ValueError):
     """A precompiled artifact that cannot be built or loaded here (one line, naming what is wrong)."""
 
 
@@ -97,7 +100,7 @@ def framed(payload: bytes, key: bytes | None) -> bytes:
 
 
 def trust_unsigned(environ: Mapping[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(TRUST_UNSIGNED_ENV, "") == "1"
+    return envs.get(TRUST_UNSIGNED_ENV, environ)
 
 
 def read_artifact(path: str | os.PathLike, key: bytes | None | bool = True, allow_unsigned: bool | None = None

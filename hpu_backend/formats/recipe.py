@@ -19,13 +19,14 @@ from typing import Any, Callable, Union
 import msgpack
 
 from . import symexpr
+from ..errors import HpuBackendError
 
 FORMAT_VERSION = 2  # 2: recipes declare the inputs they write (``writes``)
 
 KINDS = ("forward", "backward", "inference", "lazy")  # lazy: a lazy-mode graph (capture/lazy.py)
 
 
-class RecipeFormatError(ValueError):
+class RecipeFormatError(HpuBackendError, ValueError):
     """Bytes that are not a recipe of this format version (raised by ``Recipe.from_bytes``)."""
 
 

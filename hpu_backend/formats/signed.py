@@ -19,13 +19,15 @@ from pathlib import Path
 from recipecache import safeio
 from recipecache.signing import TAG_BYTES, sign, verify
 
+from ..errors import HpuBackendError
+
 DIGEST_BYTES = 32
 CHUNK = 1 << 20
 UNSIGNED = bytes(TAG_BYTES)
 REASONS = ("magic", "version", "size", "checksum", "unsigned", "unchecked", "signature", "changed")
 
 
-class SignedFileError(ValueError):
+class SignedFileError(HpuBackendError, ValueError):
     """A signed file refused; ``reason`` is one of REASONS, ``detail`` what the reason needs (a version, a size)."""
 
     def __init__(self, reason: str, detail: object = None):

@@ -12,6 +12,7 @@ import functools
 import operator
 import re
 from typing import Any, Mapping, Union
+from ..errors import HpuBackendError
 
 Tree = Union[int, float, bool, str, list]
 
@@ -22,7 +23,7 @@ MAX_NODES = 4096  # no guard, size or stride of a graph is a larger tree: evalua
 MAX_DEPTH = 64  # nor a deeper one (the evaluator and to_str recurse over it)
 
 
-class SymExprError(ValueError):
+class SymExprError(HpuBackendError, ValueError):
     """An expression that cannot be encoded, or a stored tree that is not well-formed."""
 
 

@@ -1,7 +1,8 @@
 """``init_process_group(backend="hccl")`` on the host: Gaudi's collective library name, backed by gloo.
 
 Gaudi scripts import ``habana_frameworks.torch.distributed.hccl`` and initialize with ``backend="hccl"``;
-importing ``hpu_backend.gaudi`` registers that name here so such a script runs unchanged. The collectives
+``register_hccl()`` registers that name here (the launcher calls it when a script imports Intel's module),
+so such a script runs unchanged. The collectives
 then run through gloo over the host's network (the simulator's cards are processes); recipes estimate them
 on the target's scale-up fabric (``hpu_backend.targets.Fabric``). The name is registered for the ``cpu``
 and ``hpu`` devices, so that torch knows what the backend serves (and says nothing about an unknown device
@@ -12,11 +13,8 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 
 BACKEND = "hccl"
 DEVICES = ["cpu", "hpu"]
@@ -49,28 +47,3 @@ def initialize_distributed_hpu(world_size: int | None = None, rank: int | None =
             int(os.environ.get("LOCAL_RANK", -1)))
 
 
-def is_collective(func) -> bool:
-    """A c10d op (``torch.ops.c10d.allreduce_`` and the rest): what a process group runs for a collective."""
-    return getattr(func, "namespace", None) == "c10d"
-
-
-def collective_on_host(func, args: tuple, kwargs: dict,
-                       host_of: Callable[[torch.Tensor], torch.Tensor | None]) -> Any:
-    """Run a c10d op for device tensors on their host tensors: gloo (the ``cpu`` backend of the ``hccl``
-    group) reads and writes those in place, so the device tensors see the result; the device tensors are
-    given back where the op returns its inputs. ``host_of(t)`` is the host tensor of a device tensor, with
-    its pending work done (None for any other tensor)."""
-    device_of: dict[int, torch.Tensor] = {}
-
-    def down(t: torch.Tensor) -> torch.Tensor:
-        host = host_of(t)
-        if host is None:
-            return t
-        device_of[id(host)] = t
-        return host
-
-    out = func(*pytree.tree_map_only(torch.Tensor, down, args), **pytree.tree_map_only(torch.Tensor, down, kwargs))
-    return pytree.tree_map_only(torch.Tensor, lambda t: device_of.get(id(t), t), out)
-
-
-register_hccl()

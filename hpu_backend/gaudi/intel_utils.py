@@ -36,7 +36,7 @@ _TARGETS = {"gaudi2": synDeviceType.synDeviceGaudi2, "gaudi3": synDeviceType.syn
 def _get_device_type() -> synDeviceType:
     from ..device import module
 
-    return _TARGETS[module.TARGET[0]]
+    return _TARGETS[module.target()]
 
 
 def _is_fp16_supported() -> bool:
@@ -45,9 +45,9 @@ def _is_fp16_supported() -> bool:
 
 def is_lazy() -> bool:
     """Whether the enabled device runs lazily (Intel's ``utils.internal.is_lazy``)."""
-    from ..device import setup
+    from ..device import context
 
-    device = setup.current()
+    device = context.enabled_device()
     return device is not None and device.mode == "lazy"
 
 

@@ -11,7 +11,7 @@ weight_decay)``                                              foreach AdamW kerne
 ``core.mark_step()``                                         ``mark_step()``: see below
 ===========================================================  ==========================================
 
-``mark_step()`` ends a lazy-mode graph, as on Gaudi: in lazy mode (``lazy_mode.py``) it runs the pending graph
+``mark_step()`` ends a lazy-mode graph, as on Gaudi: in lazy mode (``device/lazy.py``) it runs the pending graph
 and starts the next step of the report. Under ``torch.compile`` it is a graph boundary (Dynamo does not
 trace into it, so a compiled region ends there). It counts in ``metric_global("mark_step")`` always.
 
@@ -26,7 +26,7 @@ from typing import Iterable
 import torch
 
 from .. import metrics
-from . import lazy_mode
+from ..device import context
 
 
 class FusedAdamW(torch.optim.AdamW):
@@ -83,7 +83,7 @@ def mark_step() -> None:
 
 def _mark_step() -> None:
     metrics.record_mark_step()
-    lazy_mode.mark_step()
+    context.mark_step()
 
 
 # torch.compiler.disable(_mark_step), with Dynamo imported at its first call rather than here: only a trace

@@ -1,9 +1,10 @@
 """The one error lowering raises: it names the pass, the passes before it, the node and source line."""
 
 from __future__ import annotations
+from ..errors import HpuBackendError
 
 
-class LoweringError(RuntimeError):
+class LoweringError(HpuBackendError, RuntimeError):
     """A graph that cannot be lowered to a recipe (raised by any pass, wrapped by the pipeline)."""
 
     def __init__(self, reason: str, *, node=None, pass_name: str = "", passes_before=(), graph: str = ""):

@@ -11,8 +11,8 @@ from .buffers import SDPA_BACKWARD, SDPA_FORWARD
 from .optable import packet_name
 
 # TPC FLOPs per element by op kind (transcendentals and normalizations take several).
-PER_ELEMENT = {"elementwise": 1, "foreach": 1, "reduction": 1, "softmax": 5, "norm": 8, "index": 1, "random": 4, "loss": 4,
-               "factory": 0, "layout": 0, "sync": 0, "view": 0}
+PER_ELEMENT = {"elementwise": 1, "foreach": 1, "reduction": 1, "softmax": 5, "norm": 8, "index": 1, "random": 4,
+               "loss": 4, "factory": 0, "layout": 0, "sync": 0, "view": 0}
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv"}
 
 
@@ -48,6 +48,7 @@ def mme_flops(node: Node, ins: list[ValueSpec], env: Mapping[str, int], recomput
 
 def tpc_flops(kind: str, ins: list[ValueSpec], node: Node, env: Mapping[str, int]) -> float:
     if kind == "foreach":  # one kernel over every tensor of its lists
-        return float(max(sum(math.prod(dims(s, env)) for s in specs if s.kind == "tensor") for specs in (ins, node.out)))
+        lists = (ins, node.out)
+        return float(max(sum(math.prod(dims(s, env)) for s in specs if s.kind == "tensor") for specs in lists))
     sizes = [math.prod(dims(s, env)) for s in [*ins[:1], *node.out] if s.kind == "tensor"]
     return float(PER_ELEMENT.get(kind, 1) * max(sizes, default=0))

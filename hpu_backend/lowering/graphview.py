@@ -35,7 +35,3 @@ class GraphView:
                     seen.add(nxt)
                     todo.append(nxt)
         return seen
-
-    def escapes(self, name: str, group: set[str]) -> bool:
-        """True if the value is read outside ``group`` or is a graph output (so it is materialized)."""
-        return name in self.outputs or any(u not in group for u in self.users[name])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from ..formats import symexpr
 import copy
@@ -37,7 +37,9 @@ def spec_map(recipe: Recipe) -> dict[str, list[ValueSpec]]:
 def node_refs(node: Node) -> list[str]:
     """The value names a node reads, in argument order, each once (hot: no generators)."""
     out: list[str] = []
-    stack = list(reversed(node.args)) + list(reversed(node.kwargs.values())) if node.kwargs else list(reversed(node.args))
+    stack = (
+        list(reversed(node.args)) + list(reversed(node.kwargs.values())) if node.kwargs else list(reversed(node.args))
+    )
     while stack:
         a = stack.pop()
         if isinstance(a, dict):
@@ -93,6 +95,3 @@ def numel_key(shape: list[Any]) -> tuple:
             factors.append(repr(d))
     return (const, tuple(sorted(factors)))
 
-
-def iter_tensor_specs(specs: list[ValueSpec]) -> Iterator[ValueSpec]:
-    return (s for s in specs if s.kind == "tensor")

@@ -177,7 +177,16 @@ def model_file(config, label: str) -> dict[str, Any]:
     """The model-file names for ``config``: prefill, DECODE, LAYERS and PER_CARD."""
     config.hpu_kv_shape = cache_shape(config)
     return {**_steps(config, label), "LAYERS": config.num_hidden_layers, "CONFIG": config,
-            "PER_CARD": partial(_per_card_file, config, label)}
+            "LAYER_PERIOD": layer_period(config), "PER_CARD": partial(_per_card_file, config, label)}
+
+
+def layer_period(config) -> int:
+    """How many decoder layers repeat as one group: Llama 4 interleaves a dense layer and a mixture of experts
+    (``interleave_moe_layer_step``); 1 where every layer has the same weights. (Attention patterns that differ
+    only in their mask, sliding or chunked, cost nearly the same and are not a period here.)"""
+    step = getattr(config, "interleave_moe_layer_step", None)
+    layers = config.num_hidden_layers
+    return step if isinstance(step, int) and 1 < step <= layers and layers % step == 0 else 1
 
 
 def _steps(config, label: str) -> dict[str, Any]:
@@ -319,8 +328,9 @@ def per_card_config(config, cards: int, layers: int | None = None):
     shard.num_attention_heads, shard.num_key_value_heads = heads // cards, max(1, kv // cards)
     shard.intermediate_size, shard.head_dim = hidden // cards, head_dim
     shard.hpu_kv_shape = (max(1, kv // cards), head_dim)
-    if getattr(config, "moe_intermediate_size", None):
-        shard.moe_intermediate_size = config.moe_intermediate_size // cards
+    for moe in ("moe_intermediate_size", "intermediate_size_mlp"):  # experts' MLP; Llama 4's dense layers' MLP
+        if getattr(config, moe, None):
+            setattr(shard, moe, getattr(config, moe) // cards)
     if config.vocab_size % cards == 0:
         shard.vocab_size = config.vocab_size // cards
     if layers:
@@ -372,11 +382,12 @@ def _add_collectives(lm, cards: int, group: str, gather: bool = True) -> None:
 
 
 def _decoder_layers(lm) -> list:
-    base = getattr(lm, lm.base_model_prefix, lm)
-    for name in ("layers", "h", "blocks"):
-        layers = getattr(base, name, None)
-        if layers is not None:
-            return list(layers)
+    # The base model under its prefix; Llama 4's causal LM names a prefix it does not have and holds ``model``.
+    for base in (getattr(lm, lm.base_model_prefix, None), getattr(lm, "model", None), lm):
+        for name in ("layers", "h", "blocks"):
+            layers = getattr(base, name, None)
+            if layers is not None:
+                return list(layers)
     raise HFConfigError(f"{lm.config.model_type}: cannot find the decoder layers to shard over cards")
 
 

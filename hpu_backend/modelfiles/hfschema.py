@@ -18,6 +18,7 @@ import re
 import types
 import typing
 from typing import Any
+from ..errors import HpuBackendError
 
 MAX_DEPTH = 8  # a config nests a few levels (text_config, rope_scaling, quantization_config)
 MAX_ITEMS = 4096  # keys of one object, items of one list
@@ -39,7 +40,7 @@ REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_hea
 NOT_PASSED = ("model_type", "auto_map", "transformers_version")  # read here, never given to transformers
 
 
-class SchemaError(ValueError):
+class SchemaError(HpuBackendError, ValueError):
     """A config field outside the schema: one line naming the field, the value and what is allowed."""
 
 

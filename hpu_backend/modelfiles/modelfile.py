@@ -8,9 +8,12 @@ inputs feed the model; the default is all of them), ``loss(output, *inputs)`` (n
 graphs), ``AXES_MIN = {axis: size}`` (the smallest size a package serves on an axis, for models that cannot
 take smaller ones, such as strided convolutions), ``DECODE`` (a generative model's decode step: a holder of
 the same names, missing ones taken from the file), ``LAYERS`` (the number of identical decoder layers),
+``LAYER_PERIOD`` (when the layers repeat in groups, the group's size: LAYERS counts layers, the plans extrapolate
+over groups),
 ``CONTEXT`` (the most tokens a sequence may hold: plans for longer ones are refused before any tracing) and
 ``PER_CARD(cards, group, layers)`` (a holder of one card's tensor-parallel shard, its collectives over the
-process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`` names an object, class, namespace or dict in the file holding those names.
+process group ``group``, with ``layers`` layers). With ``path.py:attr``, ``attr`` names an object, class, namespace or
+dict in the file holding those names.
 """
 
 from __future__ import annotations

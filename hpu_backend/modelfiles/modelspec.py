@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from ..errors import one_line
 from ..buckets import BucketError
 from ..settings import Settings, SettingsError
+from ..errors import HpuBackendError
 
 REQUIRED = {
     "make_model": "a function returning the nn.Module",
@@ -27,7 +28,7 @@ OPTIONAL = {"COMPILE": {}}  # the names a model file may leave out, with the val
 COMPILE_KEYS = ("dynamic", "options")
 
 
-class ModelFileError(ValueError):
+class ModelFileError(HpuBackendError, ValueError):
     """A model file that cannot be loaded or lacks part of the spec (one line naming what is wrong)."""
 
 
@@ -56,6 +57,9 @@ class ModelSpec:
     axes_min: dict[str, int] = field(default_factory=dict)  # AXES_MIN: an axis's smallest packaged size
     seeded: bool = True  # make_inputs takes seed=
     context: int | None = None  # CONTEXT: the most tokens a sequence may hold (prompt and generated)
+    # LAYER_PERIOD: the layers repeat in groups of this many (Llama 4: a dense layer, then a mixture of experts);
+    # capacity across cards extrapolates over groups
+    layer_period: int = 1
 
     def points(self) -> list[dict[str, int]]:
         """Every shape to cover: the cartesian product of the axes, in file order."""
@@ -214,12 +218,16 @@ def spec_from(holder: Any, where: str, default_name: str = "", source_hash: str 
         raise ModelFileError(f"{where}: PER_CARD must be a function (cards, group, layers) returning a model file")
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
         raise ModelFileError(f"{where}: LAYERS must be a positive integer, got {layers!r}")
+    period = get("LAYER_PERIOD")
+    if period is not None and (not isinstance(period, int) or isinstance(period, bool) or period < 1
+                               or (layers is not None and layers % period)):
+        raise ModelFileError(f"{where}: LAYER_PERIOD must be a positive integer that divides LAYERS, got {period!r}")
     context = get("CONTEXT")
     if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 1):
         raise ModelFileError(f"{where}: CONTEXT must be a positive integer (tokens), got {context!r}")
     return ModelSpec(name, where, get("make_model"), get("make_inputs"), axes, dynamic, options, model_inputs,
                      get("loss"), source_hash, decode, per_card, layers,
-                     _check_axes_min(get("AXES_MIN"), axes, where), seeded, context)
+                     _check_axes_min(get("AXES_MIN"), axes, where), seeded, context, period or 1)
 
 
 def generative_steps(make_model: Callable, make_inputs: Callable, make_decode_inputs: Callable,

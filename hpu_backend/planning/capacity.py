@@ -88,15 +88,21 @@ class StepGraph:
 
 @dataclass
 class LayeredStep:
-    """A step of ``layers`` identical layers estimated from its one- and two-layer lowerings (linear in depth)."""
+    """A step of ``layers`` layers, in identical groups of ``period`` layers, estimated from its one- and two-group
+    lowerings (linear in depth)."""
 
     one: StepGraph
     two: StepGraph
     layers: int
     hbm: int
+    period: int = 1
+
+    @property
+    def groups(self) -> int:
+        return self.layers // self.period
 
     def _extend(self, a: float, b: float) -> float:
-        return a + (self.layers - 1) * (b - a)
+        return a + (self.groups - 1) * (b - a)
 
     def peak_bytes(self, point: Mapping[str, int]) -> int:
         return round(self._extend(self.one.peak_bytes(point), self.two.peak_bytes(point)))
@@ -148,11 +154,12 @@ def card_steps(spec: ModelSpec, target: str, dtype: str, cards: int) -> tuple[An
                            layers=layers)
         return step_graphs(spec_from(holder, f"{spec.path}:PER_CARD"), target, dtype, groups)
 
-    if not spec.layers or spec.layers <= 2:
+    period = spec.layer_period
+    if not spec.layers or spec.layers <= 2 * period:
         return shard(None)
-    (p1, d1), (p2, d2) = shard(1), shard(2)
+    (p1, d1), (p2, d2) = shard(period), shard(2 * period)
     hbm = hbm_bytes(target)
-    return LayeredStep(p1, p2, spec.layers, hbm), LayeredStep(d1, d2, spec.layers, hbm)
+    return (LayeredStep(p1, p2, spec.layers, hbm, period), LayeredStep(d1, d2, spec.layers, hbm, period))
 
 
 def trace_step(spec: ModelSpec, name: str, target: str, dtype: str,

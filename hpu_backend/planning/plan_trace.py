@@ -53,16 +53,16 @@ def request_events(prefill, decode, batch: int, input_len: int, kv_lens: list[in
 
 
 def step_cost(step, point) -> Cost:
-    """A step's Cost; a layered step (``capacity.LayeredStep``) as its one-layer recipe plus, per further layer,
-    one kernel of what the two-layer recipe adds (the planner's own linear extension in depth)."""
+    """A step's Cost; a layered step (``capacity.LayeredStep``) as its one-group recipe plus, per further group of
+    layers, one kernel of what the two-group recipe adds (the planner's own linear extension in depth)."""
     if not hasattr(step, "one"):
         return cost_of(step.at(point).facts)
     one, two = cost_of(step.one.at(point).facts), cost_of(step.two.at(point).facts)
     layer = tuple(max(sum(c[k] for c in two.clusters) - sum(c[k] for c in one.clusters), 0.0) for k in range(5))
     comm = sum(c[1] for c in two.comms) - sum(c[1] for c in one.comms)
     extra = len(one.clusters)
-    comms = one.comms + tuple(("all_reduce", max(comm, 0.0), extra + i) for i in range(step.layers - 1) if comm > 0)
-    return Cost(one.clusters + (layer,) * (step.layers - 1), comms, one.cpu_s, one.transfer_s)
+    comms = one.comms + tuple(("all_reduce", max(comm, 0.0), extra + i) for i in range(step.groups - 1) if comm > 0)
+    return Cost(one.clusters + (layer,) * (step.groups - 1), comms, one.cpu_s, one.transfer_s)
 
 
 def write_request(path: str, prefill, decode, doc: dict, kv_lens: list[int]) -> None:

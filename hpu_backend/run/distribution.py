@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import envs
 from ..device.release import release
 
 NAME = "habana-torch-plugin"
@@ -28,7 +29,7 @@ def publish(env: dict | None = None) -> str:
     here and in child processes; the folder holding it. Idempotent: a process that inherits a published folder
     (a rank, a spawned worker) reuses it."""
     env = os.environ if env is None else env
-    inherited = env.get(ENV)
+    inherited = envs.get(ENV, env)
     folder = inherited if inherited and _holds_metadata(inherited) else _write()
     if folder not in sys.path:
         sys.path.append(folder)  # last: never in front of a real installation's metadata

@@ -6,15 +6,15 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping
 
-from ..units import SIZE_FORMS, parse_size
+from .. import envs
+from ..envs import MAX_CARDS
 from .errors import RunError
 
 # Set by a launcher for one rank of several; the ranks we start get ours, so they are checked only when the
 # script runs in this process.
 RANK_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 CARDS_ENV = "HPU_SIM_CARDS"  # device_count() of the simulated device
-HBM_ENV = "HPU_BACKEND_HBM_BYTES"  # the device memory the simulated card holds (serve/device_memory.py)
-MAX_CARDS = 4096  # no machine holds more simulated cards than this; a larger value is a typo
+HBM_ENV = "HPU_BACKEND_HBM_BYTES"  # the device memory the simulated card holds (device/memory.py)
 
 
 def check(env: Mapping[str, str] | None = None, ranks_started_here: bool = False) -> None:
@@ -22,8 +22,11 @@ def check(env: Mapping[str, str] | None = None, ranks_started_here: bool = False
     env = os.environ if env is None else env
     if not ranks_started_here:
         _check_ranks(env)
-    _check(env, CARDS_ENV, lambda v: _whole(v, 1, MAX_CARDS), f"a whole number of cards from 1 to {MAX_CARDS}")
-    _check(env, HBM_ENV, parse_size, SIZE_FORMS)
+    for name in (CARDS_ENV, HBM_ENV):
+        try:
+            envs.get(name, env)
+        except envs.EnvError as e:
+            raise RunError(str(e), 2) from None
     _check_settings(env)
     _check_mode(env)
 

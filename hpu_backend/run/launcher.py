@@ -13,6 +13,7 @@ import math
 import os
 import sys
 
+from .. import envs
 from .errors import RunError
 
 TARGET_ENV = "HPU_BACKEND_TARGET"
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import group
     from .ranks import RANK_ENV
 
-    rank = bool(os.environ.get(RANK_ENV))
+    rank = envs.get(RANK_ENV)
     if rank and not group.follow_parent():
         return 128 + 15  # the launcher died before this rank started: end as its SIGTERM would have ended us
     ns = parser().parse_args(argv)

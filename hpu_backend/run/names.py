@@ -52,7 +52,7 @@ def _hpu_module() -> types.ModuleType:
 def _core() -> dict:
     from .. import gaudi
 
-    _device().enable()  # as Intel's core: loading it starts the device (lazy unless PT_HPU_LAZY_MODE=0)
+    _device().enable()  # as Intel's core: loading it starts the device (PT_HPU_LAZY_MODE, else the release's default)
     from ..gaudi import intel_utils
 
     return {"mark_step": gaudi.mark_step, "hpu": _hpu_module(), "is_enabled_weight_permute_pass": _permute_pass,
@@ -147,10 +147,20 @@ def _package() -> dict:
     return {}
 
 
+def _torch_package() -> dict:
+    """``habana_frameworks.torch``: every Intel module below it comes with ``hccl`` registered (DeepSpeed's HPU
+    accelerator imports ``habana_frameworks.torch.hpu`` and then initializes ``backend="hccl"`` without importing
+    the hccl module)."""
+    from ..gaudi import distributed
+
+    distributed.register_hccl()
+    return {}
+
+
 # name -> (is a package, what its module holds). ``hpu`` is torch.hpu itself (see _HpuLoader).
 MODULES: dict[str, tuple[bool, Callable[[], dict]]] = {
     ROOT: (True, _package),
-    f"{ROOT}.torch": (True, _package),
+    f"{ROOT}.torch": (True, _torch_package),
     f"{ROOT}.torch.core": (True, _core),
     f"{ROOT}.torch.hpu.metrics": (False, _metrics),
     f"{ROOT}.torch.hpex": (True, _package),

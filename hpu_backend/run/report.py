@@ -5,10 +5,10 @@ as a few lines on stderr or written as JSON. The JSON has one shape for any numb
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
+from .. import envs
 from ..units import size
 from .errors import RunError
 
@@ -18,13 +18,24 @@ def collect(script: str, exit_code: int, seconds: float) -> dict[str, Any]:
     from .. import device
 
     out: dict[str, Any] = {"script": script, "exit_code": exit_code, "wall_s": round(seconds, 3),
-                           "rank": int(os.environ.get("RANK", "0")),
-                           "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+                           "rank": envs.get("RANK"), "world_size": envs.get("WORLD_SIZE")}
     out.update(device.report())
+    out["recipe_cache"] = _recipe_cache()
     missed = _cache_missed()
     if missed:  # entries the cache held under another key: what differed (none: the field is left out)
         out["cache_missed"] = missed
     return out
+
+
+def _recipe_cache() -> dict[str, int]:
+    """What the run's graphs took from the recipe cache and what they compiled: recipes found (``hits``) or
+    lowered (``compiled``: lowerings of any kind, HPU-graph captures included), and Dynamo graphs whose stored
+    program was found (``program_hits``) or traced (``program_misses``)."""
+    from ..metrics import metric_global
+
+    cache, compiles = dict(metric_global("recipe_cache").stats()), dict(metric_global("graph_compilation").stats())
+    return {"hits": cache["TotalHit"], "compiled": compiles["TotalNumber"], "program_hits": cache["ProgramHit"],
+            "program_misses": cache["ProgramMiss"]}
 
 
 def _cache_missed() -> dict[str, int]:
@@ -39,8 +50,7 @@ def trace(path: str) -> str:
     from .. import device
     from ..timeline.trace import TraceError, rank_path
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    target = path if os.environ.get("HPU_BACKEND_RUN_RANK") else rank_path(path, int(os.environ.get("RANK", "0")), world)
+    target = path if envs.get("HPU_BACKEND_RUN_RANK") else rank_path(path, envs.get("RANK"), envs.get("WORLD_SIZE"))
     try:
         device.write_trace(target)
     except TraceError as e:
@@ -52,7 +62,7 @@ def finish(report: dict[str, Any], path: str | None) -> None:
     """Write ``report`` as JSON to ``path``, or render it on stderr when there is no path. A rank the launcher
     started writes its own report for the launcher to gather; a run of one process writes the gathered shape."""
     if path:
-        write(report if os.environ.get("HPU_BACKEND_RUN_RANK") else gathered([report]), path)
+        write(report if envs.get("HPU_BACKEND_RUN_RANK") else gathered([report]), path)
     else:
         sys.stdout.flush()
         print("\n".join(render(report)), file=sys.stderr, flush=True)
@@ -118,6 +128,10 @@ def _body(r: dict[str, Any]) -> list[str]:
         lines.append(_timeline(r["timeline"]))
     if r.get("trace"):
         lines.append(f"trace: {r['trace']}")
+    if any((r.get("recipe_cache") or {}).values()):
+        c = r["recipe_cache"]
+        lines.append(f"recipe cache: {c['hits']} recipes found, {c['compiled']} compiled; programs: "
+                     f"{c['program_hits']} found, {c['program_misses']} traced")
     if r.get("cache_missed"):
         lines.append("cache misses of entries held under another key: "
                      + "; ".join(f"{why} ×{n}" for why, n in r["cache_missed"].items()))

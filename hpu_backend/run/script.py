@@ -17,6 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
+from .. import envs
 from ..errors import one_line
 from .errors import RunError
 
@@ -35,11 +36,12 @@ def check_script(script: str) -> Path:
 
 def run_script(script: str, args: list[str], report: str | None = None, trace: str | None = None) -> int:
     """Run ``script`` with ``args`` as ``__main__`` on the simulated device; the exit code it ends with."""
-    from . import names, report as reports
+    from . import names
+    from . import report as reports
 
     path = check_script(script)
     names.simulate()
-    if os.environ.get("HPU_BACKEND_RUN_RANK"):  # a rank the launcher may stop: end like an exit, report included
+    if envs.get("HPU_BACKEND_RUN_RANK"):  # a rank the launcher may stop: end like an exit, report included
         signal.signal(signal.SIGTERM, _stopped)
     sys.argv[:] = [str(path), *args]
     # The script's folder first, as ``python SCRIPT`` (replacing the launcher's own entry), carrying the names

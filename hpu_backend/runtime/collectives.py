@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from ..errors import HpuBackendError
 
 NAMESPACE = "_c10d_functional"
 # Functional collective op (packet) -> the fabric's collective kind (hpu_backend.targets.COLLECTIVES).
@@ -24,7 +25,7 @@ _REDUCE_ARG = {"all_reduce": 1, "reduce_scatter_tensor": 1}
 _SIZE_ARG = {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 2}
 
 
-class CollectiveError(ValueError):
+class CollectiveError(HpuBackendError, ValueError):
     """A collective whose group or reduction cannot be used here (one line naming it)."""
 
 

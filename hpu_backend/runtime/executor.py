@@ -23,6 +23,7 @@ from . import collectives, ops
 from .peephole import fold_linear
 from .symbolic import SymbolicError, symbolic_values
 from .writes import UndeclaredWrite, check_writes
+from ..errors import HpuBackendError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ MEMORY_FORMATS = {
 }
 
 
-class RecipeLoadError(ValueError):
+class RecipeLoadError(HpuBackendError, ValueError):
     """A recipe that cannot be turned into a callable (unknown op, bad argument form)."""
 
 

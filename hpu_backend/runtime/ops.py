@@ -10,7 +10,8 @@ distributed, quantized, ... ops) are refused. The op must be functional (it muta
 it takes no file name, and it is not in ``DENY_ATEN`` (ops that touch files or process state, or write
 an argument their schema does not mark as written); symbolic-int arithmetic resolves from the fixed
 ``SYM_OPS`` table (products, sums, powers and repetitions bounded); the functional collectives of
-``runtime.collectives`` (``_c10d_functional``) resolve too, their groups checked when a recipe is built. Anything else is an
+``runtime.collectives`` (``_c10d_functional``) resolve too, their groups checked when a recipe is built. Anything else
+is an
 ``OpNotAllowed`` error at recipe load time.
 """
 
@@ -24,9 +25,10 @@ import torch
 
 from ..formats.symexpr import bounded_add, bounded_mod, bounded_mul, bounded_pow, bounded_sub
 from . import collectives
+from ..errors import HpuBackendError
 
 
-class OpNotAllowed(KeyError):
+class OpNotAllowed(HpuBackendError, KeyError):
     """A recipe names an op outside the allowlist (raised by ``resolve``)."""
 
     def __str__(self) -> str:
@@ -37,7 +39,8 @@ class OpNotAllowed(KeyError):
 MUTATING_ALLOWED = frozenset({"copy_"})
 
 # Ops that read or write files or process state: never allowed, whatever their tags say.
-DENY_ATEN = frozenset({"from_file", "_copy_from", "_copy_from_and_resize", "_debug_has_internal_overlap", "set_", "_set_grad_enabled",
+DENY_ATEN = frozenset({"from_file", "_copy_from", "_copy_from_and_resize", "_debug_has_internal_overlap", "set_",
+                       "_set_grad_enabled",
                        "set_grad_enabled", "manual_seed", "seed", "_print", "save", "warn", "backward",
                        "_backward", "dist_backward"}) | frozenset({
     # Internal CPU kernels that trust their callers' shapes (torch 2.13 crashes the process, with a segmentation

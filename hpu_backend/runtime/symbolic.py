@@ -14,11 +14,12 @@ from typing import Any, Callable, Mapping
 from ..formats import symexpr
 from ..formats.recipe import Recipe, ValueSpec
 from . import ops
+from ..errors import HpuBackendError
 
 _EFFECTS = "higher_order::with_effects"
 
 
-class SymbolicError(ValueError):
+class SymbolicError(HpuBackendError, ValueError):
     """A symbolic node that cannot be computed: a bound broken, an index out of range, a wrong operand."""
 
 

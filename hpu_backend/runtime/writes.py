@@ -11,11 +11,12 @@ import functools
 from ..formats import writes as _rules
 from ..formats.recipe import Node, Recipe
 from . import ops
+from ..errors import HpuBackendError
 
 HIDDEN_WRITES = _rules.HIDDEN_WRITES
 
 
-class UndeclaredWrite(ValueError):
+class UndeclaredWrite(HpuBackendError, ValueError):
     """A recipe whose ops write an input it does not declare, or that declares writes its ops do not make."""
 
 

@@ -38,6 +38,7 @@ from ..runtime.dryrun import build_dry_run
 from ..runtime.symbols import symbol_reader
 from .session import EVERY_RUN, Event, Session, collect_recipes, emit, listen, listening
 from .store import entry_meta
+from ..errors import HpuBackendError
 
 __all__ = ["CompiledGraph", "Event", "GuardViolation", "Replay", "Taken", "boxed", "collect_recipes", "emit", "listen"]
 
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 # values seen is simply cleared when it reaches this many per bucket (a long tail of sizes).
 _VALUES_PER_BUCKET = 16
 
-class GuardViolation(RuntimeError):
+class GuardViolation(HpuBackendError, RuntimeError):
     """Symbol values that break the guards a recipe was compiled under (raised per call)."""
 
 

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 import threading
 from collections import Counter
 from typing import Mapping
 
-from .. import metrics
-from ..lowering.errors import LoweringError
+from .. import envs, metrics
 from ..formats.recipe import Recipe
+from ..lowering.errors import LoweringError
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +36,14 @@ _recipe_counts: Counter = Counter()  # fallback nodes per op in the recipes take
 _exit_registered = False
 
 
-def enabled(env: Mapping[str, str] = os.environ) -> bool:
+def enabled(env: Mapping[str, str] | None = None) -> bool:
     """The bridge logs fallbacks at level 1 (debug) and below; 0 is trace."""
-    level = env.get("LOG_LEVEL_PT_FALLBACK", env.get("LOG_LEVEL_ALL", ""))
-    try:
-        return int(level.strip()) <= 1
-    except ValueError:
-        return False
+    level = envs.get("LOG_LEVEL_PT_FALLBACK", env)
+    level = envs.get("LOG_LEVEL_ALL", env) if level is None else level
+    return level is not None and level <= 1
 
 
-def report(recipe: Recipe, strict: bool = False, env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+def report(recipe: Recipe, strict: bool = False, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Print (if enabled) the CPU fallbacks of a recipe this process takes up; returns their op names,
     which the caller passes to ``executed`` at every call of the recipe.
 
@@ -98,14 +95,14 @@ def frequency_table(table: Mapping[str, int]) -> str:
     return "\n".join([HEADER, *(f"{n:<8}{op}" for op, n in rows)])
 
 
-def emit(line: str, env: Mapping[str, str] = os.environ) -> None:
+def emit(line: str, env: Mapping[str, str] | None = None) -> None:
     """Print one fallback line (an op the hpu device runs on the CPU) and the frequency table at exit."""
     _emit(line, env)
     _print_table_at_exit(env)
 
 
 def _emit(text: str, env: Mapping[str, str]) -> None:
-    if env.get("ENABLE_CONSOLE", "").strip().lower() == "true":
+    if envs.get("ENABLE_CONSOLE", env):
         print(text, file=sys.stderr, flush=True)
     else:
         log.info("%s", text)

@@ -24,6 +24,7 @@ from ..formats.program import PROGRAM_VERSION
 from ..formats.recipe import Recipe
 from ..lowering.optable import shared_table
 from ..settings import Settings
+from ..errors import HpuBackendError
 
 
 def _digest(obj: Any) -> str:
@@ -95,7 +96,7 @@ def settings_fields(settings: Settings, symbolic: bool, ops: set[str] | None = N
 PROGRAM_PARTS = ("dynamo_graph", "inputs", "guards", "state", "settings", "toolchain")
 
 
-class Unkeyable(TypeError):
+class Unkeyable(HpuBackendError, TypeError):
     """A Dynamo graph holding something without a stable hash (its program is not cached)."""
 
 
@@ -114,7 +115,8 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: list, settings: Settin
     """Key of the program for a Dynamo graph, from the graph itself: no AOTAutograd trace.
 
     Parts: the graph (ops by qualified name, a custom op's registered backward and fake by their code, arguments
-    with value names normalized, constants' bytes, annotations that change a recipe), the inputs (dtype, symbolic shape and stride, requires_grad, parameter or not,
+    with value names normalized, constants' bytes, annotations that change a recipe), the inputs (dtype, symbolic shape
+    and stride, requires_grad, parameter or not,
     device type), Dynamo's guards on the shape symbols, global state AOTAutograd reads (grad
     mode, autocast per device, deterministic algorithms, AOTAutograd's configuration), settings and
     toolchain. Unkeyable when something has no stable form.

@@ -1,4 +1,5 @@
-"""What ``hpu_backend`` returns to Dynamo: a compiled graph that torch's ``aot_compile`` can save (SerializableCallable).
+"""What ``hpu_backend`` returns to Dynamo: a compiled graph that torch's ``aot_compile`` can save
+(SerializableCallable).
 
 ``torch.compile(fn, fullgraph=True, backend="hpu_backend").aot_compile(...)`` keeps this object, and
 ``save_compiled_function`` asks it for its bytes. They are data, never a pickle of ours: msgpack of the
@@ -13,14 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from typing import Any, Callable
 
 import msgpack
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from ..formats.precompiled import NO_ACCELERATOR, PrecompileError, check_fingerprint, fingerprint
+from .. import envs
+from ..formats.precompiled import (
+    NO_ACCELERATOR,
+    PrecompileError,
+    check_fingerprint,
+    fingerprint,
+)
 from ..formats.program import Program
 from ..formats.recipe import RecipeFormatError, unpack
 from ..settings import Settings, SettingsError
@@ -37,10 +43,7 @@ _loaded_ids = itertools.count()
 
 def world_size() -> int:
     """The launcher's world size (1 outside one): a recipe for one shard does not serve another layout."""
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
+    return envs.get("WORLD_SIZE")
 
 
 def accelerator() -> str:
@@ -174,7 +177,7 @@ def loading_settings(stored: Any, options: dict | None = None) -> Settings:
     try:
         asked = Settings.from_options(options)
         explicit = set(options or {}) | {f.name for f in dataclasses.fields(Settings)
-                                         if f.metadata["env"] in os.environ}
+                                         if envs.is_set(f.metadata["env"])}
         merged = {**stored, **plain_settings(asked, [n for n in _SETTING_NAMES if n in explicit])}
         return Settings.from_options({**merged, **{k: v for k, v in (options or {}).items() if k not in merged}})
     except SettingsError as e:

@@ -36,11 +36,12 @@ from ..formats.recipe import RecipeFormatError
 from ..runtime.autograd import inference_call, missing_internals, training_call
 from ..settings import Settings
 from .session import Event, Session, emit
+from ..errors import HpuBackendError
 
 log = logging.getLogger(__name__)
 
 
-class Unsupported(Exception):
+class Unsupported(HpuBackendError):
     """An AOTAutograd contract that a program cannot express (the graph is compiled, not stored)."""
 
 

@@ -87,7 +87,7 @@ def collect_recipes():
 
 
 # Observers of every run of every session, from the moment they start: the simulated device's memory counters,
-# started by the device or by their first reading (``serve/device_memory.py``), so that until then a compiled call
+# started by the device or by their first reading (``device/memory.py``), so that until then a compiled call
 # pays nothing for them. Never filled at import (tests/test_layering.py).
 EVERY_RUN: list[RunObserver] = []
 

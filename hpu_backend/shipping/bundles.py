@@ -3,7 +3,8 @@
 Layout: ``bundle.json`` (format, toolchain, entry list), ``entries/<key>.rcp`` (each entry exactly
 as the cache encodes it: header, payload, checksum), ``manifests/<name>.json``, optionally
 ``precompiled/<file>`` (a precompiled directory: its manifest and artifacts, each signed on its own and
-checked when loaded, never unpickled here) and, when signed, ``bundle.sig``. Reading opens only a regular file (never a FIFO or a device, never blocking), streams
+checked when loaded, never unpickled here) and, when signed, ``bundle.sig``. Reading opens only a regular file (never a
+FIFO or a device, never blocking), streams
 the tar one member at a time, never extracts to disk, accepts only those names and regular files
 within size limits checked from their headers, reads an entry's fixed prefix before the rest (a
 member whose size its prefix does not account for is refused unread), and checks every entry's
@@ -42,6 +43,7 @@ from ..errors import one_line
 from ..formats.program import Program, parse_payload
 from ..formats.writes import declaration_problem
 from ..formats.recipe import RecipeFormatError
+from ..errors import HpuBackendError
 
 BUNDLE_FORMAT = "hpurecipe-bundle"
 BUNDLE_VERSION = 1
@@ -61,7 +63,7 @@ def bundle_key(environ=None) -> bytes | None:
     return signing_key(environ)
 
 
-class BundleError(ValueError):
+class BundleError(HpuBackendError, ValueError):
     """A bundle that is not ours, is damaged, unsigned or signed with another key, or from another toolchain."""
 
 

@@ -3,11 +3,12 @@ directory if asked, with the size limit and policy recorded by the processes tha
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from recipecache import CacheConfig, ConfigError
 from recipecache.config import ENV_VAR, recorded
+
+from .. import envs
 
 
 def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig:
@@ -19,7 +20,7 @@ def config_for(cache_dir: Path | None, remote: str | None = None) -> CacheConfig
     """
     base = CacheConfig.from_env()
     path = Path(cache_dir or base.path).expanduser()
-    if os.environ.get(ENV_VAR, "").strip() and path == Path(base.path):
+    if envs.is_set(ENV_VAR) and path == Path(base.path):
         return CacheConfig(path=path, max_size_mb=base.max_size_mb, policy=base.policy, remote=remote or "")
     return CacheConfig(path=path, remote=remote or "", **(recorded(path) or {}))
 

@@ -42,11 +42,15 @@ def manifest_path(cache_dir: Path, model: str, mode: str) -> Path:
 
 
 def manifest(report: WarmReport, spec: ModelSpec) -> dict[str, Any]:
-    """model → point → entry keys (its recipes and programs), with the toolchain and compile arguments."""
+    """model → point → entry keys (its recipes and programs), with the toolchain and compile arguments; a point
+    built on several ranks lists the entries of all of them."""
+    buckets: dict[str, set[str]] = {}
+    for p in report.points:
+        buckets.setdefault(p.label, set()).update(p.keys, p.programs)
     return {"model": report.model, "mode": report.mode, "file": spec.path, "source_hash": spec.source_hash,
             "toolchain": toolchain(), "compile": {"dynamic": spec.dynamic, "options": spec.options},
             "axes": spec.axes, "created": time.time(),
-            "buckets": {p.label: sorted(p.keys + p.programs) for p in report.points}}
+            "buckets": {label: sorted(keys) for label, keys in buckets.items()}}
 
 
 def write_manifest(cache_dir: Path, doc: dict[str, Any]) -> Path:

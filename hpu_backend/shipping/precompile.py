@@ -2,7 +2,8 @@
 
 Every shape point of the model file runs through the first artifact whose Dynamo guards accept it (which
 takes up that bucket's recipe, and is compared with eager); a point no artifact accepts is captured anew
-(``torch.compile(call_model, fullgraph=True, backend="hpu_backend").aot_compile``, the model an argument). So a dynamic model gets one artifact per range
+(``torch.compile(call_model, fullgraph=True, backend="hpu_backend").aot_compile``, the model an argument). So a dynamic
+model gets one artifact per range
 Dynamo can serve with one graph (size 1 is its own), a static one an artifact per point. Each artifact
 carries its program and the recipes of its points; a manifest lists them with their ranges, the
 fingerprint and the model's parameters, signed with ``HPURECIPE_BUNDLE_KEY``.

@@ -77,6 +77,7 @@ class PointResult:
     programs: list[str] = field(default_factory=list)  # the keys of the programs (Dynamo graphs) it uses
     fallback_ops: list[str] = field(default_factory=list)  # ops its recipes run on the CPU (placement fallbacks)
     missed: list[str] = field(default_factory=list)  # misses of entries the cache holds under another key: why
+    rank: int | None = None  # the rank it was built as (warm over several cards), else None
     used: list[UsedRecipe] = field(default_factory=list, repr=False)  # live recipes, for analysis; not in JSON
 
     @property
@@ -88,8 +89,10 @@ class PointResult:
         return "compiled" if self.compiled else "hit"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (what ``--json`` prints and prebuild's workers send back): without ``used``."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "used"}
+        """The JSON form (what ``--json`` prints and prebuild's workers send back): without ``used``, and without
+        ``rank`` on one card."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "used" and not (f.name == "rank" and self.rank is None)}
 
 
 @dataclass
@@ -103,6 +106,7 @@ class WarmReport:
     fit: CacheFit | None = None  # whether the cache kept what the points use (warm and prebuild)
     manifest: str | None = None  # the manifest warm and prebuild wrote (None: it could not be written)
     warnings: list[str] = field(default_factory=list)  # what went wrong around the run (the run itself is fine)
+    cards: int = 1  # the ranks built (a tensor-parallel deployment over that many cards), each point naming its rank
 
     def summary(self) -> dict[str, Any]:
         keys = {k for p in self.points for k in p.keys}
@@ -111,7 +115,21 @@ class WarmReport:
                 "recipes": len(keys), "seconds": round(self.seconds, 3),
                 "mismatches": sum(bool(p.check_error) for p in self.points),
                 "fallback_ops": sorted({op for p in self.points for op in p.fallback_ops}),
-                **({"missed": missed} if (missed := sorted({m for p in self.points for m in p.missed})) else {})}
+                **({"missed": missed} if (missed := sorted({m for p in self.points for m in p.missed})) else {}),
+                **({"cards": self.cards, "ranks": self.ranks()} if self.cards > 1 else {})}
+
+    def ranks(self) -> list[dict[str, Any]]:
+        """Per rank: what it compiled and reused, its distinct recipes, and ``same_as``, the first rank whose
+        recipes are exactly its own (itself when none before it has them)."""
+        keys: dict[int, frozenset[str]] = {}
+        for p in self.points:
+            keys[p.rank] = keys.get(p.rank, frozenset()) | set(p.keys)
+        rows = []
+        for rank, own in keys.items():
+            points = [p for p in self.points if p.rank == rank]
+            rows.append({"rank": rank, "compiled": sum(p.compiled for p in points), "hits": sum(p.hits for p in points),
+                         "recipes": len(own), "same_as": next(r for r, k in keys.items() if k == own)})
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "points": [p.to_dict() for p in self.points],

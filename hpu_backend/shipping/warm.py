@@ -4,13 +4,15 @@
 recipes into the process (from the disk cache, or compiled if missing), so serving compiles
 nothing. ``warm`` and ``prebuild`` are the drivers behind ``hpurecipe warm`` / ``prebuild``: they
 compile the spec's model against one cache directory, in this process or across worker processes,
-and write a manifest (model → point → recipe keys) next to the cache's entries.
+and write a manifest (model → point → recipe keys) next to the cache's entries. With ``cards``, they build
+every rank of a tensor-parallel deployment in this process (``warm_ranks``): ranks whose graphs are identical
+share one compile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, Mapping
@@ -120,11 +122,11 @@ def _run_model(model: Callable, spec: ModelSpec, inputs: tuple, train: bool, poi
 
 
 def _end_lazy_step() -> None:
-    """In lazy mode (``plan_lazy``), run the step's graph here, inside the point. Lazy mode can only be on if its
-    module was imported; importing it here would read PT_HPU_LAZY_MODE in every process that warms."""
-    lazy_mode = sys.modules.get("hpu_backend.gaudi.lazy_mode")
-    if lazy_mode is not None:
-        lazy_mode.mark_step()
+    """In lazy mode (``plan_lazy``, or the device in lazy mode), run the step's graph here, inside the point."""
+    from ..device import context
+
+    if context.is_lazy():
+        context.mark_step()
 
 
 def _compare(result: PointResult, got: Any, want: Any) -> None:
@@ -196,11 +198,17 @@ def open_session(spec: ModelSpec, cache_config: CacheConfig | None, *, execute: 
     return Session.open(Settings.from_options(options))
 
 
-def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False, execute: bool = True,
-         on_point: Callable[[PointResult], None] | None = None, points: list[dict] | None = None) -> WarmReport:
+def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = False, check: bool = False,
+         execute: bool = True, on_point: Callable[[PointResult], None] | None = None,
+         points: list[dict] | None = None, cards: int = 1) -> WarmReport:
     """Compile and run every point of ``spec`` (or the ``points`` given: a serving plan's buckets) in this process,
     filling the cache; then flush it to disk, check that the cache kept what the points use, write the manifest
-    and send it to the fleet tier if there is one."""
+    and send it to the fleet tier if there is one. ``cards`` > 1: every rank of a tensor-parallel deployment
+    over that many cards (``warm_ranks``)."""
+    if cards > 1:
+        if points is not None:
+            raise ValueError("warm over cards covers the model file's axes; it takes no points")
+        return warm_ranks(spec, cache_config, cards, train=train, check=check, execute=execute, on_point=on_point)
     start = time.perf_counter()
     session = open_session(spec, cache_config, execute=execute)
     model, compiled = compile_spec(spec, cache_config, execute=execute, train=train)
@@ -212,6 +220,83 @@ def warm(spec: ModelSpec, cache_config: CacheConfig | None, *, train: bool = Fal
             session.flush()  # the recipes compiled so far land whole, so the cache an interrupt leaves verifies
             raise
     return _recorded(WarmReport(spec.name, _mode(train), points, time.perf_counter() - start), spec, session)
+
+
+# -- every rank of a tensor-parallel deployment --------------------------------------------------------------
+
+def warm_ranks(spec: ModelSpec, cache_config: CacheConfig | None, cards: int, *, train: bool = False,
+               check: bool = False, execute: bool = True,
+               on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
+    """Every point of every rank of ``spec``'s tensor-parallel shard over ``cards`` (its ``PER_CARD``), one rank
+    after another in this process, against one cache. Each rank's graphs are traced as that rank sees itself
+    (``as_rank``), so a graph that depends on the rank is traced as it will run there, under its own key; ranks
+    whose graphs are identical have identical keys, and all but the first hit what the first compiled. Each
+    point's result names its rank; the manifest lists, per point, the entries of every rank."""
+    start, results, session, card = time.perf_counter(), [], None, None
+    try:
+        for rank in range(cards):
+            with as_rank(rank, cards) as group:
+                card = card_spec(spec, cards, group)
+                session = session or open_session(card, cache_config, execute=execute)
+                model, compiled = compile_spec(card, cache_config, execute=execute, train=train)
+                with session.use():
+                    results += run_points(compiled, card, card.points(), train=train, eager=model if check else None,
+                                          on_point=_ranked(rank, on_point))
+    except KeyboardInterrupt:
+        if session is not None:
+            session.flush()  # the recipes compiled so far land whole
+        raise
+    report = WarmReport(card.name, _mode(train), results, time.perf_counter() - start, cards=cards)
+    return _recorded(report, card, session)
+
+
+def _ranked(rank: int, on_point: Callable[[PointResult], None] | None) -> Callable[[PointResult], None]:
+    def tag(result: PointResult) -> None:
+        result.rank = rank
+        if on_point is not None:
+            on_point(result)
+    return tag
+
+
+def card_spec(spec: ModelSpec, cards: int, group: str) -> ModelSpec:
+    """One card's shard of ``spec`` over ``cards`` (the model file's ``PER_CARD``), its collectives over the
+    process group named ``group``, covering ``spec``'s axes. A deployment script builds its rank's model from it
+    exactly so, with its own group's name, to meet the recipes ``warm --cards`` built."""
+    if spec.per_card is None:
+        raise ModelFileError(f"{spec.path}: building for {cards} cards needs PER_CARD(cards, group, layers) in the "
+                             "model file (one card's tensor-parallel shard, see models/llama.py)")
+    holder = user_call(spec.path, f"PER_CARD(cards={cards})", spec.per_card, cards=cards, group=group, layers=None)
+    return spec_from(holder, f"{spec.path}:PER_CARD").with_axes(spec.axes)
+
+
+@contextlib.contextmanager
+def as_rank(rank: int, cards: int):
+    """This process as rank ``rank`` of ``cards`` on one host, for tracing: torchrun's variables, and a default
+    process group of ``cards`` from torch's ``fake`` backend (its collectives move no data, so one process can
+    be any rank); yields the group's name, which a launched rank's world group has too ("0"). Dynamo forgets
+    its graphs on the way in and out, so no rank's trace serves another's. RuntimeError when this process
+    has a process group already (it would be replaced)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("building ranks in this process needs it to have no process group of its own; "
+                           "call it before init_process_group, or run `hpurecipe warm --cards` in a process of its own")
+    env = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": cards, "LOCAL_WORLD_SIZE": cards}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update({name: str(value) for name, value in env.items()})
+    torch._dynamo.reset()
+    try:
+        dist.init_process_group("fake", rank=rank, world_size=cards)
+        yield dist.group.WORLD.group_name
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch._dynamo.reset()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _recorded(report: WarmReport, spec: ModelSpec, session: Session) -> WarmReport:
@@ -248,7 +333,7 @@ def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None
               on_point: Callable[[PointResult], None] | None = None) -> list[PointResult]:
     """Each point's recipes from running the model file eagerly in lazy mode (``mark_step()`` after each step),
     reading and writing no cache: what Gaudi's default mode makes of the model."""
-    from ..gaudi.lazy_mode import lazy
+    from ..device.context import lazy
 
     options = dict(spec.options, cache=False, **({"target": target} if target else {}))
     model = spec.build_model().train(train)
@@ -258,7 +343,8 @@ def plan_lazy(spec: ModelSpec, *, train: bool = False, target: str | None = None
 
 # -- prebuild across processes ---------------------------------------------------------------------------
 
-def _prebuild_chunk(selector: str, axes: dict, cache_config: CacheConfig | None, train: bool, points: list[dict]) -> list[dict]:
+def _prebuild_chunk(selector: str, axes: dict, cache_config: CacheConfig | None, train: bool,
+                    points: list[dict]) -> list[dict]:
     """Worker: a compile-only run over some points, flushed to disk before it returns."""
     spec = load_model_file(selector).with_axes(axes)
     session = open_session(spec, cache_config, execute=False)
@@ -277,10 +363,14 @@ def chunks(points: list, jobs: int) -> list[list]:
 
 
 def prebuild(spec: ModelSpec, cache_config: CacheConfig | None, *, jobs: int = 1, train: bool = False,
-             on_point: Callable[[PointResult], None] | None = None) -> WarmReport:
-    """Compile every point without executing recipes, across ``jobs`` worker processes."""
+             on_point: Callable[[PointResult], None] | None = None, cards: int = 1) -> WarmReport:
+    """Compile every point without executing recipes, across ``jobs`` worker processes; ``cards`` > 1: every
+    rank of a tensor-parallel deployment, in this process (``warm_ranks``: ranks share what they compile)."""
+    if cards > 1 and jobs > 1:
+        raise ValueError("building for several cards runs every rank in one process, so that ranks share what "
+                         "they compile: give one job")
     if jobs <= 1:
-        return warm(spec, cache_config, train=train, execute=False, on_point=on_point)
+        return warm(spec, cache_config, train=train, execute=False, on_point=on_point, cards=cards)
     start, parts = time.perf_counter(), chunks(spec.points(), jobs)
     done: dict[int, list[PointResult]] = {}
     with ProcessPoolExecutor(len(parts), mp_context=_start_method()) as pool:

@@ -26,13 +26,14 @@ import tempfile
 from typing import IO, Iterator
 
 from .model import DEVICE_ROWS, HOST_ROWS, Span
+from ..errors import HpuBackendError
 
 CHUNK = 1 << 20
 MAX_EVENT_BYTES = 1 << 20  # one event larger than this is not a trace we read
 HOST_PID, DEVICE_PID = 1, 2
 
 
-class TraceError(ValueError):
+class TraceError(HpuBackendError, ValueError):
     """A trace that cannot be written or read: one line naming the file and what is wrong."""
 
 

@@ -14,6 +14,7 @@ import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from ...errors import HpuBackendError
 
 MAX_FILE_BYTES = 1 << 20
 MAX_RANGE = 10_000  # vLLM-Gaudi leaves a longer range unexpanded, which makes its line invalid
@@ -21,7 +22,7 @@ MAX_BUCKETS = 20_000
 _RANGE = re.compile(r"range\(\s*(-?\d+)\s*,\s*(-?\d+)\s*(?:,\s*(-?\d+)\s*)?\)")
 
 
-class BucketFileError(ValueError):
+class BucketFileError(HpuBackendError, ValueError):
     """A bucket file that cannot be read or holds too many buckets (one line naming the file)."""
 
 

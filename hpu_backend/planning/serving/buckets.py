@@ -33,21 +33,44 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from . import bucketfile, ranges
+from ...errors import HpuBackendError
 
 Bucket = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
 class Release:
+    """A vllm-gaudi commit, and the later changes to its grid that it lacks (by vllm-gaudi PR number):
+
+    - 762: ``VLLM_BUCKETING_STRATEGY`` and the pad strategy (before, ``VLLM_EXPONENTIAL_BUCKETING`` alone chose exp
+      or lin);
+    - 795: an exponential range's last value lowered to its MAX (before, it could pass MAX);
+    - 818: exponential decode blocks past the cache without contiguous PA (before, capped at the cache's blocks,
+      max_model_len // block_size a sequence, with ceil(log2(blocks)) + 1 values);
+    - 915: long-context prompt buckets only from max_model_len 8192 on, over plain exponential ranges (before, at
+      every length, the exponential prompt context range stops where max_num_batched_tokens still fits and the
+      largest context is set per query whatever ``VLLM_PROMPT_CTX_BUCKET_MAX`` says; from 8192 on, the exponential
+      prompt ranges are half exponential up to MAX / limit, then linear up to MAX);
+    - 1122: linear decode blocks capped at the cache only with contiguous PA (before, always);
+    - 1362: a prompt bucket's context counted in blocks, at most ceil((max_model_len - 1) / block_size) (before,
+      query + context × block_size within max_model_len);
+    - 1700: non-contiguous exponential decode blocks capped at 3x the cache's blocks."""
+
     name: str
     commit: str
     date: str
-    decode_clamp: bool  # vllm-gaudi PR #1700: non-contiguous decode blocks capped at 3x the cache's blocks
+    lacks: frozenset[int] = frozenset()
+
+    def has(self, pr: int) -> bool:
+        return pr not in self.lacks
 
 
 RELEASES = {
-    "main": Release("main@091bbad (v0.27.0rc0+51)", "091bbadda10bee4fd3f6d0efc1844d2610dd2707", "2026-08-21", True),
-    "v0.27.0rc0": Release("v0.27.0rc0", "d01a3caecd8d818c29c06af56591e40eb4e3dcca", "2026-08-04", False),
+    "main": Release("main@091bbad (v0.27.0rc0+51)", "091bbadda10bee4fd3f6d0efc1844d2610dd2707", "2026-08-21"),
+    "v0.27.0rc0": Release("v0.27.0rc0", "d01a3caecd8d818c29c06af56591e40eb4e3dcca", "2026-08-04", frozenset({1700})),
+    # main as PR #762 (the pad strategy) counted it: between #739 and #795, in no tag (v0.13.0 is older)
+    "main@c799e57": Release("main@c799e57 (2026-01-02)", "c799e5775742c06232b3bba44e793456fe5185cb", "2026-01-02",
+                            frozenset({762, 795, 818, 915, 1122, 1362, 1700})),
 }
 STRATEGIES = {"exp": "exponential", "lin": "linear", "pad": "padding_aware"}
 LONG_CONTEXT = 8192  # from this max_model_len on, the largest prompt context is set per query
@@ -59,7 +82,7 @@ SETTING_VARS = ("VLLM_BUCKETING_STRATEGY", "VLLM_EXPONENTIAL_BUCKETING", "VLLM_B
                 "VLLM_CONTIGUOUS_PA")
 
 
-class BucketSettingError(ValueError):
+class BucketSettingError(HpuBackendError, ValueError):
     """Bucket settings that contradict each other or are not integers (one line naming the variable)."""
 
 
@@ -194,8 +217,15 @@ def bucket_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: str(v) for k, v in env.items() if k.startswith("VLLM_") and ("_BUCKET_" in k or k in SETTING_VARS)}
 
 
-def strategy_of(env: Mapping[str, str]) -> str:
-    """``VLLM_BUCKETING_STRATEGY`` (exp, lin or pad), overridden by the older ``VLLM_EXPONENTIAL_BUCKETING``."""
+def strategy_of(env: Mapping[str, str], release: str = "main") -> str:
+    """``VLLM_BUCKETING_STRATEGY`` (exp, lin or pad), overridden by the older ``VLLM_EXPONENTIAL_BUCKETING`` (the only
+    switch of a release before PR #762, where the first is refused rather than silently ignored)."""
+    rel = RELEASES[release]
+    if not rel.has(762):
+        if "VLLM_BUCKETING_STRATEGY" in env:
+            raise BucketSettingError(f"VLLM_BUCKETING_STRATEGY: not read by vLLM-Gaudi {rel.name}; set "
+                                     "VLLM_EXPONENTIAL_BUCKETING (true: exp, false: lin) instead")
+        return "linear" if not _boolean(env.get("VLLM_EXPONENTIAL_BUCKETING", "true")) else "exponential"
     chosen = env.get("VLLM_BUCKETING_STRATEGY", "exp")
     if chosen not in STRATEGIES:
         raise BucketSettingError(f"VLLM_BUCKETING_STRATEGY={chosen!r}: expected exp, lin or pad")
@@ -267,20 +297,26 @@ def _exp_prompt(e: Engine, env: Mapping[str, str]) -> tuple[list[int], list[int]
     raw_min = env.get("VLLM_PROMPT_QUERY_BUCKET_MIN")  # exp reads this one variable: 1 serves P/D decode instances
     query_min = 1 if raw_min is not None and _int("VLLM_PROMPT_QUERY_BUCKET_MIN", raw_min) == 1 else e.block_size
     pf, tokens = e.prefill_seqs, e.batched_tokens
-    reserved = tokens if e.max_model_len >= LONG_CONTEXT else query_min  # long context: ctx set per query later
+    per_query = e.max_model_len >= LONG_CONTEXT or not RELEASES[e.release].has(915)
+    reserved = tokens if per_query else query_min  # the largest context is set per query later
     max_ctx = max(1, (e.max_model_len - reserved) // e.block_size)
     ctx_limit = 2 if max_ctx == 1 else math.ceil(math.log2(max_ctx)) + 1
     return ([1, 2, pf, math.ceil(math.log2(pf)) + 1], [query_min, e.block_size, tokens, math.ceil(math.log2(tokens))],
             [0, 1, max_ctx, ctx_limit])
 
 
-def _exp_decode(e: Engine, blocks: int, clamp: bool) -> tuple[list[int], list[int]]:
+def _exp_decode(e: Engine, blocks: int) -> tuple[list[int], list[int]]:
+    bs = [1, 2, e.max_num_seqs, math.ceil(math.log2(e.max_num_seqs)) + 1]
+    rel = RELEASES[e.release]
+    if not rel.has(818):  # never past the cache
+        top = blocks if e.contiguous else min(e.max_model_len // e.block_size * e.max_num_seqs, blocks)
+        return bs, [1, e.max_num_seqs, top, math.ceil(math.log2(blocks)) + 1]
     worst = math.ceil(e.max_model_len / e.block_size) * e.max_num_seqs  # every sequence at max_model_len
-    top = min(blocks, worst) if e.contiguous else (min(worst, 3 * blocks) if clamp else worst)
+    top = min(blocks, worst) if e.contiguous else (min(worst, 3 * blocks) if rel.has(1700) else worst)
     limit = math.ceil(math.log2(top)) + 1
     if not e.contiguous and blocks > 0 and top > 3 * blocks:  # denser buckets over a range past the cache
         limit += math.ceil(math.log2(top / (3 * blocks))) + 1
-    return [1, 2, e.max_num_seqs, math.ceil(math.log2(e.max_num_seqs)) + 1], [1, e.max_num_seqs, top, limit]
+    return bs, [1, e.max_num_seqs, top, limit]
 
 
 def _lin_prompt(e: Engine, env: Mapping[str, str]) -> tuple[list[int], list[int], list[int]]:
@@ -294,9 +330,11 @@ def _lin_decode(e: Engine, env: Mapping[str, str], blocks: int) -> tuple[list[in
     bs = read_dim(env, "decode", "bs", min=1, step=32, max=e.max_num_seqs)
     top = blocks if e.contiguous else max(e.max_model_len * e.max_num_seqs // e.block_size, e.block_size)
     block = _read_unchecked(env, "decode", "block", [1, e.block_size, top])
-    if e.contiguous and block[2] > blocks:
+    new = RELEASES[e.release].has(1122)  # before it, capped at the cache always, and MIN lowered only then
+    capped = (e.contiguous or not new) and block[2] > blocks
+    if capped:
         block[2] = blocks
-    if block[0] > block[2]:
+    if block[0] > block[2] and (capped or new):
         block[0] = max(1, block[2] - block[1])
     return bs, _checked(block, "decode", "block")
 
@@ -339,12 +377,14 @@ def _checked(cfg: list[int], phase: str, dim: str) -> list[int]:
     return cfg
 
 
-def _values(strategy: str, cfg: list[int], contiguous: bool, name: str) -> list[int]:
+def _values(strategy: str, cfg: list[int], e: Engine, name: str) -> list[int]:
     if cfg[1] and (cfg[2] - cfg[0]) // cfg[1] > MAX_GRAPHS:
         raise BucketSettingError(f"{name}: {cfg[0]} to {cfg[2]} by {cfg[1]} is over {MAX_GRAPHS:,} buckets; raise "
                                  "its STEP or lower its MAX")
     if strategy == "exponential":
-        return ranges.exponential(*cfg, contiguous_pa=contiguous)
+        rel = RELEASES[e.release]
+        split = not rel.has(915) and name.startswith("prompt") and e.max_model_len >= LONG_CONTEXT
+        return ranges.exponential(*cfg, contiguous_pa=e.contiguous, split=split, cap=rel.has(795))
     return sorted(ranges.linear(*cfg) if strategy == "linear" else ranges.padding_aware(*cfg))
 
 
@@ -359,18 +399,18 @@ def generate(engine: Engine, cache_blocks: int | None, env: Mapping[str, str] | 
     (None: the prompt buckets only, which do not depend on the cache)."""
     env = bucket_env(env or {})
     engine = resolve(engine, env)
-    strategy = strategy_of(env)
+    strategy = strategy_of(env, engine.release)
     if env.get("VLLM_BUCKETING_FROM_FILE"):
         return _from_file(engine, cache_blocks, env, strategy)
     cfg, values = {}, {}
     for key, dim_cfg in zip(("prompt_bs", "prompt_query", "prompt_ctx"), _prompt_cfgs(strategy, engine, env)):
-        cfg[key], values[key] = dim_cfg, _values(strategy, dim_cfg, engine.contiguous, key)
+        cfg[key], values[key] = dim_cfg, _values(strategy, dim_cfg, engine, key)
     _check_size("prompt", values["prompt_bs"], values["prompt_query"], values["prompt_ctx"])
     prompt, omitted = _prompt(engine, env, values["prompt_bs"], values["prompt_query"], values["prompt_ctx"])
     decode: list[Bucket] = []
     if cache_blocks is not None:
         for key, dim_cfg in zip(("decode_bs", "decode_block"), _decode_cfgs(strategy, engine, env, cache_blocks)):
-            cfg[key], values[key] = dim_cfg, _values(strategy, dim_cfg, engine.contiguous, key)
+            cfg[key], values[key] = dim_cfg, _values(strategy, dim_cfg, engine, key)
         if engine.contiguous and values["decode_block"][-1] < cache_blocks:
             values["decode_block"].append(cache_blocks)
         _check_size("decode", values["decode_bs"], values["decode_block"])
@@ -390,7 +430,7 @@ def _prompt_cfgs(strategy: str, e: Engine, env: Mapping[str, str]):
 
 def _decode_cfgs(strategy: str, e: Engine, env: Mapping[str, str], blocks: int):
     if strategy == "exponential":
-        return _exp_decode(e, blocks, RELEASES[e.release].decode_clamp)
+        return _exp_decode(e, blocks)
     return _lin_decode(e, env, blocks) if strategy == "linear" else _pad_decode(e, env, blocks)
 
 
@@ -410,17 +450,20 @@ def _check_count(phase: str, buckets: list[Bucket]) -> list[Bucket]:
 
 
 def _prompt_ok(e: Engine, bs: int, query: int, ctx: int) -> bool:
-    """vLLM-Gaudi's prompt filters: the query within max_model_len, the context leaving room for one query token,
-    batch × query within the token budget."""
+    """vLLM-Gaudi's prompt filters: the query within max_model_len, the context leaving room for one query token
+    (before PR #1362: query and context together within max_model_len), batch × query within the token budget."""
+    if not RELEASES[e.release].has(1362):
+        return query + ctx * e.block_size <= e.max_model_len and bs * query <= e.batched_tokens
     return (ctx <= math.ceil((e.max_model_len - 1) / e.block_size) and query <= e.max_model_len
             and bs * query <= e.batched_tokens)
 
 
 def _prompt(e: Engine, env: Mapping[str, str], batches: list[int], queries: list[int], contexts: list[int]
             ) -> tuple[list[Bucket], dict[str, int]]:
-    ctx_cap = env.get("VLLM_PROMPT_CTX_BUCKET_MAX")
+    new = RELEASES[e.release].has(915)  # before it: at every length, whatever VLLM_PROMPT_CTX_BUCKET_MAX says
+    ctx_cap = env.get("VLLM_PROMPT_CTX_BUCKET_MAX") if new else None
     ctx_cap = None if ctx_cap is None else _int("VLLM_PROMPT_CTX_BUCKET_MAX", ctx_cap)
-    top, edge = max(contexts), e.max_model_len >= LONG_CONTEXT
+    top, edge = max(contexts), e.max_model_len >= LONG_CONTEXT or not new
     out, dropped = set(), set()
     for bs, first_ctx in itertools.product(batches, contexts):
         ctx = first_ctx  # kept from one query to the next, as vLLM-Gaudi's loop keeps it
@@ -474,10 +517,12 @@ def _from_file(e: Engine, cache_blocks: int | None, env: Mapping[str, str], stra
                 skipped_lines=listed.skipped)
 
 
-def settings_env(grid_ranges: Mapping[str, tuple[int, int, int]]) -> dict[str, str]:
+def settings_env(grid_ranges: Mapping[str, tuple[int, int, int]], release: str = "main") -> dict[str, str]:
     """The linear-strategy variables that produce ``grid_ranges`` ("prompt_query" -> (min, step, max) ...), with
-    prompt context 0 only (a replayed trace has no prefix-cache hits)."""
-    env = {"VLLM_BUCKETING_STRATEGY": "lin", "VLLM_PROMPT_CTX_BUCKET_MIN": "0", "VLLM_PROMPT_CTX_BUCKET_STEP": "1",
+    prompt context 0 only (a replayed trace has no prefix-cache hits), for vLLM-Gaudi ``release``."""
+    switch = ({"VLLM_BUCKETING_STRATEGY": "lin"} if RELEASES[release].has(762)
+              else {"VLLM_EXPONENTIAL_BUCKETING": "false"})  # the only switch before PR #762
+    env = {**switch, "VLLM_PROMPT_CTX_BUCKET_MIN": "0", "VLLM_PROMPT_CTX_BUCKET_STEP": "1",
            "VLLM_PROMPT_CTX_BUCKET_MAX": "0"}
     for key, values in grid_ranges.items():
         phase, dim = key.split("_")

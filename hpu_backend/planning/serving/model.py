@@ -110,7 +110,7 @@ class ServingModel:
         self.measured += 1
         if isinstance(step, LayeredStep):
             a, b = _measure_graph(step.one, point, self.sram_bytes), _measure_graph(step.two, point, self.sram_bytes)
-            out = {k: a[k] + (step.layers - 1) * (b[k] - a[k]) for k in a}
+            out = {k: a[k] + (step.groups - 1) * (b[k] - a[k]) for k in a}
             out["activation_bytes"] = b["activation_bytes"]  # the arena does not grow with depth
             if fp8.layers_share_graphs(self.dtype, self.runtime_scale_patching):  # the first layer's and one more
                 out["slices"] = b["slices"]

@@ -374,7 +374,7 @@ def recommend(shapes: Mapping[str, Mapping[tuple[int, int], int]], model: Servin
                 best, best_cost = (pc, dc), total
     if best is None:
         return None
-    env = bk.settings_env(dict(best[0]) | dict(best[1]))
+    env = bk.settings_env(dict(best[0]) | dict(best[1]), engine.release)
     return env, bk.generate(engine, mem.blocks, env)
 
 
@@ -414,7 +414,7 @@ def _powers(low: int, top: int, spread: int) -> list[int]:
 
 
 def _grid_for(engine: bk.Engine, mem: Memory, phase: str, cand: Candidate) -> bk.Grid:
-    env = bk.settings_env(dict(cand))
+    env = bk.settings_env(dict(cand), engine.release)
     return bk.generate(engine, None if phase == "prompt" else mem.blocks, env)
 
 

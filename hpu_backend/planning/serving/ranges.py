@@ -10,30 +10,42 @@ from __future__ import annotations
 
 import itertools
 import math
+from ...errors import HpuBackendError
 
 
-class RangeError(ValueError):
+class RangeError(HpuBackendError, ValueError):
     """Settings of one dimension that vLLM-Gaudi would reject (its asserts), named by the caller."""
 
 
-def exponential(lo: int, step: int, hi: int, limit: int, contiguous_pa: bool = False) -> list[int]:
+def exponential(lo: int, step: int, hi: int, limit: int, contiguous_pa: bool = False, split: bool = False,
+                cap: bool = True) -> list[int]:
     """``limit`` values spaced exponentially from MIN to MAX, each rounded up to a multiple of STEP, duplicates
     dropped. A MIN of 0 or 1 is kept as a bucket of its own while the spacing starts from STEP; with contiguous
-    paged attention the last value is MAX itself; a last value past MAX is lowered to MAX."""
+    paged attention the last value is MAX itself; with ``cap`` a last value past MAX is lowered to MAX.
+
+    ``split`` (older releases' long-context prompt ranges): limit // 2 values spaced exponentially up to
+    MAX / limit, then the rest spaced evenly from there to MAX (MAX alone when limit // 2 is 1 or less)."""
     if limit < 1:
         raise RangeError(f"bucket limit {limit}: expected a positive integer")
-    if limit == 1:
+    count = limit // 2 if split else limit
+    if count <= 1:
         return [hi]
     start = step if lo in (0, 1) else lo
+    top = hi / limit if split else hi
     values = set()
-    for i in range(limit):
+    for i in range(count):
         # the exponent is formed as vLLM-Gaudi forms it, so that the rounding up lands on the same multiple
-        raw = start * (hi / start) ** ((1.0 / float(limit - 1)) * i)
+        raw = start * (top / start) ** ((1.0 / float(count - 1)) * i)
         values.add(hi if i == limit - 1 and contiguous_pa else math.ceil(raw / step) * step)
+    if split:
+        rest = limit - count
+        stride = (hi - top) / rest
+        values.update(math.ceil((top + i * stride) / step) * step for i in range(1, rest + 1))
     if lo in (0, 1):
         values.add(lo)
     out = sorted(values)
-    out[-1] = min(out[-1], hi)
+    if cap:
+        out[-1] = min(out[-1], hi)
     return out
 
 

@@ -8,6 +8,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from ...errors import HpuBackendError
 
 MAX_REQUESTS = 1_000_000  # a trace is read whole; past this it is not a trace to plan over here
 MAX_LINE = 4096  # bytes of one JSONL line
@@ -15,7 +16,7 @@ FIELDS = {"arrival": ("arrival", "arrival_s", "timestamp"), "prompt": ("prompt_t
           "output": ("output_tokens", "output_len", "max_tokens")}
 
 
-class TraceError(ValueError):
+class TraceError(HpuBackendError, ValueError):
     """A trace that cannot be read, or holds a request the engine cannot serve (one line naming it)."""
 
 
