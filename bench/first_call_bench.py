@@ -93,7 +93,7 @@ def cases(mode: str, with_inductor: bool, with_aoti: bool) -> list[tuple[str, st
 
 def build_packages(name: str, tmp: str, with_aoti: bool) -> dict[str, str]:
     """Our package over the model file's axes, and AOTInductor's from the same exported program."""
-    from hpu_backend.aot import build_package, export_model
+    from hpu_backend.shipping.package import build_package, export_model
     from hpu_backend.modelfiles.modelfile import load_model_file as load_spec
     from hpu_backend.settings import Settings
 

@@ -19,7 +19,7 @@ import torch
 
 from common import BACKENDS, load_model_file, maybe_plot, per_call_us, print_table, write_results
 from hpu_backend import load_package
-from hpu_backend.aot import build_package
+from hpu_backend.shipping.package import build_package
 from hpu_backend.gaudi import wrap_in_hpu_graph
 from hpu_backend.modelfiles.modelspec import spec_from
 

@@ -20,7 +20,7 @@ import math
 
 from common import ROOT, print_table, write_results
 
-from hpu_backend.aot import training_plan as tp
+from hpu_backend.planning import training_plan as tp
 from hpu_backend.modelfiles.modelfile import load_model_file
 
 # (model file, seq, global batch, cards, published tokens/s)

@@ -77,6 +77,18 @@ def gpt(packages):
 
 
 @pytest.mark.e2e
+def test_a_bucket_is_built_when_a_call_first_selects_it(packages):
+    module = load_model_file("gpt")
+    model = module.make_model().eval()
+    served = load_package(packages / "gpt.hpkg", model)
+    assert len(served.runs) > 1 and served.runs == [None] * len(served.runs)  # checked at load, none built
+    tokens = module.make_inputs(1, 16)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(served(tokens), model(tokens))
+    assert sum(run is not None for run in served.runs) == 1  # only the bucket that call needed
+
+
+@pytest.mark.e2e
 def test_a_call_outside_the_buckets_names_the_input_and_the_range(gpt):
     module, _, served = gpt
     with pytest.raises(PackageError) as e:

@@ -160,6 +160,31 @@ def test_an_unsigned_forged_or_tampered_artifact_is_refused_before_unpickling(pr
 
 
 @pytest.mark.e2e
+def test_an_artifact_is_unpickled_when_a_call_first_reaches_it_and_a_signed_bad_one_is_refused_then(
+        precompiled, tmp_path):
+    model_file, directory = precompiled
+    spec = hpu_backend.load_model_file(str(model_file))
+    model = spec.make_model().eval()
+    served = hpu_backend.load_precompiled(directory, model)
+    assert [a._fn for a in served.functions] == [None]  # checked at load, not unpickled yet
+    first = spec.points()[0]
+    inputs = spec.split(spec.inputs(first, seed=1))
+    with torch.no_grad():
+        torch.testing.assert_close(served(*inputs), model(*inputs))
+    assert served.functions[0]._fn is not None  # unpickled by the call that reached it
+    copy = _copy(directory, tmp_path)
+    artifact = copy / "range-000.hpuaot"
+    artifact.write_bytes(artifact_bytes(_info(copy), pickle.dumps(["not torch's"]), KEY.encode()))
+    manifest = json.loads((copy / MANIFEST).read_text())
+    manifest["manifest"]["artifacts"][0]["sha256"] = read_artifact(artifact).digest
+    (copy / MANIFEST).write_bytes(manifest_bytes(manifest["manifest"], KEY.encode()))
+    bad = hpu_backend.load_precompiled(copy, model)  # signed and listed: torch reads it at the first call
+    with pytest.raises(PrecompileError, match="torch cannot load it") as e, torch.no_grad():
+        bad(*inputs)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.e2e
 def test_an_artifact_is_compressed_and_a_signed_bomb_is_refused_without_inflating_it(precompiled, tmp_path):
     model_file, directory = precompiled
     entry = json.loads((directory / MANIFEST).read_text())["manifest"]["artifacts"][0]
@@ -301,7 +326,7 @@ def _served_counting(directory: Path, model: torch.nn.Module):
     """The served model, and a list that grows by one whenever its artifact (not the fallback) runs a call."""
     served = hpu_backend.load_precompiled(directory, model)
     runs: list[int] = []
-    fn = served.functions[0]
+    fn = served.functions[0].fn  # torch's function, unpickled on first use
     artifact_fn = fn.fn
     fn.fn = lambda *args: runs.append(1) or artifact_fn(*args)
     return served, runs

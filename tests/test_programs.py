@@ -74,7 +74,7 @@ for name in sys.argv[1].split(","):
 cache = dict(metric_global("recipe_cache").stats())
 print(json.dumps({"aot_traces": traces[0], "lowered": dict(metric_global("graph_compilation").stats())["TotalNumber"],
                   "program_hits": cache["ProgramHit"], "program_misses": cache["ProgramMiss"],
-                  "recipe_misses": cache["TotalMiss"]}))
+                  "recipe_misses": cache["TotalMiss"], "pipeline": "hpu_backend.lowering.pipeline" in sys.modules}))
 """
 
 
@@ -95,6 +95,7 @@ def test_a_warm_cache_serves_every_model_without_tracing_or_lowering(tmp_path):
     assert warm["aot_traces"] == 0, warm  # AOTAutograd never traced: programs served every graph
     assert warm["lowered"] == 0 and warm["recipe_misses"] == 0, warm  # every recipe came from disk
     assert warm["program_hits"] >= len(MODELS) * 2 and warm["program_misses"] == 0, warm
+    assert cold["pipeline"] and not warm["pipeline"], warm  # a hit never imports the lowering pipeline
 
 
 # -- damaged entries -------------------------------------------------------------------------------------

@@ -29,21 +29,18 @@ from typing import Any
 
 import msgpack
 
-from recipecache import safeio
-from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
+from recipecache.signing import KEY_ENV, signing_key
 
-from . import keyparts
+from . import keyparts, signed
 from .recipe import Constant, Recipe, RecipeFormatError, unpack, versioned
 from ..errors import HpuBackendError
 
 PACKAGE_VERSION = 2
 MAGIC = b"HPUPKG\x00\x02"  # then the payload's sha256, the signature tag (zeros: unsigned), the msgpack payload
-FAMILY = MAGIC[:-1]  # the magic of every package format version
-HEADER_BYTES = len(MAGIC) + 32 + TAG_BYTES
-UNSIGNED = bytes(TAG_BYTES)
+HEADER_BYTES = signed.header_bytes(MAGIC)
+UNSIGNED = signed.UNSIGNED
 INPUT_KINDS = ("parameter", "buffer", "constant", "user")
 MAX_PACKAGE_BYTES = 16 << 30
-CHUNK = 1 << 20
 LAYOUT_KINDS = ("tuple", "list", "dict", "record")
 KEYED_KINDS = ("dict", "record")  # [kind, keys, children]
 MAX_LAYOUT_NODES = 10_000
@@ -79,18 +76,24 @@ class Package:
 
     def to_bytes(self, key: bytes | None = None) -> bytes:
         """The package file's bytes, signed with ``key`` if given."""
-        payload = msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
-        digest = hashlib.sha256(payload).digest()
-        return MAGIC + digest + (_tag(key, digest) if key else UNSIGNED) + payload
+        return signed.framed(MAGIC, msgpack.packb(dataclasses.asdict(self), use_bin_type=True), key)
 
     @classmethod
     def from_bytes(cls, data: bytes, key: bytes | None = None) -> "Package":
         """The package in ``data``, checked; RecipeFormatError if it is damaged or not one, PackageError if
         ``key`` is given and it is not signed with it."""
-        digest, tag = check_header(data[:HEADER_BYTES], key)
-        payload = memoryview(data)[HEADER_BYTES:]
-        if hashlib.sha256(payload).digest() != digest:
-            raise RecipeFormatError("damaged: checksum mismatch")
+        head = signed.header_bytes(MAGIC)
+        try:
+            digest, _ = signed.check_header(data[:head], MAGIC, key, _policy(key))
+            if hashlib.sha256(memoryview(data)[head:]).digest() != digest:
+                raise signed.SignedFileError("checksum")
+        except signed.SignedFileError as e:
+            raise _refused(e) from None
+        return cls.from_payload(memoryview(data)[head:])
+
+    @classmethod
+    def from_payload(cls, payload: bytes | memoryview) -> "Package":
+        """The package in a payload whose file was checked; RecipeFormatError if it is not one."""
         return versioned(cls, unpack(payload), "package", PACKAGE_VERSION, "package", "package")
 
     def check(self, where: str = "package") -> None:
@@ -175,26 +178,27 @@ def record_field(name: str) -> bool:
     return name.isidentifier() and not name.startswith("__") and not hasattr(dict, name)
 
 
-def _tag(key: bytes, digest: bytes) -> bytes:
-    return sign(key, [MAGIC, digest])
+def _policy(key: bytes | None) -> signed.Policy:
+    """Without a key anything is read (nothing to check it with); with one, only packages signed with it."""
+    return signed.Policy(unsigned=key is None, unchecked=True)
 
 
-def check_header(head: bytes, key: bytes | None) -> tuple[bytes, bytes]:
-    """The payload's digest and the tag from a package header; RecipeFormatError if it is not a package of
-    this format, PackageError if ``key`` is given and the package is not signed with it."""
-    if len(head) < HEADER_BYTES or not head.startswith(FAMILY):
-        raise RecipeFormatError("not a recipe package (bad magic)")
-    if head[:len(MAGIC)] != MAGIC:
-        raise RecipeFormatError(f"package format {head[len(MAGIC) - 1]}, this reads {PACKAGE_VERSION}: "
-                                "rebuild the package")
-    digest, tag = head[len(MAGIC):len(MAGIC) + 32], head[len(MAGIC) + 32:HEADER_BYTES]
-    if key is not None and tag == UNSIGNED:
-        raise PackageError(f"the package is not signed, and {KEY_ENV} is set: only signed packages are accepted; "
-                           "rebuild it with the key set")
-    if key is not None and not verify(key, [MAGIC, digest], tag):
-        raise PackageError(f"the signature does not match: the package was changed after signing, or signed "
-                           f"with another key than {KEY_ENV}")
-    return digest, tag
+def _refused(e: signed.SignedFileError) -> Exception:
+    """A refusal of the signed-file reader in a package's words: PackageError for the signature,
+    RecipeFormatError for a file that is not (or no longer) a package of this format."""
+    if e.reason == "unsigned":
+        return PackageError(f"the package is not signed, and {KEY_ENV} is set: only signed packages are accepted; "
+                            "rebuild it with the key set")
+    if e.reason == "signature":
+        return PackageError(f"the signature does not match: the package was changed after signing, or signed "
+                            f"with another key than {KEY_ENV}")
+    if e.reason == "size":
+        return PackageError(f"{e.detail} bytes is more than a package may hold")
+    if e.reason == "magic":
+        return RecipeFormatError("not a recipe package (bad magic)")
+    if e.reason == "version":
+        return RecipeFormatError(f"package format {e.detail}, this reads {PACKAGE_VERSION}: rebuild the package")
+    return RecipeFormatError("damaged: checksum mismatch")
 
 
 def toolchain() -> dict[str, Any]:
@@ -219,48 +223,25 @@ def read_package(path: str | os.PathLike, key: bytes | None | bool = True) -> Pa
 
     ``key``: the signing key packages must be signed with; by default ``HPURECIPE_BUNDLE_KEY`` (none set:
     signatures are not checked). The file must be a regular one (a FIFO or a device is refused without
-    blocking); its header, size, checksum and signature are checked in chunks before the payload is read.
+    blocking); its header, size, checksum and signature are checked in chunks before the payload is read
+    (``formats.signed``).
     """
     path = Path(path)
     key = signing_key() if key is True else key
     try:
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_PACKAGE_BYTES:
-                raise PackageError(f"{path}: {size} bytes is more than a package may hold")
-            _check_stream(f, key)
-            f.seek(0)
-            data = f.read(size + 1)
-        return Package.from_bytes(data, key)
+        checked = signed.read_signed(path, MAGIC, key, _policy(key), MAX_PACKAGE_BYTES)
+        return Package.from_payload(checked.payload)
     except OSError as e:
         raise PackageError(f"{path}: cannot read the package: {e.strerror or e}") from None
-    except PackageError as e:
-        raise PackageError(f"{path}: {e}") from None
+    except signed.SignedFileError as e:
+        refused = _refused(e)
+        if isinstance(refused, PackageError):
+            raise PackageError(f"{path}: {refused}") from None
+        raise PackageError(f"{path}: not a usable recipe package ({refused})") from None
     except RecipeFormatError as e:
         raise PackageError(f"{path}: not a usable recipe package ({e})") from None
-
-
-def open_regular(path: Path):
-    """``path`` opened for reading without blocking (a FIFO would), if it is a regular file; else PackageError.
-    A link the user names is followed (a package is not a file inside the cache)."""
-    try:
-        fd = safeio.open_regular(path, follow_links=True)
-    except OSError as e:
-        if e.errno == errno.EINVAL:
-            raise PackageError("not a regular file") from None
-        raise
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def _check_stream(f, key: bytes | None) -> None:
-    """Header, signature and checksum of the open package file, read in chunks (bounded memory)."""
-    digest, _ = check_header(f.read(HEADER_BYTES), key)
-    h = hashlib.sha256()
-    while chunk := f.read(CHUNK):
-        h.update(chunk)
-    if h.digest() != digest:
-        raise RecipeFormatError("damaged: checksum mismatch")
+    except ValueError as e:  # not a regular file
+        raise PackageError(f"{path}: {e}") from None
 
 
 def check_destination(path: str | os.PathLike) -> None:

@@ -13,7 +13,6 @@ everything that must be equal where the artifact is loaded; a difference is refu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -24,20 +23,19 @@ from typing import Any, Mapping
 
 import msgpack
 
-from recipecache.signing import KEY_ENV, TAG_BYTES, sign, signing_key, verify
+from recipecache.signing import KEY_ENV, sign, signing_key, verify
 
 from .. import envs
 from ..errors import HpuBackendError
-from . import keyparts
-from .package import open_regular
+from . import keyparts, signed
 from .recipe import RecipeFormatError, unpack
+from .signed import open_regular
 
 MAGIC = b"HPUAOT\x00\x02"  # the last byte versions the format (2: torch's part compressed)
-HEADER_BYTES = len(MAGIC) + 32 + TAG_BYTES
-UNSIGNED = bytes(TAG_BYTES)
+HEADER_BYTES = signed.header_bytes(MAGIC)
+UNSIGNED = signed.UNSIGNED
 MAX_ARTIFACT_BYTES = 16 << 30
 MAX_INFLATED_BYTES = 1 << 30  # torch's part once inflated: its pickle is read whole into memory
-CHUNK = 1 << 20
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 4 << 20
@@ -98,8 +96,7 @@ def artifact_bytes(info: dict[str, Any], torch_bytes: bytes, key: bytes | None) 
 
 def framed(payload: bytes, key: bytes | None) -> bytes:
     """Magic, the payload's digest, its signature (zeros without ``key``), then the payload."""
-    digest = hashlib.sha256(payload).digest()
-    return MAGIC + digest + (sign(key, [MAGIC, digest]) if key else UNSIGNED) + payload
+    return signed.framed(MAGIC, payload, key)
 
 
 def trust_unsigned(environ: Mapping[str, str] | None = None) -> bool:
@@ -117,53 +114,36 @@ def read_artifact(path: str | os.PathLike, key: bytes | None | bool = True, allo
     path = Path(path)
     key = signing_key() if key is True else key
     allow_unsigned = trust_unsigned() if allow_unsigned is None else allow_unsigned
+    policy = signed.Policy(unsigned=allow_unsigned, unchecked=allow_unsigned)
     try:
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_ARTIFACT_BYTES:
-                raise PrecompileError(f"{size} bytes is more than an artifact may hold")
-            signed, digest = _check_stream(f, key, allow_unsigned)
-            f.seek(HEADER_BYTES)
-            payload = f.read(size)
+        checked = signed.read_signed(path, MAGIC, key, policy, MAX_ARTIFACT_BYTES)
     except OSError as e:
         raise PrecompileError(f"{path}: cannot read the artifact: {e.strerror or e}") from None
-    except (PrecompileError, ValueError) as e:
+    except signed.SignedFileError as e:
+        raise PrecompileError(f"{path}: {_refusal(e)}") from None
+    except ValueError as e:  # not a regular file
         raise PrecompileError(f"{path}: {e}") from None
-    if hashlib.sha256(payload).digest() != digest:  # changed between the check and the read
-        raise PrecompileError(f"{path}: changed while being read")
-    return _parse(path, payload, signed, digest.hex(), size)
+    return _parse(path, checked.payload, checked.signed, checked.digest.hex(), checked.size)
 
 
-def _check_stream(f, key: bytes | None, allow_unsigned: bool) -> tuple[bool, bytes]:
-    """Header, checksum and signature of the open file, read in chunks: (whether it is signed, the digest)."""
-    head = f.read(HEADER_BYTES)
-    if len(head) < HEADER_BYTES or not head.startswith(MAGIC[:-1]):
-        raise PrecompileError("not a precompiled hpu_backend artifact (bad magic; an artifact saved by torch "
-                              "alone, or for another backend, is not loaded)")
-    if head[:len(MAGIC)] != MAGIC:
-        raise PrecompileError(f"artifact format {head[len(MAGIC) - 1]}, this reads {MAGIC[-1]}: precompile again")
-    digest, tag = head[len(MAGIC):len(MAGIC) + 32], head[len(MAGIC) + 32:]
-    h = hashlib.sha256()
-    while chunk := f.read(CHUNK):
-        h.update(chunk)
-    if h.digest() != digest:
-        raise PrecompileError("damaged or truncated: checksum mismatch")
-    if tag == UNSIGNED:
-        if not allow_unsigned:
-            raise PrecompileError(f"not signed; set {KEY_ENV} when precompiling (or, for a file you built "
-                                  f"yourself, {TRUST_UNSIGNED_ENV}=1)")
-        return False, digest
-    if key is None:
-        if not allow_unsigned:
-            raise PrecompileError(f"signed, but {KEY_ENV} is not set here to check it")
-        return False, digest
-    if not verify(key, [MAGIC, digest], tag):
-        raise PrecompileError(f"the signature does not match: changed after signing, or signed with another key "
-                              f"than {KEY_ENV}")
-    return True, digest
+def _refusal(e: signed.SignedFileError) -> str:
+    """A refusal of the signed-file reader in an artifact's words."""
+    return {
+        "magic": "not a precompiled hpu_backend artifact (bad magic; an artifact saved by torch alone, or for "
+                 "another backend, is not loaded)",
+        "version": f"artifact format {e.detail}, this reads {MAGIC[-1]}: precompile again",
+        "size": f"{e.detail} bytes is more than an artifact may hold",
+        "checksum": "damaged or truncated: checksum mismatch",
+        "changed": "changed while being read",
+        "unsigned": f"not signed; set {KEY_ENV} when precompiling (or, for a file you built yourself, "
+                    f"{TRUST_UNSIGNED_ENV}=1)",
+        "unchecked": f"signed, but {KEY_ENV} is not set here to check it",
+        "signature": f"the signature does not match: changed after signing, or signed with another key than "
+                     f"{KEY_ENV}",
+    }[e.reason]
 
 
-def _parse(path: Path, payload: bytes, signed: bool, digest: str, size: int) -> Artifact:
+def _parse(path: Path, payload: bytes, is_signed: bool, digest: str, size: int) -> Artifact:
     try:
         raw = unpack(payload)
     except RecipeFormatError as e:
@@ -172,7 +152,7 @@ def _parse(path: Path, payload: bytes, signed: bool, digest: str, size: int) -> 
             and isinstance(raw.get("size"), int)):
         raise PrecompileError(f"{path}: not a precompiled artifact's payload")
     check_info(raw["info"], str(path))
-    return Artifact(raw["info"], inflate(raw["torch"], raw["size"], str(path)), signed, digest, size)
+    return Artifact(raw["info"], inflate(raw["torch"], raw["size"], str(path)), is_signed, digest, size)
 
 
 def inflate(data: bytes, size: int, where: str, cap: int = MAX_INFLATED_BYTES) -> bytes:

@@ -82,6 +82,14 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def load_constant(c: Constant) -> torch.Tensor:
     """The constant's tensor; its bytes must be exactly what its shape and dtype declare (checked
     before anything is allocated, so a forged shape cannot ask for more memory than was stored)."""
+    dtype = check_constant(c)
+    if not c.data:
+        return torch.empty(c.shape, dtype=dtype)
+    return torch.frombuffer(bytearray(c.data), dtype=dtype).reshape(c.shape)
+
+
+def check_constant(c: Constant) -> torch.dtype:
+    """The constant's dtype; RecipeLoadError unless its bytes are exactly what its shape and dtype declare."""
     dtype = dtype_from_name(c.dtype)
     if not all(type(d) is int and d >= 0 for d in c.shape):
         raise RecipeLoadError(f"constant shape {c.shape!r:.60} is not a list of sizes")
@@ -89,9 +97,7 @@ def load_constant(c: Constant) -> torch.Tensor:
     if math.prod(c.shape) * itemsize != len(c.data):
         raise RecipeLoadError(f"constant of shape {c.shape!r:.60} and dtype {c.dtype} "
                               f"holds {len(c.data)} bytes")
-    if not c.data:
-        return torch.empty(c.shape, dtype=dtype)
-    return torch.frombuffer(bytearray(c.data), dtype=dtype).reshape(c.shape)
+    return dtype
 
 
 class _Codegen:
@@ -268,17 +274,20 @@ def check_ops(recipe: Recipe) -> None:
         raise RecipeLoadError(str(e)) from None
 
 
-def build_callable(recipe: Recipe, fixed: Mapping[str, torch.Tensor] | None = None) -> Callable[[list], list]:
+def build_callable(recipe: Recipe, fixed: Mapping[str, torch.Tensor] | None = None, *,
+                   checked: bool = False) -> Callable[[list], list]:
     """Compile a recipe into ``run(args: list) -> list`` (boxed: it clears ``args``).
 
     ``fixed`` binds some inputs once, by name (an HPU graph's parameters): ``args`` then holds only
     the others, in order, and views of fixed inputs (a transposed weight) are taken once, here.
+    ``checked``: ``check_ops`` has passed on this recipe already (a package checks every bucket at load).
 
     Any failure, whatever its type, is a RecipeLoadError: a stored recipe that cannot be built is
     a cache miss, never a crash.
     """
     try:
-        check_ops(recipe)
+        if not checked:
+            check_ops(recipe)
         return _build(recipe, fixed or {})
     except RecipeLoadError:
         raise

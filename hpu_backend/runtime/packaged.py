@@ -27,7 +27,8 @@ from ..formats import symexpr
 from ..formats.package import Package, PackageError, check_toolchain, read_package, record_field
 from ..formats.recipe import Constant, Recipe, ValueSpec
 from . import ops
-from .executor import RecipeLoadError, build_callable, dtype_from_name, load_constant
+from .executor import (RecipeLoadError, build_callable, check_constant, check_ops, dtype_from_name,
+                       load_constant)
 from .metacheck import meta_run
 from .symbolic import SymbolicError, symbolic_values
 from .symbols import symbol_reader
@@ -46,12 +47,16 @@ def load_package(path: str | os.PathLike, model: torch.nn.Module | None = None) 
     check_toolchain(package, path)
     check_package(package, path)
     fixed = _fixed_inputs(package, model, path)
-    try:  # weights and constants bound into each executor once; a call passes only the user's inputs
-        runs = [build_callable(r, {name: t for name, t in zip(r.input_names, fixed) if t is not None})
-                for r in package.recipes]
+    try:  # every bucket's ops and constants checked now; its executor is built when a call first selects it
+        for recipe in package.recipes:
+            check_ops(recipe)
+            for constant in recipe.constants.values():
+                check_constant(constant)
     except RecipeLoadError as e:
         raise PackageError(f"{path}: a recipe cannot be loaded ({e})") from None
-    return PackagedModel(package, runs)
+    # weights and constants bound into each executor once; a call passes only the user's inputs
+    binds = [{name: t for name, t in zip(r.input_names, fixed) if t is not None} for r in package.recipes]
+    return PackagedModel(package, binds, str(path))
 
 
 # -- what a package may do: checked before anything is bound ----------------------------------------------
@@ -358,8 +363,11 @@ def _load(table: dict[str, Constant], name: str, path) -> torch.Tensor:
 class PackagedModel:
     """Serves a package: flatten the call, check its shapes, run the bucket's recipe, unflatten."""
 
-    def __init__(self, package: Package, runs: list[Callable[[list], list]]):
+    def __init__(self, package: Package, binds: list[dict[str, torch.Tensor]], where: str = "package"):
         self.package = package
+        self.where = where
+        self.binds = binds  # per bucket, the inputs bound into its executor
+        self.runs: list[Callable[[list], list] | None] = [None] * len(package.recipes)  # built on first use
         self.in_spec = treespec_of(package.in_spec)
         self.out_spec = treespec_of(package.out_spec)
         first = package.recipes[0]
@@ -371,7 +379,6 @@ class PackagedModel:
             raise PackageError(f"{package.model}: a shape symbol is read from an input that is not the user's")
         self.read_symbols = symbol_reader([[position[slot], dim] for slot, dim in first.symbol_sources])
         self.names = {slot: gi.target for slot, gi in enumerate(package.inputs)}
-        self.buckets = [(r, run) for r, run in zip(package.recipes, runs)]
         self.known: dict[tuple, Callable[[list], list]] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -382,8 +389,9 @@ class PackagedModel:
                 want, got = (" ".join(str(s).split()) for s in (self.in_spec, spec))
             raise PackageError(f"the package takes {want}, got {got}")
         inputs = [flat[i] for i in self.user]
-        run = self.buckets[0][1]
-        if self.read_symbols is not None:
+        if self.read_symbols is None:
+            run = self.runs[0] or self._run(0)
+        else:
             values = self.read_symbols(inputs)
             run = self.known.get(values) or self._select(values)
         with torch.no_grad():
@@ -393,11 +401,20 @@ class PackagedModel:
         env = dict(zip(self.symbols, values))
         if not all(lo <= env[s] <= hi for s, (lo, hi) in self.package.ranges.items()):
             raise PackageError(self._outside(env))
-        for recipe, run in self.buckets:
+        for i, recipe in enumerate(self.package.recipes):
             if all(lo <= env[s] <= hi for s, (lo, hi) in recipe.bucket.items()) and self._holds(recipe, env):
-                self.known[values] = run
+                run = self.known[values] = self.runs[i] or self._run(i)
                 return run
         raise PackageError(self._outside(env))
+
+    def _run(self, i: int) -> Callable[[list], list]:
+        """Bucket ``i``'s executor, built (its ops were checked at load) the first time a call selects it."""
+        recipe = self.package.recipes[i]
+        try:
+            self.runs[i] = build_callable(recipe, self.binds[i], checked=True)
+        except RecipeLoadError as e:
+            raise PackageError(f"{self.where}: bucket {_label(recipe.bucket)} cannot be loaded ({e})") from None
+        return self.runs[i]
 
     def _holds(self, recipe: Recipe, env: dict[str, int]) -> bool:
         try:

@@ -31,7 +31,7 @@ from .. import metrics
 from ..errors import one_line
 from ..formats import symexpr
 from .keys import GraphKey, graph_key
-from ..lowering import LoweringContext, LoweringError, lower
+from ..lowering import LoweringContext, LoweringError
 from ..formats.recipe import Recipe
 from ..runtime import RecipeLoadError, build_callable, check_ops, metacheck
 from ..runtime.dryrun import build_dry_run
@@ -94,6 +94,8 @@ class CompiledGraph:
     def build(cls, gm: torch.fx.GraphModule, ctx: LoweringContext, session: Session,
               reason: str = "new graph") -> "CompiledGraph":
         """Lower an aten graph (``ctx.gm``) once and key it; LoweringError if it cannot be lowered."""
+        from ..lowering import lower  # a miss only: serving a stored program never imports the pipeline
+
         lowered = lower(gm, ctx)
         with _phase("key"):
             gkey = _safe_graph_key(lowered.captured, ctx)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from ..formats.recipe import Recipe
-from ..lowering import LoweringContext, LoweringError, lower_bucket
+from ..lowering import LoweringContext, LoweringError
 from recipecache import CacheConfig, ConfigError
 
 from ..settings import Settings, SettingsError
@@ -133,6 +133,8 @@ class Session:
     def recipes(self, template: Recipe, ctx: LoweringContext,
                 buckets: Iterable[Mapping[str, list[int]]]) -> Iterator[Recipe]:
         """The bucket passes over ``template`` for each bucket (symbol -> [lo, hi]), one recipe per bucket."""
+        from ..lowering import lower_bucket  # a miss only: a hit never imports the pipeline
+
         for bucket in buckets:
             yield lower_bucket(template, ctx.for_bucket(bucket))
 

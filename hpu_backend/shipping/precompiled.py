@@ -66,9 +66,9 @@ def _alias_model_module(recorded: Any, model: torch.nn.Module) -> None:
         sys.modules[name] = sys.modules[cls.__module__]
 
 
-def _load(directory: Path, entry: dict, ours: dict, allow_unsigned: bool | None):
-    from torch._dynamo.aot_compile import AOTCompiledFunction
-
+def _load(directory: Path, entry: dict, ours: dict, allow_unsigned: bool | None) -> "Unpickled":
+    """An artifact read and checked (signature, checksum, the manifest's digest, fingerprint), to be unpickled by
+    torch when a call first reaches the sizes it serves."""
     path = directory / entry["file"]
     if not path.exists():
         raise PrecompileError(f"{directory}: {entry['file']} is listed in the manifest but missing")
@@ -76,8 +76,32 @@ def _load(directory: Path, entry: dict, ours: dict, allow_unsigned: bool | None)
     if artifact.digest != entry["sha256"]:
         raise PrecompileError(f"{path}: not the artifact the manifest lists (checksum differs)")
     check_fingerprint(artifact.info["fingerprint"], ours, str(path))
+    return Unpickled(path, artifact.torch_bytes)
+
+
+class Unpickled:
+    """A checked artifact, unpickled by torch on first use (``fn``): its guards are built then, once, so that
+    loading a directory of many ranges costs only the ranges the calls reach."""
+
+    def __init__(self, path: Path, torch_bytes: bytes):
+        self.path = path
+        self._bytes: bytes | None = torch_bytes
+        self._fn = None
+
+    @property
+    def fn(self):
+        if self._fn is None:
+            self._fn = _deserialize(self.path, self._bytes)
+            self._bytes = None
+        return self._fn
+
+
+def _deserialize(path: Path, torch_bytes: bytes):
+    """torch's function from an artifact's checked bytes; PrecompileError (one line) if it cannot serve here."""
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
     try:
-        fn = AOTCompiledFunction.deserialize(artifact.torch_bytes, f_globals=call_model.__globals__)
+        fn = AOTCompiledFunction.deserialize(torch_bytes, f_globals=call_model.__globals__)
     except PrecompileError as e:
         raise PrecompileError(f"{path}: {e}") from None
     except Exception as e:  # torch's loader raises many types; the artifact was checked, so say which
@@ -229,8 +253,8 @@ class PrecompiledModel:
         with torch.no_grad():
             if self.differs:
                 return self._compiled(f"{self.differs}, which the artifacts do not run")(*args)
-            for fn, sizes in zip(self.functions, self.sizes):
-                if _outside(sizes, args) is None and fn._artifacts.guard_manager.check(f_locals):
+            for artifact, sizes in zip(self.functions, self.sizes):
+                if _outside(sizes, args) is None and (fn := artifact.fn)._artifacts.guard_manager.check(f_locals):
                     return fn.fn(self.model, *args)
             return self._compiled(f"no artifact accepts this call ({self.failed_guard(args, {})})")(*args)
 
@@ -256,11 +280,12 @@ class PrecompiledModel:
     def failed_guard(self, args: tuple, kwargs: dict) -> str:
         """Per artifact, the guard this call fails, in one line: a size outside those it serves, or Dynamo's."""
         parts = []
-        for fn, entry, sizes in zip(self.functions, self.manifest["artifacts"], self.sizes):
+        for artifact, entry, sizes in zip(self.functions, self.manifest["artifacts"], self.sizes):
             outside = _outside(sizes, args)
             if outside is not None:
                 parts.append(f"{entry['file']}: {outside} is outside {_spans(entry.get('serves'))}")
                 continue
+            fn = artifact.fn
             f_locals = fn.prepare_f_locals(self.model, *args, **kwargs)
             text = " ".join(str(fn._artifacts.guard_manager.check_verbose(f_locals).verbose_code_parts).split())
             parts.append(f"{entry['file']}: {text[:200]}")
