@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """docs/reference/environment.md, generated from the table of environment variables (hpu_backend/envs.py) and,
-for the variables that set a compile option, from the option's own text (hpu_backend/settings.py).
+for the variables that set a compile option, from the option's own text (hpu_backend/settings.py); and the table
+of compile options in docs/reference/compile-options.md, generated from hpu_backend/settings.py.
 
-    python .ci/envdoc.py --write   # regenerate the page
-    python .ci/envdoc.py --check   # exit 1 when the page is not what the table says (CI, tests/test_envs.py)
+    python .ci/envdoc.py --write   # regenerate the page and the table
+    python .ci/envdoc.py --check   # exit 1 when either is not what the code says (CI, tests/test_envs.py)
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import sys
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "environment.md"
+OPTIONS_PAGE = PAGE.with_name("compile-options.md")
+BEGIN = "<!-- the table below is generated from hpu_backend/settings.py: python .ci/envdoc.py --write -->"
+END = "<!-- end of the generated table -->"
 INTRO = """\
 # Environment variables
 
@@ -71,21 +75,41 @@ def render() -> str:
     return "\n".join(out)
 
 
+def options_table() -> str:
+    """The compile options, one row per field of ``Settings``: its name, variable, default and text."""
+    from hpu_backend.settings import Settings
+
+    rows = [BEGIN, "", "| option | environment | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Settings):
+        value = str(f.default).lower() if isinstance(f.default, bool) else f.default
+        empty = f.default is None or (not f.default and not isinstance(f.default, (bool, int)))
+        default = "—" if empty else f"`{value}`"
+        rows.append(f"| `{f.name}` | `{f.metadata['env']}` | {default} | {_cell(f.metadata['doc'])} |")
+    return "\n".join([*rows, "", END])
+
+
+def options_page() -> str:
+    """compile-options.md with its table regenerated (the text around it is the page's own)."""
+    text = OPTIONS_PAGE.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + options_table() + text[end:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate the page")
     mode.add_argument("--check", action="store_true", help="exit 1 when the page is out of date")
     ns = parser.parse_args(argv)
-    text = render()
+    pages = {PAGE: render(), OPTIONS_PAGE: options_page()}
     if ns.write:
-        PAGE.parent.mkdir(parents=True, exist_ok=True)
-        PAGE.write_text(text)
+        for page, text in pages.items():
+            page.write_text(text)
         return 0
-    if not PAGE.exists() or PAGE.read_text() != text:
-        print(f"{PAGE} is out of date: run python .ci/envdoc.py --write", file=sys.stderr)
-        return 1
-    return 0
+    stale = [page for page, text in pages.items() if not page.exists() or page.read_text() != text]
+    for page in stale:
+        print(f"{page} is out of date: run python .ci/envdoc.py --write", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

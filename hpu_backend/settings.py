@@ -38,8 +38,8 @@ def _key(default: Any, env: str, doc: str, key: bool | str = True, choices: tupl
 class Settings:
     strict: bool = _key(
         False, "HPU_BACKEND_STRICT",
-        "raise on a lowering failure or CPU fallback instead of running that graph eagerly "
-        "(also PT_HPU_USE_EAGER_FALLBACK=0)", key=False)
+        "raise on a lowering failure or CPU fallback instead of running that graph eagerly (a library custom op's "
+        "CPU fallback is allowed: it has no device kernel anywhere; also PT_HPU_USE_EAGER_FALLBACK=0)", key=False)
     target: str = _key("gaudi2", "HPU_BACKEND_TARGET", "device for the plan and estimate: gaudi2 | gaudi3",
                        choices=TARGETS)
     buckets: Any = _key(
@@ -58,8 +58,8 @@ class Settings:
         "most nodes in one device cluster; a larger cluster is cut in schedule order (0: no limit)", key="when_set")
     cache: bool = _key(True, "HPU_BACKEND_CACHE", "use the recipe disk cache", key=False)
     cache_config: Any = _key(  # a CacheConfig, parsed once here from its string form; None: the defaults
-        None, ENV_VAR, "disk cache: <path>,<delete_on_start>,<max_size_mb> (or a recipecache.CacheConfig)",
-        key=False)
+        None, ENV_VAR, "disk cache: <path>,<delete_on_start>,<max_size_mb> (or a recipecache.CacheConfig); unset: "
+        "~/.cache/hpu_backend/recipes,false,1024", key=False)
     recompile_warn: int = _key(
         4, "HPU_BACKEND_RECOMPILE_WARN",
         "recompiles of one function after which one warning names their causes", key=False)
