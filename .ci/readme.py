@@ -189,12 +189,14 @@ def check_page(path: Path, args) -> tuple[int, int, int]:
 
 
 def normalised(lines: list[str], sizes: bool = False) -> list[str]:
-    """walkthrough.normalised, and graph numbers: they count the graphs a process compiled before, which a
-    planner running Dynamo more than once (advise) does not always reach in the same order. ``sizes``: byte
-    sizes too."""
+    """walkthrough.normalised, graph numbers (they count the graphs a process compiled before, which a planner
+    running Dynamo more than once (advise) does not always reach in the same order) and the line of library code a
+    finding names (the frame Dynamo attributes it to inside a library varies from run to run; the user's own lines
+    are kept). ``sizes``: byte sizes too."""
     text = walkthrough.normalised("\n".join(lines))
     if sizes:
         text = re.sub(r"\b\d+(\.\d+)? (B|KiB|MiB|GiB)\b", "<size>", text)
+    text = re.sub(r"(in library code: [^\s:()]+):\d+", r"\1:<line>", text)
     return re.sub(r"\b(fx_graph|lazy_graph)_\d{4}", r"\1_<n>", text).splitlines()
 
 
