@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,11 @@ import torch._dynamo
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
+
+# A suite started in the background of a shell inherits SIGINT ignored, and so would every process a test starts:
+# the tests that press Ctrl-C on a run or a warm-up would wait for nothing. As at a terminal, SIGINT interrupts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The longest tests (each over ~10 s on 2 cores) run first, longest first, so that with ``-n 2`` neither worker
