@@ -115,6 +115,25 @@ def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report
         assert "-0.15" in graph.new or "-0.075" in graph.new or "-0.0375" in graph.new
 
 
+def test_graphs_that_differ_in_one_constant_never_share_a_recipe():
+    """A graph run before is found by its structure as recorded (no GraphModule, no program key): graphs that
+    differ only in a constant's sign, its type (1 and 1.0) or an argument each run their own recipe."""
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    variants = [lambda t: 1 / (t * 0.0), lambda t: 1 / (t * -0.0), lambda t: t.sum(0), lambda t: t.sum(1),
+                lambda t: torch.div(t, 2, rounding_mode="floor"), lambda t: torch.div(t, 2.0, rounding_mode="floor"),
+                lambda t: t.transpose(0, 1).contiguous() + 1, lambda t: t.contiguous() + 1]
+    expected = [fn(x) for fn in variants]
+    with gaudi.lazy():
+        for _ in range(2):  # the second round finds each graph by its recorded structure
+            got = []
+            for fn in variants:
+                got.append(fn(x))
+                gaudi.mark_step()
+            for value, want in zip(got, expected):
+                torch.testing.assert_close(value, want, rtol=0, atol=0)
+    assert torch.equal(got[0], torch.full((2, 2), float("inf"))) and torch.equal(got[1], -got[0])
+
+
 def test_host_reads_mid_step_cut_the_graph_and_are_reported_with_their_line():
     torch.manual_seed(0)
     w = torch.randn(8, 8, requires_grad=True)

@@ -77,14 +77,31 @@ def user_line() -> str:
 
 @dataclass
 class Pending:
-    """A cut graph, ready to run: ``run(inputs)`` must return one tensor per entry of ``fill``."""
+    """A cut graph, ready to run: ``run(inputs)`` must return one tensor per entry of ``fill``.
 
-    gm: torch.fx.GraphModule
+    ``key`` is the graph's structure as recorded (each op with its arguments, inputs by layout, outputs): equal
+    keys are equal graphs, so a runner that has run this structure needs no ``gm`` (None: no stable form).
+    ``gm`` is made when first asked for, with a fake value on every input (what lowering reads; the recorder
+    asks for it before running a structure the runner does not know)."""
+
+    graph: torch.fx.Graph
     inputs: list[torch.Tensor]
     fill: list[torch.Tensor]  # the tensors the outputs are written into, in output order
     reason: str  # "mark_step" | "Tensor.item" | "op aten.nonzero.default" | ...
     source: str  # the user's line that cut it
     ops: int = 0
+    key: tuple | None = None
+    convert: Callable[[torch.Tensor], Any] | None = None  # a tensor's fake twin, for inputs not yet given one
+    _gm: torch.fx.GraphModule | None = None
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        if self._gm is None:
+            for node, t in zip((n for n in self.graph.nodes if n.op == "placeholder"), self.inputs):
+                if "val" not in node.meta:
+                    node.meta["val"] = self.convert(t)
+            self._gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        return self._gm
 
 
 @dataclass
@@ -99,10 +116,12 @@ class _Graph:
     written: dict = field(default_factory=dict)  # id(input) -> (input, placeholder, final node)
     recorded: dict = field(default_factory=dict)  # storage pointer -> weakrefs of recorded tensors on it
     unfilled: dict = field(default_factory=dict)  # storage pointer -> [weak storage, node of its value]
-    input_storages: set = field(default_factory=set)
+    input_storages: dict = field(default_factory=dict)  # storage pointer -> the inputs on it
     written_storages: set = field(default_factory=set)  # storages of inputs this graph writes
     seeded: bool = False  # holds a random op (it draws from the global generator at the flush)
     ops: int = 0
+    index: dict = field(default_factory=dict)  # node -> its position in ``key``'s terms
+    key: list | None = field(default_factory=list)  # the structure so far (None: something has no stable form)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -117,9 +136,11 @@ class LazyRecorder(TorchDispatchMode):
     """Records aten ops into the pending graph; ``run(Pending)`` executes a cut graph; ``on_sync(what, line,
     cut)`` hears of every host read."""
 
-    def __init__(self, run: Callable[[Pending], list[torch.Tensor]], on_sync: Callable[[str, str, bool], None]):
+    def __init__(self, run: Callable[[Pending], list[torch.Tensor]], on_sync: Callable[[str, str, bool], None],
+                 known: Callable[[tuple], bool] = lambda key: False):
         super().__init__()
         self.run = run
+        self.known = known  # whether ``run`` has run a graph of this structure key (it needs no ``gm`` then)
         self.on_sync = on_sync
         self.g = _Graph()
         self._fake_mode = None  # made at the first recorded op: making one imports Dynamo (≈1 s)
@@ -151,8 +172,15 @@ class LazyRecorder(TorchDispatchMode):
         for _, placeholder, final in g.written.values():
             g.graph.call_function(aten.copy_.default, (placeholder, final))
         g.graph.output(tuple(outs))
-        gm = torch.fx.GraphModule(torch.nn.Module(), g.graph)
-        pending = Pending(gm, [t for t, _ in g.inputs.values()], fill, reason, source or user_line(), g.ops)
+        key = None
+        if g.key is not None:
+            key = (*g.key, tuple(g.index[n] for n in outs),
+                   tuple((g.index[p], g.index[f]) for _, p, f in g.written.values()),
+                   torch.are_deterministic_algorithms_enabled())
+        pending = Pending(g.graph, [t for t, _ in g.inputs.values()], fill, reason, source or user_line(), g.ops,
+                          key, self._convert)
+        if key is None or not self.known(key):
+            pending.gm  # noqa: B018 - lowered: made now, before the run
         with no_dispatch(), torch.no_grad(), torch._C.DisableTorchFunction():
             values = self.run(pending)
             for t, v in zip(fill, values):
@@ -162,7 +190,12 @@ class LazyRecorder(TorchDispatchMode):
     # -- recording -------------------------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        return self.dispatch(func, args, kwargs or {})
+
+    def dispatch(self, func, args: tuple, kwargs: dict):
+        """Record ``func`` (or run it eagerly when no graph can hold it). The hpu device calls this directly: torch
+        wraps a mode's ``__torch_dispatch__`` in a Dynamo-disabling function, a cost on every op, and the device's
+        own entry already keeps Dynamo out."""
         with torch._C.DisableTorchFunction():  # torch's own calls in here are no host reads of the user's
             try:
                 return self._record(func, args, kwargs)
@@ -275,14 +308,26 @@ class LazyRecorder(TorchDispatchMode):
     def _fake(self, t: torch.Tensor):
         """A fake twin of ``t``: the one its node already has, else made (converting a tensor is not cheap)."""
         node = self.g.node_of.get(t)
-        return node.meta["val"] if node is not None else self._convert(t)
+        if node is None:
+            return self._convert(t)
+        if "val" not in node.meta:  # an input, converted only when an op's layout is new
+            node.meta["val"] = self._convert(t)
+        return node.meta["val"]
 
     def _convert(self, t: torch.Tensor):
-        """A fake tensor with ``t``'s layout. Of a detached alias: the fake converter checks a view's autograd
-        metadata against its base's and trips over a base with a ``.grad`` (gradient accumulation)."""
+        """A fake tensor with ``t``'s layout, made from a meta tensor of it: no dispatch is needed (a flush may come
+        inside the device's own kernels, under ``no_dispatch()``), and it is an order of magnitude cheaper than
+        torch's converter, which describes the tensor's autograd and view history that a lazy graph's input does
+        not have (it is recorded below autograd)."""
+        shape, stride, offset = t.shape, t.stride(), t.storage_offset()
         with no_dispatch():
-            alias = t.detach()
-        return self.fake_mode.from_tensor(alias, static_shapes=True)
+            if offset:
+                span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if t.numel() else 0
+                meta = torch.empty(offset + span, dtype=t.dtype, device="meta").as_strided(shape, stride, offset)
+            else:
+                meta = torch.empty_strided(shape, stride, dtype=t.dtype, device="meta")
+        mode = self.fake_mode
+        return mode.fake_tensor_converter.from_meta_and_device(mode, meta, t.device)
 
     def _add(self, func, target, flat, spec, fakes, mutated, viewing):
         g = self.g
@@ -295,6 +340,8 @@ class LazyRecorder(TorchDispatchMode):
         custom = fx_traceback.current_meta.get("custom")
         if custom:  # the user's annotations (FusedSDPA's recompute choice), as a tracer records them
             node.meta["custom"] = dict(custom)
+        self._keyed(node, target, _key_of(nargs, g.index), _key_of(nkwargs, g.index),
+                    _key_of(node.meta.get("custom"), g.index))
         g.ops += 1
         g.seeded = g.seeded or torch.Tag.nondeterministic_seeded in func.tags
         if func._schema.is_mutable:
@@ -317,7 +364,7 @@ class LazyRecorder(TorchDispatchMode):
         back at the end of the graph."""
         g = self.g
         ptr = _storage(t)
-        sharing = [r() for r in g.recorded.get(ptr, ())] + [x for x, _ in g.inputs.values() if _storage(x) == ptr]
+        sharing = [r() for r in g.recorded.get(ptr, ())] + g.input_storages.get(ptr, [])
         for other in sharing:
             if other is not None and other is not t:
                 g.stale[other] = True
@@ -332,7 +379,18 @@ class LazyRecorder(TorchDispatchMode):
     def _item(self, node, i, fake):
         item = self.g.graph.call_function(operator.getitem, (node, i))
         item.meta["val"] = fake
+        self._keyed(item, i, self.g.index[node])
         return item
+
+    def _keyed(self, node: torch.fx.Node, *parts) -> None:
+        """``node`` joins the graph's structure key (which gives up at a part with no stable hash)."""
+        g = self.g
+        g.index[node] = len(g.index)
+        if g.key is not None:
+            if any(p is _UNKEYED for p in parts):
+                g.key = None
+            else:
+                g.key.append(parts)
 
     def _bind(self, real, node, fresh: bool) -> None:
         g = self.g
@@ -353,11 +411,11 @@ class LazyRecorder(TorchDispatchMode):
         node = g.node_of.get(t)
         if node is not None:
             return node
-        node = g.graph.placeholder(f"input_{len(g.inputs)}")
-        node.meta["val"] = self._convert(t)
+        node = g.graph.placeholder(f"input_{len(g.inputs)}")  # its fake value is made when something needs it
         g.inputs[id(t)] = (t, node)
-        g.input_storages.add(_storage(t))
+        g.input_storages.setdefault(_storage(t), []).append(t)
         g.node_of[t] = node
+        self._keyed(node, "input", type(t), t.shape, t.stride(), t.storage_offset(), t.dtype, t.requires_grad)
         return node
 
     def track(self, t: torch.Tensor) -> None:
@@ -396,6 +454,28 @@ def _outputs(g: _Graph) -> tuple[list[torch.Tensor], list[torch.fx.Node]]:
 
 
 _LAYOUTS = 50_000  # remembered op layouts; the table is cleared when it holds this many
+_UNKEYED = object()
+_KEYED_TYPES = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _key_of(a, index: dict):
+    """An argument in the structure key's terms: a node by its position, a value as itself with its type (1 and
+    1.0 and True differ), containers element-wise; ``_UNKEYED`` for anything else."""
+    if isinstance(a, torch.fx.Node):
+        return ("%", index[a])
+    if a is None:
+        return None
+    if type(a) is float:  # by its bits: -0.0 and 0.0 give different graphs
+        return (float, a.hex())
+    if type(a) in _KEYED_TYPES:
+        return (type(a), a)
+    if type(a) is list or type(a) is tuple:
+        parts = tuple(_key_of(x, index) for x in a)
+        return _UNKEYED if any(p is _UNKEYED for p in parts) else (type(a), parts)
+    if type(a) is dict:
+        parts = tuple((k, _key_of(v, index)) for k, v in a.items())
+        return _UNKEYED if any(p is _UNKEYED for _, p in parts) else (dict, parts)
+    return _UNKEYED
 
 
 class _VaryingScalars:

@@ -147,6 +147,9 @@ class LazyRunner:
         self.session = session_for(settings)
         # structure -> (graph, summary)
         self.graphs: OrderedDict[str, tuple[CompiledGraph | _Eager, list]] = OrderedDict()
+        # the structure as recorded (``Pending.key``) -> the same entry: a graph run before is found without
+        # building its GraphModule or its program key
+        self.recorded: OrderedDict[tuple, CompiledGraph | _Eager] = OrderedDict()
         self.ledger = ledger or Ledger()  # where the graphs run and the syncs are written
         self.names = names or itertools.count()  # numbers the graphs: lazy_graph_0000, ...
 
@@ -159,6 +162,18 @@ class LazyRunner:
 
     def _graph_for(self, pending: Pending) -> tuple[CompiledGraph | _Eager, int, str]:
         """The graph for this structure, with the recipes compiled for it now and why it is new ("": seen)."""
+        found = self.recorded.get(pending.key) if pending.key is not None else None
+        if found is not None:
+            self.recorded.move_to_end(pending.key)
+            return found, 0, ""
+        graph, compiled, new = self._keyed_graph_for(pending)
+        if pending.key is not None:
+            self.recorded[pending.key] = graph
+            if len(self.recorded) > self.session.store.capacity:
+                self.recorded.popitem(last=False)
+        return graph, compiled, new
+
+    def _keyed_graph_for(self, pending: Pending) -> tuple[CompiledGraph | _Eager, int, str]:
         try:
             structure = program_key(pending.gm, pending.inputs, self.settings).key
         except Unkeyable as e:
@@ -277,7 +292,7 @@ class LazyEngine:
     def _start(self, settings: Settings) -> None:
         if self.runner is None or settings != self.runner.settings:
             self.runner = LazyRunner(settings, self.ledger, self.names)
-            self.recorder = LazyRecorder(self.runner, self.runner.sync)
+            self.recorder = LazyRecorder(self.runner, self.runner.sync, self.runner.recorded.__contains__)
 
     def for_device(self, settings: Settings) -> LazyRecorder:
         """The recorder the hpu device hands its ops to (on the device, lazy mode records the device's ops only,
