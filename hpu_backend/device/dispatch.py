@@ -90,65 +90,67 @@ class Device:
         flat, spec = _flatten(args, kwargs)
         wrappers, device, real = {}, None, True
         hosts = []
+        special = _special(func)
         for a in flat:
             if isinstance(a, HpuTensor):
                 wrappers[id(a.host)] = a
                 if device is None:
                     device = a.device
-                elif a.device != device and id(func) not in _CROSS_DEVICE:
+                elif a.device != device and not special & _CROSS_DEVICE:
                     raise _mixed(device, a.device)
                 real = real and type(a.host) is torch.Tensor
                 a = a.host
             elif type(a) is torch.device and a.type == HPU:
                 a = CPU  # the device's memory is the host's
             hosts.append(a)
-        if id(func) in _NO_OP:
-            return None
-        if type(flat[0]) is torch.Tensor and id(func) not in _CROSS_DEVICE and func._schema.is_mutable:
+        if special & _MUTABLE and type(flat[0]) is torch.Tensor and not special & _CROSS_DEVICE:
             # a host tensor written in place from a device one, without a copy (c.add_(t)): a real device refuses
-            raise _mixed(flat[0].device, next(t.device for t in flat if isinstance(t, HpuTensor)))
-        if func is aten._to_copy.default and isinstance(kwargs.get("device"), torch.device) \
-                and kwargs["device"].type == HPU:
+            raise _mixed(flat[0].device, device)
+        if special & _TO_COPY and isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == HPU:
             device = resolve(kwargs["device"])
-        read = _host_read(func, flat)
         args, kwargs = _unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
             fake = _fake_mode(hosts)
             args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: _host_side(t, fake), (args, kwargs))
             return _wrap(func(*args, **kwargs), wrappers, device)
-        if read:
-            self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
-            return func(*args, **kwargs)  # a host value or tensor: not wrapped
+        if special & _HANDLED:
+            if special & _NO_OP:
+                return None
+            read = _host_read(func, flat)
+            if read:
+                self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
+                return func(*args, **kwargs)  # a host value or tensor: not wrapped
+            if special & _COLLECTIVE:
+                self._collective(func, hosts)  # logged, then run as any op
+            elif _upload(func, flat):
+                self.ops += 1
+                self._copy_in(flat)
+                self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
+                return _wrap(func(*args, **kwargs), wrappers, device)
         self.ops += 1
-        if _is_collective(func):
-            self._collective(func, hosts)
-        if _upload(func, flat):
-            self._copy_in(flat)
-            self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
-            return _wrap(func(*args, **kwargs), wrappers, device)
+        self.timeline.op()
         if self.lazy:
-            self.timeline.op()
             if _is_view(func):
                 for host in wrappers:
                     self.recorder.track(wrappers[host].host)
-            return _wrap(self.recorder.__torch_dispatch__(func, (), args, kwargs), wrappers, device)
-        self.timeline.op()
-        if self.place(func, hosts):
-            return _wrap(func(*args, **kwargs), wrappers, device)  # on the CPU: no device recipe
-        return _wrap(self._eager(func, args, kwargs, hosts), wrappers, device)
-
-    def _eager(self, func, args, kwargs, hosts: list):
-        """Run one op in eager mode: the first time for its layout as a one-op recipe, then directly."""
+            return _wrap(self.recorder.dispatch(func, args, kwargs), wrappers, device)
         key = _eager_key(func, hosts, kwargs)
         known = self.estimates.get(key) if key is not None else None
-        if known is not None:
+        if known is not None:  # an op and layout seen before, on the device: its estimate, and run at once
             self.ledger.add_device_time(known[0])
             if known[1] is not None:
                 self.timeline.again(known[1])
-            return func(*args, **kwargs)
+            return _wrap(func(*args, **kwargs), wrappers, device)
+        if self.place(func, hosts):
+            return _wrap(func(*args, **kwargs), wrappers, device)  # on the CPU: no device recipe
+        return _wrap(self._eager(func, args, kwargs, key), wrappers, device)
+
+    def _eager(self, func, args, kwargs, key):
+        """Run one op in eager mode the first time for its layout, as a one-op recipe (later calls of the layout
+        take ``_call``'s shortcut)."""
         before = self.ledger.total_s
         self.timeline.last = None
-        out = self.recorder.__torch_dispatch__(func, (), args, kwargs)
+        out = self.recorder.dispatch(func, args, kwargs)
         if self.recorder.pending():
             self.recorder.flush("eager op", user_line())
         if key is not None and len(self.estimates) < _EAGER_KEYS:
@@ -283,7 +285,7 @@ def _eager_key(func, hosts: list, kwargs: dict):
     parts = [id(func), tuple(kwargs)]
     for a in hosts:
         if isinstance(a, torch.Tensor):
-            parts.append((tuple(a.shape), a.stride(), a.dtype))
+            parts.append((a.shape, a.stride(), a.dtype))
         elif type(a) is float:
             parts.append(float)
         elif a is None or isinstance(a, (bool, int, str, torch.dtype, torch.device, torch.layout,
@@ -292,12 +294,6 @@ def _eager_key(func, hosts: list, kwargs: dict):
         else:
             return None
     return tuple(parts)
-
-
-@functools.cache  # ops are never freed, and an op's hash is its identity
-def _is_collective(func) -> bool:
-    """A c10d op (DDP's bucket all-reduces): ``OpOverload.namespace`` is a property, asked of every op."""
-    return func.namespace == "c10d"
 
 
 @functools.cache
@@ -339,11 +335,27 @@ def _host_side(t: torch.Tensor, fake) -> torch.Tensor:
     return t.to(CPU) if t.device.type == HPU and not isinstance(t, HpuTensor) else t
 
 
-# Ops whose tensors may lie on different devices: copies between them.
-_CROSS_DEVICE = frozenset(map(id, (aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
-                                    aten._copy_from_and_resize.default, aten.set_.source_Tensor,
-                                    aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)))
-_NO_OP = frozenset({id(aten.record_stream.default)})  # memory is freed with the host tensor: no stream holds it
+# What makes an op more than a computation on the device, as bits (``_special``; most ops have none).
+_CROSS_DEVICE = 1  # its tensors may lie on different devices: copies between them
+_MUTABLE = 2  # writes an argument (a host tensor must not be written from a device one)
+_TO_COPY = 4  # ``_to_copy``: its ``device`` argument names the card of the result
+_NO_OP = 8  # nothing to do on this device: memory is freed with the host tensor, no stream holds it
+_COLLECTIVE = 16  # a c10d op (DDP's bucket all-reduces): on the timeline's network row
+_HOST_READ = 32  # may read a value onto the host, or copy one in
+_HANDLED = _NO_OP | _COLLECTIVE | _HOST_READ  # handled before the op runs as any other
+_CROSS_DEVICE_OPS = (aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
+                     aten._copy_from_and_resize.default, aten.set_.source_Tensor, aten.set_.source_Storage,
+                     aten.set_.source_Storage_storage_offset)
+
+
+@functools.cache  # ops are never freed, and an op's hash is its identity
+def _special(func) -> int:
+    """The op's bits above, asked once per op (the checks they stand for were most of the device's own cost)."""
+    bits = _CROSS_DEVICE * (func in _CROSS_DEVICE_OPS) | _MUTABLE * func._schema.is_mutable
+    bits |= _TO_COPY * (func is aten._to_copy.default) | _NO_OP * (func is aten.record_stream.default)
+    bits |= _COLLECTIVE * (func.namespace == "c10d")
+    bits |= _HOST_READ * (func in (aten._local_scalar_dense.default, aten._to_copy.default, aten.copy_.default))
+    return bits
 
 
 def _mixed(first, second) -> RuntimeError:

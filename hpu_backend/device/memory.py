@@ -111,17 +111,22 @@ class Memory:
         return self.held_against[0]
 
     def allocate(self, t: torch.Tensor) -> None:
-        """Count a device tensor's storage (once, until it is freed); DeviceOutOfMemoryError past the capacity."""
+        """Count a device tensor's storage (once, until it is freed); DeviceOutOfMemoryError past the capacity.
+        (Every device op's result comes here: the common case, a storage already counted, returns first.)"""
         storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self.storages:
+            return
         nbytes = storage.nbytes()
-        if not nbytes or storage.data_ptr() in self.storages:
+        if not nbytes:
             return
         with self.lock:
             limit = self._limit()
             if self.stats["InUse"] + nbytes > limit:
                 raise DeviceOutOfMemoryError(self._oom_text(nbytes, limit))
             self.stats["InUse"] += self._add(storage)
-            self.stats["MaxInUse"] = max(self.stats["MaxInUse"], self.stats["InUse"])
+            if self.stats["InUse"] > self.stats["MaxInUse"]:
+                self.stats["MaxInUse"] = self.stats["InUse"]
 
     def allocated(self) -> int:
         """Bytes of device memory held now."""
