@@ -142,7 +142,21 @@ def test_fused_attention_is_estimated_no_slower_and_no_larger_than_attention_by_
 
 
 OPTIMIZERS = {"FusedAdamW": lambda params: gaudi.FusedAdamW(params, lr=0.01, weight_decay=0.01),
-              "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01)}
+              "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01),  # foreach: torch's default on hpu
+              "AdamW per parameter": lambda params: torch.optim.AdamW(params, lr=0.01, foreach=False)}
+
+
+def test_optimizers_take_their_foreach_path_on_the_device_as_on_a_gaudi():
+    """Gaudi's tensors are plain tensors of a foreach device (PrivateUse1), so torch's optimizers and
+    clip_grad_norm_ default to their foreach kernels there: a dozen ops a step, not a dozen per parameter."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+    from torch.utils._foreach_utils import _has_foreach_support
+
+    params = list(torch.nn.Linear(4, 4).to("hpu").parameters())
+    assert _default_to_fused_or_foreach(params, differentiable=False, use_fused=False) == (False, True)
+    assert _has_foreach_support(params, torch.device("hpu"))
+    cpu = list(torch.nn.Linear(4, 4).parameters())
+    assert _default_to_fused_or_foreach(cpu, differentiable=False, use_fused=False) == (False, False)
 
 
 def _train(device: str, optimizer: str, steps: int = 6) -> tuple[list[float], list[torch.Tensor]]:

@@ -134,6 +134,35 @@ def test_graphs_that_differ_in_one_constant_never_share_a_recipe():
     assert torch.equal(got[0], torch.full((2, 2), float("inf"))) and torch.equal(got[1], -got[0])
 
 
+def test_foreach_adamw_with_a_scheduled_learning_rate_matches_eager_and_stops_compiling(tmp_path):
+    """torch's foreach AdamW passes its step sizes and bias corrections as Python numbers, one per parameter,
+    new every step (and the weight decay factor, new with each learning rate): the recorder gives them to the
+    graph as float32 tensors through the ops' tensor overloads, so the optimizer's graph stops changing."""
+    def run(steps: int) -> torch.nn.Module:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1, foreach=True)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+        for _ in range(steps):
+            model(x).square().mean().backward()
+            gaudi.mark_step()
+            opt.step()
+            opt.zero_grad()
+            gaudi.mark_step()
+            sched.step()
+        return model
+
+    reference = run(6)
+    before = _last_step()
+    with gaudi.lazy(_own_store(tmp_path)):
+        model = run(6)
+    _assert_same_params(model, reference)
+    optimizer_steps = _steps_since(before)[1::2]
+    assert len(optimizer_steps) == 6 and all(s.graphs for s in optimizer_steps)
+    assert [s.compiled for s in optimizer_steps[2:]] == [0] * 4, [g.new for s in optimizer_steps for g in s.graphs]
+
+
 def test_host_reads_mid_step_cut_the_graph_and_are_reported_with_their_line():
     torch.manual_seed(0)
     w = torch.randn(8, 8, requires_grad=True)

@@ -46,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..runtime import ops
+from .args import flatten, unflatten
 
 aten = torch.ops.aten
 
@@ -215,8 +216,8 @@ class LazyRecorder(TorchDispatchMode):
             args, kwargs = _positional(schema, args, kwargs)
         varying = self.scalars.varying(target, args, kwargs)
         if varying:
-            args, kwargs = self._as_inputs(target, args, kwargs, varying)
-        flat, spec = pytree.tree_flatten((args, kwargs))
+            target, args, kwargs = self._as_inputs(target, args, kwargs, varying)
+        flat, spec = flatten(args, kwargs)
         if any(isinstance(a, (torch.Generator, torch.SymInt, torch.SymFloat, torch.UntypedStorage)) for a in flat):
             raise _Unrecordable("takes a generator, storage or symbolic value")
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
@@ -235,9 +236,11 @@ class LazyRecorder(TorchDispatchMode):
             self.flush(f"{func} reads {stale}", user_line())
         return self._add(func, target, flat, spec, fakes, mutated, viewing)
 
-    def _as_inputs(self, target, args: tuple, kwargs: dict, varying: dict[str, float]) -> tuple[tuple, dict]:
-        """The call with its varying floats as 0-d float32 tensors, which the graph takes as inputs. A varying
-        ``value`` of addcdiv/addcmul multiplies ``tensor1`` first (the kernel's own order of operations)."""
+    def _as_inputs(self, target, args: tuple, kwargs: dict, varying: dict) -> tuple[Any, tuple, dict]:
+        """The call with its varying floats as float32 tensors, which the graph takes as inputs: a number as a 0-d
+        tensor; for a foreach op (an optimizer's step sizes and bias corrections, one per parameter), through its
+        overload that takes tensors (``TENSOR_TWINS``). A varying ``value`` of addcdiv/addcmul multiplies
+        ``tensor1`` first (the kernel's own order of operations)."""
         names = [a.name for a in target._schema.arguments]
         args, kwargs = list(args), dict(kwargs)
 
@@ -248,17 +251,23 @@ class LazyRecorder(TorchDispatchMode):
             else:
                 kwargs[name] = value
 
-        for name, value in varying.items():
+        def lifted(value):
             with no_dispatch():
                 scalar = torch.tensor(value, dtype=torch.float32)
             self._node_for(scalar)  # an input now: its address may be a freed pending storage's, not its value
-            if name == "value":
+            return scalar
+
+        twin = TENSOR_TWINS.get(target)
+        for name, value in varying.items():
+            if twin is not None:
+                put(name, [lifted(v) for v in value] if twin[1] == "each" else lifted(value))
+            elif name == "value":
                 i = names.index("tensor1")
-                put("tensor1", self._record(aten.mul.Tensor, (args[i], scalar), {}))
+                put("tensor1", self._record(aten.mul.Tensor, (args[i], lifted(value)), {}))
                 put("value", 1.0)
             else:
-                put(name, scalar)
-        return tuple(args), kwargs
+                put(name, lifted(value))
+        return (twin[0] if twin is not None else target), tuple(args), kwargs
 
     def _stale(self, t: torch.Tensor) -> str:
         """Why, read in this graph, ``t`` would miss a value the graph has not written yet ("": it would not)."""
@@ -292,7 +301,7 @@ class LazyRecorder(TorchDispatchMode):
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
         fake = [self._fake(a) if isinstance(a, torch.Tensor) else a for a in flat]
-        fargs, fkwargs = pytree.tree_unflatten(fake, spec)
+        fargs, fkwargs = unflatten(fake, spec)
         try:
             with self.fake_mode:
                 out = target(*fargs, **fkwargs)
@@ -331,8 +340,7 @@ class LazyRecorder(TorchDispatchMode):
 
     def _add(self, func, target, flat, spec, fakes, mutated, viewing):
         g = self.g
-        nargs, nkwargs = pytree.tree_unflatten(
-            [self._node_for(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
+        nargs, nkwargs = unflatten([self._node_for(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
         node = g.graph.call_function(target, tuple(nargs), nkwargs)
         node.meta["val"] = fakes
         node.meta["source"] = line = user_line()  # "file:line", for reports
@@ -349,11 +357,13 @@ class LazyRecorder(TorchDispatchMode):
                 else [node]
             for t, v in zip(mutated, values):
                 self._write(t, v)
-            return pytree.tree_unflatten(flat, spec)[0][0] if func._schema.returns else None
+            return unflatten(flat, spec)[0][0] if func._schema.returns else None
         if viewing:
             with no_dispatch():
-                args, kwargs = pytree.tree_unflatten(flat, spec)
+                args, kwargs = unflatten(flat, spec)
                 real = func(*args, **kwargs)
+        elif isinstance(fakes, torch.Tensor):
+            real = _unfilled(fakes)
         else:
             real = pytree.tree_map(_unfilled, fakes)
         self._bind(real, node, fresh=not viewing)
@@ -491,9 +501,14 @@ class _VaryingScalars:
     def varying(self, target, args: tuple, kwargs: dict) -> dict[str, float]:
         """The arguments of this call to pass as tensors, by name (none when no float argument can be one)."""
         named = _named(target._schema, args, kwargs)
-        floats = {a.name: v for a, v in named if type(v) is float and _liftable(target, a)}
-        # A 0-d float32 tensor promotes as a Python number does only beside a tensor with dimensions.
-        if not floats or not any(isinstance(v, torch.Tensor) and v.dim() for _, v in named):
+        if target in TENSOR_TWINS:
+            floats = _foreach_numbers(target, named)
+        else:
+            floats = {a.name: v for a, v in named if type(v) is float and _liftable(target, a)}
+            # A 0-d float32 tensor promotes as a Python number does only beside a tensor with dimensions.
+            if floats and not any(isinstance(v, torch.Tensor) and v.dim() for _, v in named):
+                return {}
+        if not floats:
             return {}
         line, out = user_line(), {}
         if len(self.last) >= _LAYOUTS:
@@ -520,6 +535,32 @@ def _liftable(target, argument) -> bool:
     if isinstance(argument.type, torch.TensorType):
         return True
     return argument.name == "value" and target in (aten.addcdiv.default, aten.addcmul.default)
+
+
+# Foreach ops whose numbers (one, or one per tensor) have an overload taking them as tensors: (that overload, how
+# it takes them: "one" 0-d tensor, "each" number as a 0-d tensor, or "vector", a 1-d tensor of them). Lifted only
+# over float32 tensors, where the kernel computes in float32 either way.
+TENSOR_TWINS = {
+    aten._foreach_add.Scalar: (aten._foreach_add.Tensor, "one"),
+    aten._foreach_mul.Scalar: (aten._foreach_mul.Tensor, "one"),
+    aten._foreach_div.Scalar: (aten._foreach_div.Tensor, "one"),
+    aten._foreach_add.ScalarList: (aten._foreach_add.List, "each"),
+    aten._foreach_sub.ScalarList: (aten._foreach_sub.List, "each"),
+    aten._foreach_mul.ScalarList: (aten._foreach_mul.List, "each"),
+    aten._foreach_div.ScalarList: (aten._foreach_div.List, "each"),
+    aten._foreach_addcdiv.ScalarList: (aten._foreach_addcdiv.Tensor, "vector"),
+    aten._foreach_addcmul.ScalarList: (aten._foreach_addcmul.Tensor, "vector"),
+}
+
+
+def _foreach_numbers(target, named: list) -> dict:
+    """The numbers argument of a ``TENSOR_TWINS`` op, by name, when its tensors are all float32 ({} otherwise)."""
+    tensors, numbers = named[0][1], named[-1]
+    value = numbers[1]
+    ok = type(value) is float or type(value) is list and value and all(type(x) is float for x in value)
+    if not ok or not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors):
+        return {}
+    return {numbers[0].name: value}
 
 
 def _layout_key(target, flat: list, spec) -> tuple | None:

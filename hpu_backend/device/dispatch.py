@@ -29,6 +29,7 @@ from collections import Counter
 import torch
 import torch.utils._pytree as pytree
 
+from ..capture.args import flatten, unflatten
 from ..capture.lazy import LazyRecorder, user_line
 from ..lowering import optable
 from ..lowering.passes.place import SCALAR_TYPE
@@ -87,7 +88,7 @@ class Device:
         return ("lazy" if self.lazy else "eager") if self.timeline.depth else "compiled"
 
     def _call(self, func, args, kwargs):
-        flat, spec = _flatten(args, kwargs)
+        flat, spec = flatten(args, kwargs)
         wrappers, device, real = {}, None, True
         hosts = []
         special = _special(func)
@@ -108,7 +109,7 @@ class Device:
             raise _mixed(flat[0].device, device)
         if special & _TO_COPY and isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type == HPU:
             device = resolve(kwargs["device"])
-        args, kwargs = _unflatten(hosts, spec)
+        args, kwargs = unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
             fake = _fake_mode(hosts)
             args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: _host_side(t, fake), (args, kwargs))
@@ -361,42 +362,6 @@ def _special(func) -> int:
 def _mixed(first, second) -> RuntimeError:
     return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                         f"{first} and {second}!")
-
-
-def _flatten(args: tuple, kwargs: dict) -> tuple[list, tuple]:
-    """An op's arguments as one flat list and how to rebuild them: aten ops take values and lists of values,
-    flattened here without pytree's generality (its cost, on every op, was most of the device's own); anything
-    nested deeper goes to pytree."""
-    flat, shape, nested = [], [], False
-    for a in (*args, *kwargs.values()):
-        if type(a) is list or type(a) is tuple:
-            if any(type(x) is list or type(x) is tuple or type(x) is dict for x in a):
-                leaves, spec = pytree.tree_flatten((args, kwargs))
-                return leaves, (None, spec)
-            shape.append((type(a), len(a)))
-            flat.extend(a)
-            nested = True
-        else:
-            shape.append(None)
-            flat.append(a)
-    return flat, (len(args), shape if nested else None, tuple(kwargs))
-
-
-def _unflatten(flat: list, spec: tuple) -> tuple[tuple, dict]:
-    if spec[0] is None:
-        return pytree.tree_unflatten(flat, spec[1])
-    n, shape, keys = spec
-    if shape is None:  # no list among the arguments (most ops): the values as they are
-        return tuple(flat[:n]), (dict(zip(keys, flat[n:])) if keys else {})
-    values, i = [], 0
-    for s in shape:
-        if s is None:
-            values.append(flat[i])
-            i += 1
-        else:
-            values.append(s[0](flat[i:i + s[1]]))
-            i += s[1]
-    return tuple(values[:n]), dict(zip(keys, values[n:]))
 
 
 def _wrap(out, wrappers: dict, device):

@@ -121,6 +121,19 @@ def _host_storage(storage, location: str):
     return storage if location.split(":")[0] == tensor.HPU else None
 
 
+def _foreach_on_the_device() -> None:
+    """Torch's optimizers (and ``clip_grad_norm_``) take their ``foreach`` path by default on a device whose
+    tensors are plain tensors on a foreach device: Gaudi's are (``hpu`` is torch's PrivateUse1), so AdamW runs
+    there as a dozen ``_foreach_*`` ops a step, not a dozen ops per parameter. The device's tensors are a
+    subclass, which torch's type check would send down the per-parameter path: it is told they are tensors."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    for kinds in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if tensor.HpuTensor not in kinds:
+            kinds.append(tensor.HpuTensor)
+
+
 def _register() -> None:
     """Name PrivateUse1 ``hpu`` and install the module, methods and kernels (once per process)."""
     if context.registration() is not None:
@@ -139,6 +152,7 @@ def _register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch.serialization.register_package(15, _no_tag, _host_storage)
     torch.utils.swap_tensors = swap.swap_tensors  # module.to("hpu") of weakly referenced parameters (swap.py)
+    _foreach_on_the_device()
     lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")
     kernels.register(lib, every_op)
     context.set_registration((lib, every_op))
