@@ -43,7 +43,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..runtime import ops
 from .args import flatten, unflatten
@@ -85,7 +84,7 @@ class Pending:
     ``gm`` is made when first asked for, with a fake value on every input (what lowering reads; the recorder
     asks for it before running a structure the runner does not know)."""
 
-    graph: torch.fx.Graph
+    build: Callable[[], torch.fx.Graph]  # the FX graph of the recorded ops (made only for ``gm``)
     inputs: list[torch.Tensor]
     fill: list[torch.Tensor]  # the tensors the outputs are written into, in output order
     reason: str  # "mark_step" | "Tensor.item" | "op aten.nonzero.default" | ...
@@ -98,21 +97,55 @@ class Pending:
     @property
     def gm(self) -> torch.fx.GraphModule:
         if self._gm is None:
-            for node, t in zip((n for n in self.graph.nodes if n.op == "placeholder"), self.inputs):
+            graph = self.build()
+            for node, t in zip((n for n in graph.nodes if n.op == "placeholder"), self.inputs):
                 if "val" not in node.meta:
                     node.meta["val"] = self.convert(t)
-            self._gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
+            self._gm = torch.fx.GraphModule(torch.nn.Module(), graph)
         return self._gm
+
+
+class _ByTensor:
+    """A table keyed by tensor identity that does not keep its tensors alive (what torch's WeakIdKeyDictionary
+    does, at a fraction of its cost on every recorded op): an entry whose tensor died is never found, even when a
+    new tensor gets its id."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self):
+        self.entries: dict[int, tuple] = {}  # id -> (weak reference, value)
+
+    def get(self, t: torch.Tensor, default=None):
+        entry = self.entries.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else default
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        entry = self.entries.get(id(t))
+        return entry is not None and entry[0]() is t
+
+    def __setitem__(self, t: torch.Tensor, value) -> None:
+        entry = self.entries.get(id(t))
+        self.entries[id(t)] = (entry[0] if entry is not None and entry[0]() is t else weakref.ref(t), value)
+
+
+class _Node:
+    """A recorded op (or input) of the pending graph: what an FX node holds, made without FX's bookkeeping, which
+    cost more than recording itself; the FX graph is made from these only when a graph is new (``_fx_graph``)."""
+
+    __slots__ = ("op", "target", "args", "kwargs", "meta", "pos")
+
+    def __init__(self, op: str, target, args: tuple, kwargs: dict, pos: int):
+        self.op, self.target, self.args, self.kwargs, self.meta, self.pos = op, target, args, kwargs, {}, pos
 
 
 @dataclass
 class _Graph:
     """The graph being recorded, and what it knows of the tensors it touched."""
 
-    graph: torch.fx.Graph = field(default_factory=torch.fx.Graph)
-    node_of: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)  # tensor -> its current node
-    fresh: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)  # recorded tensor -> owns its storage
-    stale: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)  # aliases of a tensor written here
+    nodes: list = field(default_factory=list)  # _Node, in order
+    node_of: "_ByTensor" = field(default_factory=lambda: _ByTensor())  # tensor -> its current node
+    fresh: "_ByTensor" = field(default_factory=lambda: _ByTensor())  # recorded tensor -> owns its storage
+    stale: "_ByTensor" = field(default_factory=lambda: _ByTensor())  # aliases of a tensor written here
     inputs: dict = field(default_factory=dict)  # id -> (tensor, placeholder), strongly held until the flush
     written: dict = field(default_factory=dict)  # id(input) -> (input, placeholder, final node)
     recorded: dict = field(default_factory=dict)  # storage pointer -> weakrefs of recorded tensors on it
@@ -121,8 +154,12 @@ class _Graph:
     written_storages: set = field(default_factory=set)  # storages of inputs this graph writes
     seeded: bool = False  # holds a random op (it draws from the global generator at the flush)
     ops: int = 0
-    index: dict = field(default_factory=dict)  # node -> its position in ``key``'s terms
     key: list | None = field(default_factory=list)  # the structure so far (None: something has no stable form)
+
+    def add(self, op: str, target, args: tuple, kwargs: dict) -> _Node:
+        node = _Node(op, target, args, kwargs, len(self.nodes))
+        self.nodes.append(node)
+        return node
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -170,16 +207,14 @@ class LazyRecorder(TorchDispatchMode):
             return False
         fill, outs = _outputs(g)
         g.unfilled.clear()  # our references to the storages go with it
-        for _, placeholder, final in g.written.values():
-            g.graph.call_function(aten.copy_.default, (placeholder, final))
-        g.graph.output(tuple(outs))
+        written = [(placeholder, final) for _, placeholder, final in g.written.values()]
         key = None
         if g.key is not None:
-            key = (*g.key, tuple(g.index[n] for n in outs),
-                   tuple((g.index[p], g.index[f]) for _, p, f in g.written.values()),
+            key = (*g.key, tuple(n.pos for n in outs), tuple((p.pos, f.pos) for p, f in written),
                    torch.are_deterministic_algorithms_enabled())
-        pending = Pending(g.graph, [t for t, _ in g.inputs.values()], fill, reason, source or user_line(), g.ops,
-                          key, self._convert)
+        nodes = g.nodes
+        pending = Pending(lambda: _fx_graph(nodes, written, outs), [t for t, _ in g.inputs.values()], fill, reason,
+                          source or user_line(), g.ops, key, self._convert)
         if key is None or not self.known(key):
             pending.gm  # noqa: B018 - lowered: made now, before the run
         with no_dispatch(), torch.no_grad(), torch._C.DisableTorchFunction():
@@ -341,15 +376,14 @@ class LazyRecorder(TorchDispatchMode):
     def _add(self, func, target, flat, spec, fakes, mutated, viewing):
         g = self.g
         nargs, nkwargs = unflatten([self._node_for(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
-        node = g.graph.call_function(target, tuple(nargs), nkwargs)
+        node = g.add("call_function", target, tuple(nargs), nkwargs)
         node.meta["val"] = fakes
         node.meta["source"] = line = user_line()  # "file:line", for reports
         node.meta["stack_trace"] = _trace(line)  # where capture reads a recipe node's source
         custom = fx_traceback.current_meta.get("custom")
         if custom:  # the user's annotations (FusedSDPA's recompute choice), as a tracer records them
             node.meta["custom"] = dict(custom)
-        self._keyed(node, target, _key_of(nargs, g.index), _key_of(nkwargs, g.index),
-                    _key_of(node.meta.get("custom"), g.index))
+        self._keyed(node, target, _key_of(nargs), _key_of(nkwargs), _key_of(node.meta.get("custom")))
         g.ops += 1
         g.seeded = g.seeded or torch.Tag.nondeterministic_seeded in func.tags
         if func._schema.is_mutable:
@@ -369,7 +403,7 @@ class LazyRecorder(TorchDispatchMode):
         self._bind(real, node, fresh=not viewing)
         return real
 
-    def _write(self, t: torch.Tensor, value: torch.fx.Node) -> None:
+    def _write(self, t: torch.Tensor, value: _Node) -> None:
         """``t`` now holds ``value``: aliases of its storage read in this graph are stale; an input is written
         back at the end of the graph."""
         g = self.g
@@ -387,15 +421,14 @@ class LazyRecorder(TorchDispatchMode):
         g.node_of[t] = value
 
     def _item(self, node, i, fake):
-        item = self.g.graph.call_function(operator.getitem, (node, i))
+        item = self.g.add("call_function", operator.getitem, (node, i), {})
         item.meta["val"] = fake
-        self._keyed(item, i, self.g.index[node])
+        self._keyed(item, i, node.pos)
         return item
 
-    def _keyed(self, node: torch.fx.Node, *parts) -> None:
+    def _keyed(self, node: _Node, *parts) -> None:
         """``node`` joins the graph's structure key (which gives up at a part with no stable hash)."""
         g = self.g
-        g.index[node] = len(g.index)
         if g.key is not None:
             if any(p is _UNKEYED for p in parts):
                 g.key = None
@@ -416,12 +449,12 @@ class LazyRecorder(TorchDispatchMode):
             if r is not None:
                 self._bind(r, self._item(node, i, node.meta["val"][i]), fresh)
 
-    def _node_for(self, t: torch.Tensor) -> torch.fx.Node:
+    def _node_for(self, t: torch.Tensor) -> _Node:
         g = self.g
         node = g.node_of.get(t)
         if node is not None:
             return node
-        node = g.graph.placeholder(f"input_{len(g.inputs)}")  # its fake value is made when something needs it
+        node = g.add("placeholder", f"input_{len(g.inputs)}", (), {})  # its fake value: made when something needs it
         g.inputs[id(t)] = (t, node)
         g.input_storages.setdefault(_storage(t), []).append(t)
         g.node_of[t] = node
@@ -447,12 +480,12 @@ class LazyRecorder(TorchDispatchMode):
             return func(*args, **kwargs)
 
 
-def _outputs(g: _Graph) -> tuple[list[torch.Tensor], list[torch.fx.Node]]:
+def _outputs(g: _Graph) -> tuple[list[torch.Tensor], list[_Node]]:
     """Each unfilled storage something still holds (a tensor, a view or alias of it, autograd's saved values),
     as a tensor over all of it, with the node whose value fills it."""
     fill, outs = [], []
-    order = {n: i for i, n in enumerate(g.graph.nodes)}  # storage addresses are reused: order by the graph
-    for ref, node in sorted(g.unfilled.values(), key=lambda entry: order[entry[1]]):
+    # storage addresses are reused: order by the graph
+    for ref, node in sorted(g.unfilled.values(), key=lambda entry: entry[1].pos):
         if not ref.expired():
             fake = node.meta["val"]
             storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
@@ -468,11 +501,11 @@ _UNKEYED = object()
 _KEYED_TYPES = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
-def _key_of(a, index: dict):
+def _key_of(a):
     """An argument in the structure key's terms: a node by its position, a value as itself with its type (1 and
     1.0 and True differ), containers element-wise; ``_UNKEYED`` for anything else."""
-    if isinstance(a, torch.fx.Node):
-        return ("%", index[a])
+    if type(a) is _Node:
+        return ("%", a.pos)
     if a is None:
         return None
     if type(a) is float:  # by its bits: -0.0 and 0.0 give different graphs
@@ -480,10 +513,10 @@ def _key_of(a, index: dict):
     if type(a) in _KEYED_TYPES:
         return (type(a), a)
     if type(a) is list or type(a) is tuple:
-        parts = tuple(_key_of(x, index) for x in a)
+        parts = tuple(_key_of(x) for x in a)
         return _UNKEYED if any(p is _UNKEYED for p in parts) else (type(a), parts)
     if type(a) is dict:
-        parts = tuple((k, _key_of(v, index)) for k, v in a.items())
+        parts = tuple((k, _key_of(v)) for k, v in a.items())
         return _UNKEYED if any(p is _UNKEYED for _, p in parts) else (dict, parts)
     return _UNKEYED
 
@@ -634,6 +667,33 @@ def _functional(func, writes: list[int]):
     if twin is None or twin._schema.is_mutable:
         raise _Unrecordable(f"{func} has no functional twin")
     return twin
+
+
+def _fx_graph(nodes: list[_Node], written: list[tuple[_Node, _Node]], outs: list[_Node]) -> torch.fx.Graph:
+    """The FX graph of recorded nodes: each input written back with ``copy_`` (as AOTAutograd keeps input
+    mutations), the outputs in ``outs``' order."""
+    graph, made = torch.fx.Graph(), {}
+
+    def arg(a):
+        if type(a) is _Node:
+            return made[a]
+        if type(a) is list or type(a) is tuple:
+            return type(a)(arg(x) for x in a)
+        if type(a) is dict:
+            return {k: arg(v) for k, v in a.items()}
+        return a
+
+    for n in nodes:
+        if n.op == "placeholder":
+            node = graph.placeholder(n.target)
+        else:
+            node = graph.call_function(n.target, arg(n.args), arg(n.kwargs))
+        node.meta.update(n.meta)
+        made[n] = node
+    for placeholder, final in written:
+        graph.call_function(aten.copy_.default, (made[placeholder], made[final]))
+    graph.output(tuple(made[n] for n in outs))
+    return graph
 
 
 def _unfilled(fake: Any) -> Any:
