@@ -294,7 +294,11 @@ class LazyRecorder(TorchDispatchMode):
 
         twin = TENSOR_TWINS.get(target)
         for name, value in varying.items():
-            if twin is not None:
+            if twin is not None and twin[1] == "fold":  # value * tensor1 first, as for addcdiv below
+                i = names.index("tensor1")
+                put("tensor1", self._record(aten._foreach_mul.List, (args[i], [lifted(v) for v in value]), {}))
+                put(name, 1.0)
+            elif twin is not None:
                 put(name, [lifted(v) for v in value] if twin[1] == "each" else lifted(value))
             elif name == "value":
                 i = names.index("tensor1")
@@ -571,8 +575,9 @@ def _liftable(target, argument) -> bool:
 
 
 # Foreach ops whose numbers (one, or one per tensor) have an overload taking them as tensors: (that overload, how
-# it takes them: "one" 0-d tensor, "each" number as a 0-d tensor, or "vector", a 1-d tensor of them). Lifted only
-# over float32 tensors, where the kernel computes in float32 either way.
+# it takes them: "one" 0-d tensor, or "each" number as a 0-d tensor; "fold": addcdiv/addcmul with one number per
+# tensor, whose tensor overload reads its numbers on the host, become ``tensor1`` times each number, then the
+# overload with one number, 1.0). Lifted only over float32 tensors, where the kernel computes in float32 either way.
 TENSOR_TWINS = {
     aten._foreach_add.Scalar: (aten._foreach_add.Tensor, "one"),
     aten._foreach_mul.Scalar: (aten._foreach_mul.Tensor, "one"),
@@ -581,8 +586,8 @@ TENSOR_TWINS = {
     aten._foreach_sub.ScalarList: (aten._foreach_sub.List, "each"),
     aten._foreach_mul.ScalarList: (aten._foreach_mul.List, "each"),
     aten._foreach_div.ScalarList: (aten._foreach_div.List, "each"),
-    aten._foreach_addcdiv.ScalarList: (aten._foreach_addcdiv.Tensor, "vector"),
-    aten._foreach_addcmul.ScalarList: (aten._foreach_addcmul.Tensor, "vector"),
+    aten._foreach_addcdiv.ScalarList: (aten._foreach_addcdiv.Scalar, "fold"),
+    aten._foreach_addcmul.ScalarList: (aten._foreach_addcmul.Scalar, "fold"),
 }
 
 
