@@ -6,6 +6,10 @@ and the device model step in turn (interleaved, so a change in the machine's loa
 a mode's figure is the median of its steps, and its ratio is device over CPU. Losses and tokens are checked against
 the CPU's in every step.
 
+A fourth process, ``floor``, runs the same steps through a wrapper tensor subclass that does nothing but unwrap,
+run the op on the host and wrap the result (no device, no bookkeeping): the cost of Python dispatch alone, which
+any device written as a Python tensor subclass pays on every op, and a floor for the eager mode's ratio.
+
     OMP_NUM_THREADS=1 python bench/client_step_bench.py [--steps 8] [--warmup 3]
 
 Writes bench/results/client_step_bench.json (and .png with matplotlib) and prints one line per mode.
@@ -24,7 +28,7 @@ from common import maybe_plot, run_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "client_step_bench.json"
-MODES = ("eager", "lazy", "compile")
+MODES = ("eager", "lazy", "compile", "floor")
 NEW_TOKENS = 16
 
 
@@ -71,6 +75,76 @@ def _generator(device: str):
     return step
 
 
+def _floor_pair():
+    """The two steps with the model's tensors in a do-nothing wrapper subclass (``floor`` above)."""
+    import torch
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    class Passthrough(torch.Tensor):
+        @staticmethod
+        def __new__(cls, host, requires_grad=False):
+            out = torch.Tensor._make_wrapper_subclass(cls, host.shape, strides=host.stride(), dtype=host.dtype,
+                                                      storage_offset=host.storage_offset(),
+                                                      requires_grad=requires_grad)
+            out.host = host
+            return out
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            out = func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+            if type(out) is torch.Tensor:
+                return Passthrough(out)
+            if type(out) is tuple or type(out) is list:
+                return type(out)(Passthrough(t) if type(t) is torch.Tensor else t for t in out)
+            return out
+
+        def tolist(self):
+            return self.host.tolist()
+
+    def unwrap(a):
+        if type(a) is Passthrough:
+            return a.host
+        if type(a) is list or type(a) is tuple:
+            return type(a)(x.host if type(x) is Passthrough else x for x in a)
+        return a
+
+    for kinds in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        kinds.append(Passthrough)  # as the device does: torch's foreach optimizer path
+    torch.__future__.set_swap_module_params_on_conversion(True)
+
+    def wrapped(model):
+        return model._apply(lambda t: Passthrough(t, t.requires_grad))
+
+    def trainer():
+        model = wrapped(_model())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = Passthrough(torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(1)))
+
+        def step() -> float:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.host.item()
+        return step
+
+    def generator():
+        model = wrapped(_model()).eval()
+        prompt = Passthrough(torch.randint(1, 128, (1, 8), generator=torch.Generator().manual_seed(2)))
+
+        def step() -> list[int]:
+            with torch.no_grad():
+                out = model.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                     pad_token_id=0)
+            return out.host[0].tolist()
+        return step
+
+    return trainer, generator
+
+
 def _timed(fn) -> tuple[float, object]:
     start = time.perf_counter()
     value = fn()
@@ -78,14 +152,20 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def worker(mode: str, steps: int, warmup: int) -> dict:
-    import hpu_backend.device as hd
+    if mode == "floor":
+        trainer, generator = _floor_pair()
+        pairs = {"train_step": (_trainer("cpu", False, lambda: None), trainer()),
+                 "generate_16": (_generator("cpu"), generator())}
+    else:
+        import hpu_backend.device as hd
 
-    hd.enable("eager" if mode == "compile" else mode)
-    from hpu_backend import gaudi
+        hd.enable("eager" if mode == "compile" else mode)
+        from hpu_backend import gaudi
 
+        pairs = {"train_step": (_trainer("cpu", False, lambda: None),
+                                _trainer("hpu", mode == "compile", gaudi.mark_step)),
+                 "generate_16": (_generator("cpu"), _generator("hpu"))}
     rows = {}
-    pairs = {"train_step": (_trainer("cpu", False, lambda: None), _trainer("hpu", mode == "compile", gaudi.mark_step)),
-             "generate_16": (_generator("cpu"), _generator("hpu"))}
     for name, (cpu, hpu) in pairs.items():
         cpu_s, hpu_s, same = [], [], True
         for i in range(warmup + steps):
@@ -96,7 +176,8 @@ def worker(mode: str, steps: int, warmup: int) -> dict:
                 hpu_s.append(th)
         c, h = statistics.median(cpu_s), statistics.median(hpu_s)
         rows[name] = {"cpu_s": c, "hpu_s": h, "ratio": h / c, "matches_cpu": same}
-    return {"mode": mode, "rows": rows, "report_step_s": hd.report()["timeline"]["step_s"]}
+    report_step = None if mode == "floor" else hd.report()["timeline"]["step_s"]
+    return {"mode": mode, "rows": rows, "report_step_s": report_step}
 
 
 def run(mode: str, steps: int, warmup: int) -> dict:
