@@ -42,6 +42,8 @@ class DeviceContext:
         self.device = None  # the enabled Device (dispatch.py): mode, settings, placement, timeline
         self.pinned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # data pointer -> pinned tensor
         self.stream = None  # torch.hpu.current_stream(), made at its first call
+        # FusedSDPA's recompute_mode=None: recompute, as Gaudi's bridge starts (gaudi/sdpa.py's names set it)
+        self.recompute_sdp = True
 
     def counted_memory(self) -> Memory:
         """The memory, counting the runs of compiled graphs from now on (the device starts it, and so does the

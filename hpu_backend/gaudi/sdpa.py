@@ -35,23 +35,21 @@ import torch.fx.traceback as fx_traceback
 import torch.nn.functional as F
 
 from ..device.attention import device_attention
+from ..device.context import current_context
 from ..lowering.buffers import FUSED_SDPA_ANNOTATION
 
 aten = torch.ops.aten
 
 SOFTMAX_MODES = ("None", "fast")
 
-_recompute = True  # Gaudi's default for recompute_mode=None (see the module docstring)
-
-
 def enable_recompute_sdp(enabled: bool) -> None:
-    """Whether ``FusedSDPA.apply(..., recompute_mode=None)`` recomputes (Gaudi's ``torch.hpu`` API)."""
-    global _recompute
-    _recompute = bool(enabled)
+    """Whether ``FusedSDPA.apply(..., recompute_mode=None)`` recomputes (Gaudi's ``torch.hpu`` API); the device
+    context holds the choice (recompute at its start, Gaudi's default: see the module docstring)."""
+    current_context().recompute_sdp = bool(enabled)
 
 
 def recompute_sdp_enabled() -> bool:
-    return _recompute
+    return current_context().recompute_sdp
 
 
 @contextlib.contextmanager
