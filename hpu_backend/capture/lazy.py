@@ -27,6 +27,7 @@ by the caller: lowered, cached and executed as a recipe) and writes each result 
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import sys
@@ -239,14 +240,13 @@ class LazyRecorder(TorchDispatchMode):
                 return self._eager(func, args, kwargs, str(e))
 
     def _record(self, func, args, kwargs):
-        if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten":
-            raise _Unrecordable("not an aten op")
-        schema = func._schema
-        writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-        target = _functional(func, writes) if writes else func
-        name = ops.op_name(target)
-        if name is None or not ops.is_allowed(name):
+        facts = _facts(func)
+        if type(facts) is str:
+            raise _Unrecordable(facts)
+        target, writes, viewing, name = facts
+        if not ops.is_allowed(name):  # (asked each time: the allowlist's answers are its own to cache)
             raise _Unrecordable("outside the runtime allowlist")
+        schema = func._schema
         if target is not func:  # the twin may default an argument differently (bernoulli_'s p): pass all
             args, kwargs = _positional(schema, args, kwargs)
         varying = self.scalars.varying(target, args, kwargs)
@@ -256,7 +256,6 @@ class LazyRecorder(TorchDispatchMode):
         if any(isinstance(a, (torch.Generator, torch.SymInt, torch.SymFloat, torch.UntypedStorage)) for a in flat):
             raise _Unrecordable("takes a generator, storage or symbolic value")
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-        viewing = not writes and any(r.alias_info is not None for r in schema.returns)
         if viewing and not any(self._touched(t) for t in tensors):
             with no_dispatch():
                 return func(*args, **kwargs)  # a view of real values is real: nothing to record
@@ -651,6 +650,24 @@ class _HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+
+
+@functools.cache  # ops are never freed, and an op's hash is its identity
+def _facts(func) -> tuple | str:
+    """What recording an op needs of its schema, asked once per op: (the op the graph holds, the arguments it
+    writes, whether it returns a view, its recipe name), or why no graph can hold it."""
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace != "aten":
+        return "not an aten op"
+    schema = func._schema
+    writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    try:
+        target = _functional(func, writes) if writes else func
+    except _Unrecordable as e:
+        return str(e)
+    name = ops.op_name(target)
+    if name is None:
+        return "outside the runtime allowlist"
+    return target, writes, not writes and any(r.alias_info is not None for r in schema.returns), name
 
 
 # In-place ops whose functional twin has another name or overload.
