@@ -37,6 +37,18 @@ def _assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
         torch.testing.assert_close(p, q, msg=name)
 
 
+def _scheduled_steps(model, x, opt, sched, steps: int) -> torch.nn.Module:
+    """A Gaudi-style loop with a learning rate schedule: mark_step after backward and after the optimizer step."""
+    for _ in range(steps):
+        model(x).square().mean().backward()
+        gaudi.mark_step()
+        opt.step()
+        opt.zero_grad()
+        gaudi.mark_step()
+        sched.step()
+    return model
+
+
 def _own_store(tmp_path) -> dict:
     """Options of a lazy block with a recipe store of its own: its first graphs compile whatever ran before in this
     process (the suite runs in random order, several tests to a process)."""
@@ -99,13 +111,7 @@ def test_a_new_constant_every_iteration_is_a_new_graph_every_step_and_the_report
         ref_sched.step()
     before = _last_step()
     with gaudi.lazy(_own_store(tmp_path)):
-        for _ in range(4):
-            model(x).square().mean().backward()
-            gaudi.mark_step()
-            opt.step()
-            opt.zero_grad()
-            gaudi.mark_step()
-            sched.step()
+        _scheduled_steps(model, x, opt, sched, 4)
     _assert_same_params(model, reference)
     optimizer_steps = _steps_since(before)[1::2]
     assert [s.compiled for s in optimizer_steps[1:]] == [1, 1, 1]
@@ -143,15 +149,8 @@ def test_foreach_adamw_with_a_scheduled_learning_rate_matches_eager_and_stops_co
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
         opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1, foreach=True)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
-        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
-        for _ in range(steps):
-            model(x).square().mean().backward()
-            gaudi.mark_step()
-            opt.step()
-            opt.zero_grad()
-            gaudi.mark_step()
-            sched.step()
-        return model
+        return _scheduled_steps(model, torch.randn(16, 8, generator=torch.Generator().manual_seed(1)), opt, sched,
+                                steps)
 
     reference = run(6)
     before = _last_step()
