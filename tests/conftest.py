@@ -73,9 +73,28 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(autouse=True)
+def _device_context():
+    """Each test that finds the hpu device enabled (its module enables it at import: torch needs the device before
+    the process's first backward) runs on a device context of its own, the device enabled in the same mode:
+    memory, lazy graphs, the step ledger and the timeline start empty, and the process's context comes back
+    after the test, whatever the test switched."""
+    import hpu_backend.device as hd
+    from hpu_backend.device import context
+    from hpu_backend.settings import Settings
+
+    device = context.enabled_device()
+    if device is None or device.settings != Settings.from_options({}):  # a test's own settings: left as they are
+        yield
+        return
+    with context.fresh_context():
+        hd.enable(device.mode)
+        yield
+
+
 @pytest.fixture(params=["eager", "lazy"])
 def device_mode(request):
-    """The hpu device in each of its modes; back to eager after, so nothing of the device stays pending."""
+    """The hpu device in each of its modes, on the test's own device context."""
     import hpu_backend.device as hd
 
     hd.enable(request.param)

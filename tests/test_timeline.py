@@ -22,9 +22,9 @@ hd.enable("eager")  # before this process's first backward (see test_device.py)
 SAMPLE = Path(__file__).parent / "samples" / "mnist_trace.json"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lazy_device():
-    hd.enable("lazy")
+    hd.enable("lazy")  # in the test's own device context (conftest)
     yield hd.current()
     hd.enable("eager")
 
