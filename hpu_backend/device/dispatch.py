@@ -104,6 +104,8 @@ class Device:
             hosts.append(a)
         if id(func) in _NO_OP:
             return None
+        if func is _GATHER_INTO_TENSOR:
+            _stack_gathered(hosts, wrappers)
         if type(flat[0]) is torch.Tensor and id(func) not in _CROSS_DEVICE and func._schema.is_mutable:
             # a host tensor written in place from a device one, without a copy (c.add_(t)): a real device refuses
             raise _mixed(flat[0].device, next(t.device for t in flat if isinstance(t, HpuTensor)))
@@ -344,6 +346,20 @@ _CROSS_DEVICE = frozenset(map(id, (aten.copy_.default, aten._to_copy.default, at
                                     aten._copy_from_and_resize.default, aten.set_.source_Tensor,
                                     aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)))
 _NO_OP = frozenset({id(aten.record_stream.default)})  # memory is freed with the host tensor: no stream holds it
+_GATHER_INTO_TENSOR = torch.ops.c10d._allgather_base_.default if torch.distributed.is_available() else None
+
+
+def _stack_gathered(hosts: list, wrappers: dict) -> None:
+    """``all_gather_into_tensor``: HCCL (as NCCL) takes an output of any shape with the ranks' inputs' elements
+    (Accelerate's gather passes a flat one); gloo underneath wants them stacked along dim 0, so it gets a view
+    of the output of that shape (the op still returns the caller's tensor)."""
+    out, one = hosts[0], hosts[1]
+    if one.dim() == 0 or one.numel() == 0 or not out.is_contiguous() or out.numel() % one.numel():
+        return
+    view = out.view(out.numel() // one.numel() * one.shape[0], *one.shape[1:])
+    if id(out) in wrappers:
+        wrappers[id(view)] = wrappers[id(out)]
+    hosts[0] = view
 
 
 def _mixed(first, second) -> RuntimeError:
