@@ -31,7 +31,8 @@ def client_env(tmp: Path, **extra: str) -> dict[str, str]:
     ``pip list``), the test site folder, no hub access, caches under ``tmp``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = str(SITE)  # hpu_backend itself: the installed copy, as the tests import it
+    # hpu_backend itself: the copy the tests import (CI: the installed wheel; a checkout on the caller's PYTHONPATH)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
     env.pop("PYTHONSAFEPATH", None)  # CI's: a script run as `python SCRIPT` finds its own folder's modules
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf"), TOKENIZERS_PARALLELISM="false",
                PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp / 'recipes'},false,1024")

@@ -11,12 +11,12 @@ VOCAB = 128
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer of ``VOCAB`` tokens trained on ``CORPUS``."""
+    """A BPE tokenizer of ``VOCAB`` tokens trained on ``CORPUS``; like LLaMA's, it gives no ``token_type_ids``."""
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.Whitespace()
     bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<unk>", "<s>"]))
     return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                   eos_token="<s>")
+                                   eos_token="<s>", model_input_names=["input_ids", "attention_mask"])
 
 
 def model(kind: str) -> torch.nn.Module:
