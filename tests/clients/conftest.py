@@ -41,11 +41,14 @@ def client_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def run_client(tmp: Path, script: str, *args, cards: int | None = None, launcher: bool = True,
-               timeout: float = 400, **env: str) -> subprocess.CompletedProcess:
-    """Run ``scripts/SCRIPT ARGS`` with this Python, under the launcher unless ``launcher`` is False; a failure
-    shows the run's last output."""
+               torchrun: int | None = None, timeout: float = 400, **env: str) -> subprocess.CompletedProcess:
+    """Run ``scripts/SCRIPT ARGS`` with this Python, under the launcher unless ``launcher`` is False (``torchrun``:
+    that many processes under torch's own launcher on a free port, the CPU's reference of several ranks); a
+    failure shows the run's last output."""
     command = [sys.executable, str(SCRIPTS / script), *map(str, args)]
-    if launcher:
+    if torchrun:
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(torchrun)]
+    elif launcher:
         command[1:1] = ["-m", "hpu_backend.run", *(["--cards", str(cards)] if cards else [])]
     proc = subprocess.run(command, env=client_env(tmp, **env), cwd=tmp, capture_output=True, text=True,
                           timeout=timeout)
