@@ -28,9 +28,10 @@ def model(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "gpt2":
         return gpt2.GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
-                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    return llama.LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+                                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return llama.LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=64))
 
 
 def dataset(length: int = 16) -> list[dict]:
