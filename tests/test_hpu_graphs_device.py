@@ -111,3 +111,26 @@ def test_a_train_mode_buffer_update_is_still_not_captured(caplog):
         torch.testing.assert_close(graphed(x), model(x))
     torch.testing.assert_close(graphed.running_mean, model.running_mean)
     assert _replays(graphed) == 0 and "train mode" in caplog.text
+
+
+def test_module_cacher_trains_as_the_cpu_and_captures_once_per_signature(device_mode):
+    """hpu.ModuleCacher (HPU graphs for training): the wrapped module trains with the CPU's gradients; in lazy
+    mode each new input signature is captured once (at most ``max_graphs`` kept), a repeat replays; in eager
+    mode (no HPU graphs on Gaudi) the module runs as it is."""
+    from hpu_backend.gaudi import mark_step
+    from hpu_backend.gaudi.graphs import ModuleCacher
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    cached = ModuleCacher(max_graphs=1)(model=copy.deepcopy(model).to("hpu"), inplace=True)
+    for rows in (3, 3, 5, 3):
+        x = torch.randn(rows, 4)
+        model.zero_grad()
+        cached.zero_grad()
+        model(x).sum().backward()
+        cached(x.to("hpu")).sum().backward()
+        mark_step()
+        for ours, cpu in zip(cached.parameters(), model.parameters()):
+            torch.testing.assert_close(ours.grad.cpu(), cpu.grad)
+    lazy = device_mode == "lazy"
+    assert (cached.forward.captures, cached.forward.replays) == ((3, 1) if lazy else (0, 0))  # 5 rows evicted 3

@@ -104,6 +104,8 @@ class Device:
             elif type(a) is torch.device and a.type == HPU:
                 a = CPU  # the device's memory is the host's
             hosts.append(a)
+        if special & _COLLECTIVE and func is _GATHER_INTO_TENSOR:
+            _stack_gathered(hosts, wrappers)
         if special & _MUTABLE and type(flat[0]) is torch.Tensor and not special & _CROSS_DEVICE:
             # a host tensor written in place from a device one, without a copy (c.add_(t)): a real device refuses
             raise _mixed(flat[0].device, device)
@@ -357,6 +359,20 @@ def _special(func) -> int:
     bits |= _COLLECTIVE * (func.namespace == "c10d")
     bits |= _HOST_READ * (func in (aten._local_scalar_dense.default, aten._to_copy.default, aten.copy_.default))
     return bits
+_GATHER_INTO_TENSOR = torch.ops.c10d._allgather_base_.default if torch.distributed.is_available() else None
+
+
+def _stack_gathered(hosts: list, wrappers: dict) -> None:
+    """``all_gather_into_tensor``: HCCL (as NCCL) takes an output of any shape with the ranks' inputs' elements
+    (Accelerate's gather passes a flat one); gloo underneath wants them stacked along dim 0, so it gets a view
+    of the output of that shape (the op still returns the caller's tensor)."""
+    out, one = hosts[0], hosts[1]
+    if one.dim() == 0 or one.numel() == 0 or not out.is_contiguous() or out.numel() % one.numel():
+        return
+    view = out.view(out.numel() // one.numel() * one.shape[0], *one.shape[1:])
+    if id(out) in wrappers:
+        wrappers[id(view)] = wrappers[id(out)]
+    hosts[0] = view
 
 
 def _mixed(first, second) -> RuntimeError:

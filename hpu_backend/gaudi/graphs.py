@@ -279,3 +279,70 @@ def _bind(ep, module: torch.nn.Module, names: list[str], args: tuple, kwargs: di
         else:
             fixed[name] = state[gi.target].detach()
     return fixed, static, position
+
+
+class ModuleCacher:
+    """Gaudi's ``habana_frameworks.torch.hpu.ModuleCacher`` (HPU graphs for training; Optimum's
+    ``use_hpu_graphs_for_training``): ``ModuleCacher(max_graphs)(model=m, inplace=True)`` makes each call of
+    ``m`` with a new input signature (shapes, dtypes, non-tensor arguments, train/eval mode) a graph of its
+    own, captured once and replayed after; at most ``max_graphs`` signatures are kept (the oldest goes).
+
+    In lazy mode (the only mode Gaudi supports HPU graphs in) the call's forward runs as its own lazy graph:
+    the pending graph is cut before it and after it, as a capture boundary is on Gaudi, so a repeated signature
+    runs the recipe compiled at its first call, and the backward records against the forward's outputs as
+    usual. What a Gaudi saves by a replay, the host's per-op accumulation, is not taken off the simulated host
+    time. In eager mode the module runs as it is. ``allow_unused_input``, ``have_grad_accumulation`` and
+    ``verbose`` are accepted; ``verbose`` logs each capture.
+    """
+
+    def __init__(self, max_graphs: int = 10):
+        self.max_graphs = max_graphs
+
+    def __call__(self, model: torch.nn.Module, inplace: bool = True, allow_unused_input: bool = False,
+                 verbose: bool = False, have_grad_accumulation: bool = False) -> torch.nn.Module:
+        import copy
+
+        target = model if inplace else copy.deepcopy(model)
+        if not isinstance(target.__dict__.get("forward"), TrainingGraphForward):
+            target.forward = TrainingGraphForward(target, target.forward, self.max_graphs, verbose)
+        return target
+
+
+class TrainingGraphForward:
+    """The forward of a module under ``ModuleCacher``: the signatures captured, each call a graph of its own."""
+
+    def __init__(self, module: torch.nn.Module, forward: Callable, max_graphs: int, verbose: bool):
+        self.module_name = type(module).__name__
+        self.module = module
+        self.forward = forward
+        self.__signature__ = _signature(forward)
+        self.max_graphs = max_graphs
+        self.verbose = verbose
+        self.signatures: collections.OrderedDict[tuple, None] = collections.OrderedDict()
+        self.captures = 0
+        self.replays = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .intel_utils import is_lazy
+        from .training import mark_step
+
+        if not is_lazy():
+            return self.forward(*args, **kwargs)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        key = (self.module.training, spec, *((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
+                                             else (type(a), repr(a)) for a in flat))
+        if key in self.signatures:
+            self.replays += 1
+            self.signatures.move_to_end(key)
+        else:
+            self.captures += 1
+            if self.verbose:
+                log.warning("hpu_backend: %s: HPU graph %d captured for a new input signature",
+                            self.module_name, self.captures)
+            self.signatures[key] = None
+            if len(self.signatures) > self.max_graphs:
+                self.signatures.popitem(last=False)
+        mark_step()  # the capture's boundaries: the forward is a graph of its own
+        out = self.forward(*args, **kwargs)
+        mark_step()
+        return out

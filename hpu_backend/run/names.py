@@ -40,7 +40,9 @@ def _hpu_module() -> types.ModuleType:
 
     _device().enable()
     hpu = torch.hpu
-    extras = {"wrap_in_hpu_graph": gaudi.wrap_in_hpu_graph, "metrics": metrics,
+    from ..gaudi.graphs import ModuleCacher
+
+    extras = {"wrap_in_hpu_graph": gaudi.wrap_in_hpu_graph, "ModuleCacher": ModuleCacher, "metrics": metrics,
               "enable_recompute_sdp": gaudi.enable_recompute_sdp, "recompute_sdp_enabled": gaudi.recompute_sdp_enabled,
               "sdp_kernel": gaudi.sdp_kernel}
     for name, value in extras.items():

@@ -31,7 +31,8 @@ def client_env(tmp: Path, **extra: str) -> dict[str, str]:
     ``pip list``), the test site folder, no hub access, caches under ``tmp``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = str(SITE)  # hpu_backend itself: the installed copy, as the tests import it
+    # hpu_backend itself: the copy the tests import (CI: the installed wheel; a checkout on the caller's PYTHONPATH)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
     env.pop("PYTHONSAFEPATH", None)  # CI's: a script run as `python SCRIPT` finds its own folder's modules
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf"), TOKENIZERS_PARALLELISM="false",
                PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp / 'recipes'},false,1024")
@@ -40,11 +41,14 @@ def client_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def run_client(tmp: Path, script: str, *args, cards: int | None = None, launcher: bool = True,
-               timeout: float = 400, **env: str) -> subprocess.CompletedProcess:
-    """Run ``scripts/SCRIPT ARGS`` with this Python, under the launcher unless ``launcher`` is False; a failure
-    shows the run's last output."""
+               torchrun: int | None = None, timeout: float = 400, **env: str) -> subprocess.CompletedProcess:
+    """Run ``scripts/SCRIPT ARGS`` with this Python, under the launcher unless ``launcher`` is False (``torchrun``:
+    that many processes under torch's own launcher on a free port, the CPU's reference of several ranks); a
+    failure shows the run's last output."""
     command = [sys.executable, str(SCRIPTS / script), *map(str, args)]
-    if launcher:
+    if torchrun:
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(torchrun)]
+    elif launcher:
         command[1:1] = ["-m", "hpu_backend.run", *(["--cards", str(cards)] if cards else [])]
     proc = subprocess.run(command, env=client_env(tmp, **env), cwd=tmp, capture_output=True, text=True,
                           timeout=timeout)

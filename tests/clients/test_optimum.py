@@ -16,53 +16,95 @@ import torch
 import tiny
 
 
-def _trained(path):
-    saved = torch.load(path)
-    model = tiny.model(saved["kind"])
-    model.load_state_dict(saved["weights"])
+def _trained(path) -> dict:
+    """kind -> (logged losses, loss of the trained weights on the whole dataset, what the run saved)."""
     ids = torch.stack([row["input_ids"] for row in tiny.dataset()])
-    with torch.no_grad():
-        return saved["losses"], model.eval()(input_ids=ids, labels=ids).loss
+    done = {}
+    for kind, saved in torch.load(path).items():
+        model = tiny.model(kind)
+        model.load_state_dict(saved["weights"])
+        with torch.no_grad():
+            done[kind] = saved["losses"], model.eval()(input_ids=ids, labels=ids).loss, saved
+    return done
 
 
 @pytest.fixture(scope="module")
 def cpu_reference(tmp_path_factory):
-    """kind -> (logged losses, final loss) of transformers' Trainer on the CPU (computed once per worker)."""
+    """cards -> kind -> (logged losses, final loss) of transformers' Trainer on the CPU, for both models: one
+    process, or ``cards`` processes under torchrun (DDP over gloo, each rank its share of the batches, as the
+    device's ranks); computed once per worker."""
     from conftest import run_client
 
     done = {}
 
-    def reference(kind):
-        if kind not in done:
-            tmp = tmp_path_factory.mktemp(f"cpu_{kind}")
-            run_client(tmp, "train_gaudi.py", kind, "cpu", "eager", tmp / "cpu.pt", launcher=False)
-            done[kind] = _trained(tmp / "cpu.pt")
-        return done[kind]
+    def reference(cards):
+        if cards not in done:
+            tmp = tmp_path_factory.mktemp(f"cpu_{cards}")
+            run_client(tmp, "train_gaudi.py", "cpu", "eager", tmp / "cpu.pt", "gpt2,llama", launcher=False,
+                       torchrun=cards if cards > 1 else None)
+            done[cards] = _trained(tmp / "cpu.pt")
+        return done[cards]
 
     return reference
 
 
-@pytest.mark.parametrize("kind, mode", [("gpt2", "lazy"), ("llama", "lazy"), ("gpt2", "eager"), ("llama", "eager"),
-                                        ("llama", "compile")])
-def test_gaudi_trainer_matches_the_cpu(client, tmp_path, cpu_reference, kind, mode):
+def _assert_matches(trained: dict, reference: dict, cards: int) -> None:
+    for kind, (losses, final, saved) in trained.items():
+        cpu_losses, cpu_final, cpu_saved = reference[kind]
+        assert len(losses) == 3 and saved["world"] == cpu_saved["world"] == cards
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(final, cpu_final, rtol=1e-4, atol=0)
+
+
+# Each run trains every model of the case in one process (start-up is most of a run's time); torch_compile_backend
+# on LLaMA only. Two cards: GaudiTrainer's DDP over hccl, against the same Trainer run on two CPU processes.
+@pytest.mark.parametrize("cards, mode, kinds", [(1, "lazy", "gpt2,llama"), (1, "eager", "gpt2,llama"),
+                                                (1, "compile", "llama"), (2, "lazy", "gpt2,llama"),
+                                                (2, "eager", "gpt2,llama"), (2, "compile", "llama")])
+def test_gaudi_trainer_matches_the_cpu(client, tmp_path, cpu_reference, cards, mode, kinds):
     lazy = "1" if mode == "lazy" else "0"
-    proc = client("train_gaudi.py", kind, "hpu", mode, tmp_path / "hpu.pt", "fused", PT_HPU_LAZY_MODE=lazy)
-    losses, final = _trained(tmp_path / "hpu.pt")
-    cpu_losses, cpu_final = cpu_reference(kind)
-    assert len(losses) == 3
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(final, cpu_final, rtol=1e-4, atol=0)
+    proc = client("train_gaudi.py", "hpu", mode, tmp_path / "hpu.pt", kinds, "fused", cards=cards,
+                  PT_HPU_LAZY_MODE=lazy)
+    trained = _trained(tmp_path / "hpu.pt")
+    assert sorted(trained) == sorted(kinds.split(","))
+    _assert_matches(trained, cpu_reference(cards), cards)
     assert f"{'eager' if mode == 'compile' else mode} mode" in proc.stderr  # the run report: the device's mode
-    assert (torch.load(tmp_path / "hpu.pt")["graphs"] > 0) == (mode == "compile")  # torch_compile_backend was used
+    for _, _, saved in trained.values():
+        assert (saved["graphs"] > 0) == (mode == "compile")  # torch_compile_backend was used
+        assert saved["hpu_graphs"] == []
 
 
-def test_gaudi_generate_with_fused_sdpa_matches_the_cpu(client):
+def test_gaudi_trainer_with_hpu_graphs_for_training_matches_the_cpu(client, tmp_path, cpu_reference):
+    """use_hpu_graphs_for_training (hpu.ModuleCacher, lazy mode): one capture for the fixed-shape batches, a
+    replay for each later step, the CPU's losses."""
+    client("train_gaudi.py", "hpu", "lazy", tmp_path / "hpu.pt", "gpt2,llama", "fused", "graphs",
+           PT_HPU_LAZY_MODE="1")
+    trained = _trained(tmp_path / "hpu.pt")
+    _assert_matches(trained, cpu_reference(1), 1)
+    for _, _, saved in trained.values():
+        assert saved["hpu_graphs"] == [(1, 2)]  # the wrapped forward: 1 signature captured, 2 replays
+
+
+@pytest.fixture(scope="module")
+def cpu_tokens(tmp_path_factory):
+    """The tokens of generate_gaudi.py on CPU tensors (computed once per worker)."""
+    from conftest import run_client
+
+    run = run_client(tmp_path_factory.mktemp("cpu_generate"), "generate_gaudi.py", "cpu", PT_HPU_LAZY_MODE="1")
+    return json.loads(run.stdout.strip().splitlines()[-1])["tokens"]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_gaudi_generate_with_fused_sdpa_matches_the_cpu(client, cpu_tokens, graphs):
     """adapt_transformers_to_gaudi() + greedy generate(use_flash_attention, static shapes): Gaudi's path (FusedSDPA,
-    fused RoPE and RMSNorm on the device) gives the tokens the same code gives on the CPU."""
-    tokens = json.loads(client("generate_gaudi.py", "hpu", PT_HPU_LAZY_MODE="1").stdout.strip().splitlines()[-1])
-    cpu = json.loads(client("generate_gaudi.py", "cpu", PT_HPU_LAZY_MODE="1").stdout.strip().splitlines()[-1])
-    assert tokens == cpu
-    assert len(tokens) == 2 and all(len(row) == 6 + 8 for row in tokens)
+    fused RoPE and RMSNorm on the device), with HPU graphs (wrap_in_hpu_graph + hpu_graphs=True: the prompt's
+    and the decode step's graphs captured and replayed) or without, gives the tokens the same code gives on the
+    CPU."""
+    run = client("generate_gaudi.py", "hpu", *(["graphs"] if graphs else []), PT_HPU_LAZY_MODE="1")
+    hpu = json.loads(run.stdout.strip().splitlines()[-1])
+    assert hpu["tokens"] == cpu_tokens
+    assert len(hpu["tokens"]) == 2 and all(len(row) == 6 + 8 for row in hpu["tokens"])
+    assert hpu["captures"] == (2 if graphs else 0)  # the prompt's graph and the decode step's, replayed after
 
 
 def test_import_sees_the_simulated_release_only_under_the_launcher(client):

@@ -2,7 +2,8 @@
 [graphs]``. Optimum Habana's ``adapt_transformers_to_gaudi()`` + ``generate()`` with FusedSDPA
 (``use_flash_attention``), static shapes, lazy mode and, with ``graphs``, HPU graphs; DEVICE cpu runs the same
 code on CPU tensors (the reference: Optimum's fused kernels are taken on hpu tensors only). Prompts come from the
-locally trained tokenizer, of one length (6 tokens each). Prints the tokens as JSON."""
+locally trained tokenizer, of one length (6 tokens each). Prints the tokens and the number of HPU graphs captured
+as JSON."""
 
 import copy
 import json
@@ -29,4 +30,5 @@ config.use_flash_attention, config.flash_attention_recompute = True, False
 with torch.no_grad():
     out = model.generate(input_ids=prompts["input_ids"].to(device), attention_mask=prompts["attention_mask"].to(device),
                          generation_config=config, lazy_mode=True, hpu_graphs=graphs)
-print(json.dumps(out.cpu().tolist()))
+captures = getattr(model.__dict__.get("forward"), "captures", 0)
+print(json.dumps({"tokens": out.cpu().tolist(), "captures": captures}))

@@ -1,8 +1,10 @@
 """Tiny models from configs and a tokenizer trained here, for the client scripts (no downloads)."""
 
 import torch
+import transformers.models.gpt2.modeling_gpt2 as gpt2
+import transformers.models.llama.modeling_llama as llama
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import GPT2Config, LlamaConfig, PreTrainedTokenizerFast
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a gaudi card runs the graph the bridge compiled",
           "deep speed shards the optimizer state across the ranks", "optimum trains and generates on the card",
@@ -11,23 +13,25 @@ VOCAB = 128
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer of ``VOCAB`` tokens trained on ``CORPUS``."""
+    """A BPE tokenizer of ``VOCAB`` tokens trained on ``CORPUS``; like LLaMA's, it gives no ``token_type_ids``."""
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.Whitespace()
     bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<unk>", "<s>"]))
     return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                   eos_token="<s>")
+                                   eos_token="<s>", model_input_names=["input_ids", "attention_mask"])
 
 
 def model(kind: str) -> torch.nn.Module:
     """A 2-layer model of hidden size 64, seeded: the same weights in every process. No dropout: its draws are
-    not what the comparison is about."""
+    not what the comparison is about. The class is looked up now: after ``adapt_transformers_to_gaudi()``
+    (Optimum's arguments call it) it is Optimum's Gaudi class, as ``from_pretrained`` would give."""
     torch.manual_seed(0)
     if kind == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
-                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+        return gpt2.GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return llama.LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=64))
 
 
 def dataset(length: int = 16) -> list[dict]:
