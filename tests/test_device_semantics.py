@@ -81,6 +81,27 @@ def test_a_compiled_graph_makes_tensors_on_the_device(device_mode, dynamic):
             torch.testing.assert_close(g.cpu(), w)
 
 
+def test_a_compiled_graph_writes_a_tensor_it_made_on_the_device():
+    """Attention masks are made in the graph and written in place with a device mask (``zeros(..., device=)``,
+    then ``masked_fill_``): the write reaches the tensor the graph goes on reading, in the forward and backward."""
+    def fn(x, mask):
+        bias = torch.zeros(x.shape, device=x.device)
+        bias.masked_fill_(mask, -3.0)
+        bias[0] += x[0]
+        return (x * 2 + bias).softmax(-1)
+    x = torch.randn(3, 4)
+    mask = torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.5
+    want_x = x.clone().requires_grad_()
+    want = fn(want_x, mask)
+    w = torch.randn(3, 4)
+    (want * w).sum().backward()
+    got_x = x.to("hpu").requires_grad_()
+    got = torch.compile(fn, backend="hpu_backend")(got_x, mask.to("hpu"))
+    (got * w.to("hpu")).sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), want.detach())
+    torch.testing.assert_close(got_x.grad.cpu(), want_x.grad)
+
+
 def test_a_process_uses_one_card_whatever_index_names_it_and_a_missing_card_is_refused(monkeypatch):
     """DeepSpeed's rank 1 calls set_device(1) and makes its tensors on ``hpu:1``: they are the process's card,
     and a backward runs on them (torch's autograd engine queues a Python backend's work for one device)."""

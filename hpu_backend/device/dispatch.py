@@ -113,9 +113,7 @@ class Device:
             device = resolve(kwargs["device"])
         args, kwargs = unflatten(hosts, spec)
         if not real:  # traced (fake or functional hosts): no bookkeeping, the graph is what matters
-            fake = _fake_mode(hosts)
-            args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: _host_side(t, fake), (args, kwargs))
-            return _wrap(func(*args, **kwargs), wrappers, device)
+            return self._traced(func, special, args, kwargs, hosts, wrappers, device)
         if special & _HANDLED:
             if special & _NO_OP:
                 return None
@@ -147,6 +145,31 @@ class Device:
         if self.place(func, hosts):
             return _wrap(func(*args, **kwargs), wrappers, device)  # on the CPU: no device recipe
         return _wrap(self._eager(func, args, kwargs, key), wrappers, device)
+
+    def _traced(self, func, special: int, args: tuple, kwargs: dict, hosts: list, wrappers: dict, device):
+        """An op of a graph being traced (Dynamo's fake tensors, AOTAutograd's functional ones). A tensor the graph
+        made on the device itself comes to the host as a copy (``_host_side``): an op that writes it writes the
+        copy, so the copy is written back into it, as the graph's own write (``zeros(..., device=x.device)`` then
+        ``masked_fill_`` with a device mask: the mask must reach the tensor the graph goes on reading)."""
+        fake = _fake_mode(hosts)
+        moved = []  # (device-made tensor, its host copy)
+
+        def host_side(t):
+            h = _host_side(t, fake)
+            if h is not t and t.device.type == HPU:
+                moved.append((t, h))
+            return h
+
+        args, kwargs = pytree.tree_map_only(torch.Tensor, host_side, (args, kwargs))
+        out = func(*args, **kwargs)
+        if moved and special & _MUTABLE:
+            written = _written(func, args, kwargs)
+            for t, h in moved:
+                if any(h is w for w in written):
+                    t.copy_(h)
+                    if out is h:
+                        return t
+        return _wrap(out, wrappers, device)
 
     def _eager(self, func, args, kwargs, key):
         """Run one op in eager mode the first time for its layout, as a one-op recipe (later calls of the layout
@@ -304,6 +327,16 @@ def _is_view(func) -> bool:
     """An op that returns a view of its input (not one that writes it)."""
     schema = func._schema
     return not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
+
+
+def _written(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an op writes, by its schema."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            out.extend(value if isinstance(value, (list, tuple)) else [value])
+    return [t for t in out if isinstance(t, torch.Tensor)]
 
 
 def _upload(func, flat: list) -> bool:
