@@ -65,6 +65,17 @@ def test_module_to_moves_parameters_something_holds_weakly():
     torch.testing.assert_close(lin(torch.ones(2, 4, device="hpu")).detach().cpu(), want)
 
 
+def test_module_to_moves_parameters_a_cpu_autograd_graph_still_holds():
+    """A forward on the CPU, then ``module.to("hpu")`` with its graph still alive (a script that checks its model
+    on the CPU first): the parameters move, as ``.data`` moves them on another device."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    x = torch.randn(2, 4)
+    on_cpu = model(x)  # its autograd graph holds the weights
+    model.to("hpu")
+    assert all(p.device.type == "hpu" for p in model.parameters())
+    torch.testing.assert_close(model(x.to("hpu")).detach().cpu(), on_cpu.detach())
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_a_compiled_graph_makes_tensors_on_the_device(device_mode, dynamic):
     """Every Hugging Face model makes ``position_ids`` with ``arange(n, device=x.device)`` inside its graph."""

@@ -5,14 +5,14 @@ A device tensor is a wrapper subclass (``tensor.py``), so torch's ``Module._appl
 storage of its own would assign ``param.data``. torch's swap refuses a tensor that has a weak reference
 (DeepSpeed, ``weakref.finalize``, caches keyed weakly by parameter), which a ``.data`` assignment never does.
 The swap here does what torch's does and keeps the weak references: they refer to the object, and the object
-(the parameter the model holds) is the one that stays, now on the device. Tensors that are not device tensors
-go to torch's own swap, unchanged.
+(the parameter the model holds) is the one that stays, now on the device. Nor does it refuse a tensor an autograd
+graph holds (a forward on the CPU before the move): the graph keeps the host tensor it saved. Tensors that are
+not device tensors go to torch's own swap, unchanged.
 """
 
 from __future__ import annotations
 
 import copyreg
-import weakref
 
 import torch
 
@@ -22,17 +22,14 @@ _TORCH_SWAP = torch.utils.swap_tensors
 
 
 def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
-    """``torch.utils.swap_tensors``, also for a device tensor and a tensor with weak references."""
-    if not (weakref.getweakrefs(t1) or weakref.getweakrefs(t2)) \
-            or not (isinstance(t1, HpuTensor) or isinstance(t2, HpuTensor)):
+    """``torch.utils.swap_tensors``, also for a device tensor and a tensor with weak references, or one that an
+    autograd graph still holds (a forward on the CPU before ``module.to("hpu")``: the graph keeps the host values it
+    saved, as a ``.data`` assignment on another device leaves them; torch's swap refuses such a tensor)."""
+    if not (isinstance(t1, HpuTensor) or isinstance(t2, HpuTensor)):
         return _TORCH_SWAP(t1, t2)
     slots = set(copyreg._slotnames(t1.__class__))
     if slots != set(copyreg._slotnames(t2.__class__)):
         raise RuntimeError("Cannot swap t1 and t2 if they have different slots")
-    for t, name in ((t1, "t1"), (t2, "t2")):
-        if t._use_count() > 2 or (t._use_count() == 2 and not t.is_leaf):
-            raise RuntimeError(f"Expected use_count of {name} to be 1 or 2 with an AccumulateGrad node but got "
-                               f"{t._use_count()}: make sure you are not holding references to the tensor elsewhere")
     for name in ("__class__", "__dict__", *sorted(slots)):
         _swap_attribute(t1, t2, name)
     torch._C._swap_tensor_impl(t1, t2)

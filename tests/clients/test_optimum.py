@@ -60,7 +60,7 @@ def _assert_matches(trained: dict, reference: dict, cards: int) -> None:
 # GaudiTrainer's DDP over hccl, against the same Trainer run on two CPU processes.
 @pytest.mark.parametrize("cards, mode, kinds", [(1, "lazy", "gpt2,llama"), (1, "eager", "gpt2,llama"),
                                                 (1, "compile", "gpt2,llama"), (2, "lazy", "gpt2,llama"),
-                                                (2, "eager", "gpt2,llama"), (2, "compile", "llama")])
+                                                (2, "eager", "gpt2,llama"), (2, "compile", "gpt2,llama")])
 def test_gaudi_trainer_matches_the_cpu(client, tmp_path, cpu_reference, cards, mode, kinds):
     lazy = "1" if mode == "lazy" else "0"
     proc = client("train_gaudi.py", "hpu", mode, tmp_path / "hpu.pt", kinds, "fused", cards=cards,
