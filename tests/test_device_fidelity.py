@@ -52,6 +52,18 @@ def test_ops_gaudi_runs_are_not_reported_as_cpu_fallbacks(device_mode):
     assert not reported & {*GAUDI_OPS, "zero_", "unique"}, reported
 
 
+def test_a_metadata_check_is_no_cpu_fallback(device_mode):
+    """``_assert_tensor_metadata`` (what torch.export leaves for ``.to(dtype)``, so every HPU-graph replay runs it)
+    checks a tensor's dtype on the host: no kernel, no fallback; a wrong dtype fails as on the CPU."""
+    x = torch.ones(2, device="hpu")
+    torch.ops.aten._assert_tensor_metadata(x, dtype=torch.float32)
+    gaudi.mark_step()
+    assert "_assert_tensor_metadata" not in _fallback_ops()
+    with pytest.raises(RuntimeError):
+        torch.ops.aten._assert_tensor_metadata(x, dtype=torch.int64)
+        gaudi.mark_step()
+
+
 def _by_hand(q, k, v):
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()

@@ -26,10 +26,11 @@ ENGINES = ("mme", "tpc", "dma", "net", "view", "host")  # net: the integrated Ro
 # Kinds that the fusion pass may put into one TPC kernel.
 FUSIBLE_KINDS = frozenset({"elementwise", "reduction", "softmax"})
 
-# Host scalar ops: symbolic-int arithmetic and size queries the bridge evaluates while launching
-# a recipe. They are neither device kernels nor CPU fallbacks.
+# Host scalar ops: symbolic-int arithmetic, size queries and metadata checks the bridge evaluates while launching
+# a recipe (``_assert_tensor_metadata``: a dtype/device check the tracer leaves, no data read). They are neither
+# device kernels nor CPU fallbacks.
 HOST_NAMESPACES = ("operator::", "math::", "torch::", "builtins::")
-HOST_ATEN = frozenset({"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
+HOST_ATEN = frozenset({"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_assert_tensor_metadata"})
 
 
 @dataclass(frozen=True)
