@@ -106,7 +106,7 @@ class PrecompiledGraph(SerializableCallable):
     @classmethod
     def serialize_compile_artifacts(cls, fn: "PrecompiledGraph") -> bytes:
         program = fn.program
-        if fn.key is None or program is None or program.mode == "restart":
+        if fn.key is None or program is None or program.mode == "restart" or getattr(fn.source, "floats", None):
             raise PrecompileError("this graph was compiled without a stored program"
                                   + (f" ({fn.why_not})" if fn.why_not else "") + ": it cannot be precompiled")
         return msgpack.packb({
