@@ -277,11 +277,9 @@ def _floats_checked(call: Callable[..., list], floats: list[list[Any]], n: int, 
                     name: str) -> Callable[..., list]:
     """``call`` on the inputs it takes, while the float inputs it leaves out have the values it was traced with;
     a call with other values runs the Dynamo graph eagerly (correct, not lowered), said once."""
-    from ..backend import readable_source
-
     left_out = {i for i, _ in floats}
     kept = [i for i in range(n) if i not in left_out]
-    names = {i: readable_source(_source_name(gm, i)) for i in left_out}  # now: Dynamo drops the graph's meta later
+    names = {i: _source_name(gm, i) for i in left_out}  # now: Dynamo drops the graph's meta later
     warned = []
 
     def run(*args):
