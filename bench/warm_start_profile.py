@@ -235,6 +235,7 @@ def main() -> None:
     os.environ["HPURECIPE_BUNDLE_KEY"] = BENCH_KEY  # the artifacts are signed, as in a deployment
     torch.set_num_threads(1)  # built at the thread count it is served at: Dynamo's guards check it
     install = prepare_bytecode(args.bytecode, env)
+    load_before = os.getloadavg()  # the machine's load (1, 5, 15 min): a shared machine slows every case
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         env["PT_HPU_RECIPE_CACHE_CONFIG"] = f"{tmp}/recipes,false,1024"
@@ -255,7 +256,8 @@ def main() -> None:
                                                           for name, by_case in results.items()])
     out = write_results("warm_start_profile" + ("_quick" if args.quick else ""),
                         {"repeat": repeat, "omp_num_threads": 1, "install": install, "targets": TARGETS,
-                         "results": results})
+                         "load_average": {"before": load_before, "after": os.getloadavg()}, "results": results})
+    print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} (1 min)")
     print(f"wrote {out}")
 
 
