@@ -346,7 +346,7 @@ def note_restart(pkey: ProgramKey, program: Program, gm: torch.fx.GraphModule, e
     """Before Dynamo traces again with ``program.specialize`` (float symbols) specialized: which inputs of this
     graph the second trace leaves out, and their values (none unless every specialized float is such an input).
     ``finish_restart`` stores the restart."""
-    finish_restart(None, gm)  # one left by another frame compile: stored as it is
+    finish_restart(None, gm)  # this frame compile's earlier restart (its second trace restarted too): stored as it is
     floats, kept, found = [], [], set()
     for i, (node, x) in enumerate(zip(_placeholders(gm), example_inputs)):
         symbol = _specialized_float(node, program.specialize)
@@ -377,10 +377,11 @@ def finish_restart(key: str | None, gm: torch.fx.GraphModule) -> None:
     if not _restarting:
         return
     noted = _restarting.pop()
+    if noted.compile_id != torch._guards.CompileContext.current_compile_id():
+        return  # another frame compile's, which never reached its second trace: dropped (it traces again)
     sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None) for n in _placeholders(gm)]
     program = noted.program
-    if (key is not None and noted.kept_sources is not None and sources == noted.kept_sources
-            and noted.compile_id == torch._guards.CompileContext.current_compile_id()):
+    if key is not None and noted.kept_sources is not None and sources == noted.kept_sources:
         program = dataclasses.replace(program, target=key, floats=noted.floats)
     noted.session.store.put_program(noted.pkey, program, noted.session.settings, noted.name)
     emit(Event("program", program=noted.pkey.key))
