@@ -11,6 +11,9 @@ models/hf_gpt2.py b2 s32, inference, dynamic shapes):
   in a serving process (any process importing ``transformers`` has); ``load_precompiled`` then the first call;
 - ``package``: ``load_package`` then the first call (Dynamo is never imported).
 
+Each timed run also records the garbage collector's pauses after the clock starts (``gc_s``; ``gc_full_s``: the
+full collections, which walk every object the process holds: torch's own, after ``import torch``).
+
 Then one more run of each of our cases under cProfile (the phases: imports, artifact read and verification,
 torch's deserialize, guard building, program rebuild, the first call, and the self time in sympy and ShapeEnv)
 and one under ``-X importtime`` (what is imported after the clock starts, by top-level package). The profiled
@@ -54,6 +57,14 @@ model = spec.make_model().eval()
 if case in ("dynamo, imported", "precompiled"):
     import torch._dynamo, torch._dynamo.aot_compile  # a serving process has Dynamo imported already
 before = set(sys.modules)
+import gc
+collections = []  # the garbage collector's pauses after the clock starts: [generation, seconds]
+def timed_collection(phase, info, began=[0.0]):
+    if phase == "start":
+        began[0] = time.perf_counter()
+    else:
+        collections.append([info["generation"], time.perf_counter() - began[0]])
+gc.callbacks.append(timed_collection)
 profiler = None
 if profile == "cprofile":
     import cProfile
@@ -77,7 +88,9 @@ with torch.no_grad():
 first = time.perf_counter()
 if profiler is not None:
     profiler.disable()
+gc.callbacks.remove(timed_collection)
 doc = {"first_s": first - start, "load_s": loaded - start, "call_s": first - loaded,
+       "gc_s": sum(s for _, s in collections), "gc_full_s": sum(s for g, s in collections if g == 2),
        "imported_modules": len(set(sys.modules) - before), "dynamo_imported": "torch._dynamo" in sys.modules}
 if "hpu_backend.metrics" in sys.modules:
     doc["phases"] = sys.modules["hpu_backend.metrics"].phase_times()
@@ -235,16 +248,17 @@ def main() -> None:
     os.environ["HPURECIPE_BUNDLE_KEY"] = BENCH_KEY  # the artifacts are signed, as in a deployment
     torch.set_num_threads(1)  # built at the thread count it is served at: Dynamo's guards check it
     install = prepare_bytecode(args.bytecode, env)
+    load_before = os.getloadavg()  # the machine's load (1, 5, 15 min): a shared machine slows every case
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         env["PT_HPU_RECIPE_CACHE_CONFIG"] = f"{tmp}/recipes,false,1024"
         os.environ["PT_HPU_RECIPE_CACHE_CONFIG"] = env["PT_HPU_RECIPE_CACHE_CONFIG"]
         for name in models:
             results[name] = measure(name, repeat, env, tmp)
-    rows = [[name, case, r["first_s"], r["load_s"], r["call_s"], r["imported_modules"]]
+    rows = [[name, case, r["first_s"], r["load_s"], r["call_s"], r["gc_full_s"], r["imported_modules"]]
             for name, by_case in results.items() for case, r in by_case.items() if case != "ratios"]
     print_table(f"first result (s), fresh process, best of {repeat}, OMP_NUM_THREADS=1, bytecode {args.bytecode}",
-                ["model", "case", "first", "load", "first call", "modules imported"], rows)
+                ["model", "case", "first", "load", "first call", "full GC", "modules imported"], rows)
     phases = sorted({p for by_case in results.values() for c in OURS for p in by_case[c]["profile"]["inclusive_s"]})
     print_table("under cProfile: inclusive seconds per phase", ["model", "case", "total", *phases],
                 [[name, c, by_case[c]["profile"]["first_s"],
@@ -255,7 +269,8 @@ def main() -> None:
                                                           for name, by_case in results.items()])
     out = write_results("warm_start_profile" + ("_quick" if args.quick else ""),
                         {"repeat": repeat, "omp_num_threads": 1, "install": install, "targets": TARGETS,
-                         "results": results})
+                         "load_average": {"before": load_before, "after": os.getloadavg()}, "results": results})
+    print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} (1 min)")
     print(f"wrote {out}")
 
 

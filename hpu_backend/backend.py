@@ -23,7 +23,7 @@ from .lowering import LoweringContext, LoweringError
 from .serve.compiled import CompiledGraph, Replay, boxed
 from .serve import recompiles
 from .serve.keys import ProgramKey, Unkeyable, program_key
-from .serve.programs import DRIFT, Recorder, drifted, restart_program, serve
+from .serve.programs import DRIFT, Recorder, drifted, finish_restart, note_restart, restart_program, serve
 from .serve.precompiled import PrecompiledGraph
 from .serve.session import Event, Session, emit, session_for
 from .settings import Settings
@@ -67,11 +67,13 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     if pkey is not None:
         served = _serve(pkey, session, gm, example_inputs, name_of, reason)
         if served is not None:
+            finish_restart(pkey.key, gm)  # the second trace of a restart: its first graph names this program
             call = Replay(served.replayable, example_inputs, served.call) if replay and served.replayable \
                 else served.call
             return PrecompiledGraph(call, settings, pkey.key, served)
     recorder = None if pkey is None else Recorder(pkey, session, name_of("program"))
     compiled = _trace(gm, example_inputs, name_of, session, reason, recorder, replay)
+    finish_restart(pkey.key if recorder is not None and recorder.program is not None else None, gm)
     return PrecompiledGraph(compiled, settings, None if pkey is None else pkey.key, recorder,
                             "" if pkey is not None else "its Dynamo graph cannot be keyed")
 
@@ -80,7 +82,6 @@ def _trace(gm, example_inputs: list, name_of, session: Session, reason: str, rec
            replay: bool):
     """A miss: AOTAutograd traces the Dynamo graph and our compilers lower its graphs (the recorder stores the
     program)."""
-    settings = session.settings
     inner = [0.0]  # seconds spent in our compilers, to tell AOTAutograd's own time apart
     labels = input_labels(gm)  # what the user calls each input, for ``show``
 
@@ -106,13 +107,11 @@ def _trace(gm, example_inputs: list, name_of, session: Session, reason: str, rec
         replayable = replay and recorder is not None and recorder.replayable()
         return Replay(recorder.graphs["inference"], example_inputs, compiled) if replayable else compiled
     except TensorifyScalarRestartAnalysis:
-        # AOTAutograd's float pass asks Dynamo to trace again with some floats specialized: store
-        # that answer, so that a later process replays it without tracing to find it out.
+        # AOTAutograd's float pass asks Dynamo to trace again with some floats specialized: store that answer
+        # (after the second trace, naming its program), so that a later process need not trace to find it out.
         if recorder is not None:
-            pkey = recorder.pkey
             program = restart_program(list(TensorifyState.force_specializations - specialized))
-            session.store.put_program(pkey, program, settings, name_of("program"))
-            emit(Event("program", program=pkey.key))
+            note_restart(recorder.pkey, program, gm, example_inputs, session, name_of("program"))
         raise
     finally:
         metrics.record_phase("aot_trace", time.perf_counter() - start - inner[0])
@@ -185,6 +184,8 @@ def _serve(pkey: ProgramKey, session: Session, gm, example_inputs, name_of, reas
     finally:
         metrics.record_phase("program_load", time.perf_counter() - start)
         metrics.record_program(hit=served is not None)
+        if getattr(served, "floats", None):  # a restart served the program it names: two entries
+            metrics.record_program(hit=True)
     return served
 
 

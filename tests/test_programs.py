@@ -9,7 +9,9 @@ recompiled, never run and never a crash.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import torch
 
 from conftest import ROOT
 from hpu_backend.metrics import metric_global
-from hpu_backend.formats.program import Program, parse_payload
+from hpu_backend.formats.program import Contract, Program, parse_payload
 from hpu_backend.formats.recipe import RecipeFormatError
 from hpu_backend.runtime import RecipeLoadError, build_callable
 from hpu_backend.serve.session import Session
@@ -264,6 +266,74 @@ def test_a_hit_in_this_process_runs_the_stored_program(tmp_path):
     again, _ = _compile_and_run(cache_dir, x)
     assert dict(metric_global("recipe_cache").stats())["ProgramHit"] == hits + 1
     torch.testing.assert_close(again, want)
+
+
+class Normed(torch.nn.Module):
+    """Floats AOTAutograd's float pass has Dynamo specialize (the trace restarts): a LayerNorm's ``eps`` (Dynamo
+    guards its value) and an Embedding's ``norm_type`` (unused without ``max_norm``: no guard)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.ln = torch.nn.LayerNorm(8)
+
+    def forward(self, tokens):
+        return self.ln(torch.relu(self.emb(tokens)))
+
+
+def _run_normed(cache_dir, x, eps: float, monkeypatch):
+    """Like _compile_and_run, for Normed; also how many Dynamo graphs reached the backend (2: the trace restarted)."""
+    import hpu_backend.backend as backend
+
+    graphs = [0]
+
+    def counting(*args):
+        graphs[0] += 1
+        return program_key(*args)
+
+    program_key = backend.program_key
+    monkeypatch.setattr(backend, "program_key", counting)
+    torch._dynamo.reset()
+    options = {"cache_config": f"{cache_dir},false,64"}
+    session = Session.open(Settings.from_options(options))
+    torch.manual_seed(0)
+    model = Normed()
+    model.ln.eps = eps
+    compiled = torch.compile(model, backend="hpu_backend", dynamic=True, options=options)
+    with session.use(), torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        first = graphs[0]
+        model.emb.norm_type = 3.0  # a changed float Dynamo may not guard: the served program's call checks it
+        torch.testing.assert_close(compiled(x), model(x))
+    session.flush()
+    monkeypatch.undo()
+    return first
+
+
+def test_a_restarted_trace_is_served_from_its_first_graph_while_the_floats_keep_their_values(tmp_path, monkeypatch,
+                                                                                             caplog):
+    cache_dir, x = tmp_path / "c", torch.randint(0, 16, (6, 5))
+    assert _run_normed(cache_dir, x, 1e-5, monkeypatch) == 2  # the float pass restarted the trace
+    programs = {k: parse_payload(v) for k, v in _payloads(cache_dir).items() if isinstance(parse_payload(v), Program)}
+    (restart,) = [p for p in programs.values() if p.mode == "restart"]
+    assert restart.target in programs and programs[restart.target].mode == "inference"
+    assert sorted(v for _, v in restart.floats) == sorted([(1e-5).hex(), (2.0).hex()])
+    with caplog.at_level(logging.WARNING, logger="hpu_backend"):
+        assert _run_normed(cache_dir, x, 1e-5, monkeypatch) == 1  # served from the first graph: no second trace
+    assert "float input L['self']._modules['emb'].norm_type changed since it was compiled; calls with other values " \
+           "run eagerly" in caplog.text
+    assert _run_normed(cache_dir, x, 1e-3, monkeypatch) == 2  # another value: traced again, as Dynamo would
+
+
+@pytest.mark.parametrize("target,floats", [("0" * 32, []), ("", [[0, "0x1p+0"]]), ("not a key", [[0, "0x1p+0"]]),
+                                           ("0" * 32, [[0, "one"]]), ("0" * 32, [[0, "0x1p+0"], [0, "0x1p+1"]]),
+                                           ("0" * 32, [[-1, "0x1p+0"]]), ("0" * 32, [[0]])],
+                         ids=["no_floats", "no_target", "bad_key", "not_a_float", "twice", "negative", "short"])
+def test_a_restart_naming_its_program_malformed_is_refused(target, floats):
+    good = Program("restart", [], Contract(num_inputs=0), specialize=["zf0"], target="0" * 32, floats=[[3, "0x1p+0"]])
+    assert Program.from_bytes(good.to_bytes()) == good
+    with pytest.raises(RecipeFormatError):
+        Program.from_bytes(dataclasses.replace(good, target=target, floats=floats).to_bytes())
 
 
 def test_verify_lists_and_import_refuses_an_entry_with_malformed_facts(tmp_path):

@@ -20,10 +20,12 @@ import msgpack
 from . import symexpr
 from .recipe import Recipe, RecipeFormatError, unpack, versioned
 
-PROGRAM_VERSION = 1
+PROGRAM_VERSION = 2
 
 # "restart": AOTAutograd asked Dynamo to trace again with some float inputs specialized
-# (``specialize`` names them); a hit replays that request instead of tracing to find out.
+# (``specialize`` names them); a hit replays that request instead of tracing to find out. Once the second trace's
+# program is stored, the restart names it (``target``) with the values the floats had (``floats``): a hit whose
+# floats have those values serves that program at once, with those inputs left out.
 MODES = {"inference": ["inference"], "training": ["forward", "backward"], "restart": []}
 MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d")
 
@@ -67,6 +69,8 @@ class Program:
     symbol_sources: list[list[int]] = field(default_factory=list)  # [input index, dim] (-1: SymInt input)
     guards: list[Any] = field(default_factory=list)  # symexpr trees over ``symbols``
     specialize: list[str] = field(default_factory=list)  # "restart": Dynamo's names of the floats
+    target: str = ""  # "restart": the key of the program traced with them specialized, if known
+    floats: list[list[Any]] = field(default_factory=list)  # "restart": [input index, float.hex()] per float
     program: int = PROGRAM_VERSION
 
     def to_bytes(self) -> bytes:
@@ -101,7 +105,10 @@ def _check(p: Program) -> None:
     if p.mode == "restart":
         if not all(_SPECIALIZED.fullmatch(name) for name in p.specialize):
             raise RecipeFormatError(f"program.specialize: {p.specialize!r:.80}")
+        _check_link(p)
         return
+    if p.target or p.floats:
+        raise RecipeFormatError(f"program.mode {p.mode!r} with a restart's target or floats")
     c, n = p.contract, p.contract.num_inputs
     fw = p.graphs[0].template
     if n != len(fw.inputs) or n < 0:
@@ -153,6 +160,23 @@ def _check_guards_evaluate(p: Program) -> None:
 
 
 _SPECIALIZED = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def _check_link(p: Program) -> None:
+    """A restart's target is a program key, given with one value per float input it leaves out (and only so)."""
+    if bool(p.target) != bool(p.floats) or (p.target and not _KEY.fullmatch(p.target)):
+        raise RecipeFormatError(f"program.target {p.target!r:.40} with {len(p.floats)} floats")
+    seen = set()
+    for item in p.floats:
+        if (len(item) != 2 or type(item[0]) is not int or not 0 <= item[0] < 1 << 16 or item[0] in seen
+                or type(item[1]) is not str):
+            raise RecipeFormatError(f"program.floats: {item!r:.60}")
+        try:
+            float.fromhex(item[1])
+        except ValueError:
+            raise RecipeFormatError(f"program.floats: {item[1]!r:.40} is not a float") from None
+        seen.add(item[0])
 
 
 def _check_training(c: Contract, fw_outputs: int, bw_inputs: int) -> None:

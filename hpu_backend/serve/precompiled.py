@@ -106,7 +106,7 @@ class PrecompiledGraph(SerializableCallable):
     @classmethod
     def serialize_compile_artifacts(cls, fn: "PrecompiledGraph") -> bytes:
         program = fn.program
-        if fn.key is None or program is None or program.mode == "restart":
+        if fn.key is None or program is None or program.mode == "restart" or getattr(fn.source, "floats", None):
             raise PrecompileError("this graph was compiled without a stored program"
                                   + (f" ({fn.why_not})" if fn.why_not else "") + ": it cannot be precompiled")
         return msgpack.packb({
@@ -143,8 +143,12 @@ class ArtifactStore(RecipeStore):
     """The recipes an artifact carries, over the process's store (a bucket it lacks is found or built there)."""
 
     def __init__(self, recipes: dict[str, bytes], under: RecipeStore):
-        super().__init__(under.disk, under.capacity, under.config)
-        self.recipes = recipes
+        super().__init__(None, under.capacity, under.config)
+        self.recipes, self.under = recipes, under
+
+    @property
+    def disk(self):
+        return self.under.disk  # opened only when a bucket is not among the artifact's recipes
 
     def read(self, key: str) -> bytes | None:
         data = self.recipes.get(key)

@@ -14,6 +14,12 @@ Hit: ``serve`` checks the program's guards on this call's sizes and adds them to
 ShapeEnv (so Dynamo guards the frame as if it had traced them), makes each graph a
 ``CompiledGraph`` from its template (bucket recipes come from the store), and wraps them in the
 contract's runtime (runtime/autograd.py). AOTAutograd is neither traced nor called.
+
+Restarts: when AOTAutograd's float pass asks Dynamo to trace again with some float inputs specialized (a
+``LayerNorm``'s ``eps``), the first graph's key stores that request ("restart"), and once the second trace's
+program is in, the restart names it with the values those floats had (``note_restart``, ``link_restart``). A hit
+whose floats have those values serves the second program from the first graph, with those inputs left out, and
+checks their values on every call (Dynamo guards no value of an unspecialized float): one trace instead of two.
 """
 
 from __future__ import annotations
@@ -199,34 +205,104 @@ class Served:
     replayable: CompiledGraph | None = None  # the inference graph mode="reduce-overhead" replays, if any
     program: Program | None = None
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
+    floats: list[list[Any]] = dataclasses.field(default_factory=list)  # float inputs left out (a restart's)
 
 
 def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: list, session: Session,
-          name_of: Callable[[str], str], reason: str) -> Served | None:
-    """The Dynamo graph served from its program, or None when the program does not apply."""
+          name_of: Callable[[str], str], reason: str, floats: list[list[Any]] = ()) -> Served | None:
+    """The Dynamo graph served from its program, or None when the program does not apply. A restart serves the
+    program it names when the floats have its values, else asks Dynamo to trace again
+    (TensorifyScalarRestartAnalysis). ``floats``: the graph's inputs the program leaves out, with their values."""
     missing = missing_internals()
     if missing:
         drifted(f"torch lacks {', '.join(missing)}")
         return None
     if program.mode == "restart":
         emit(Event("program", program=key, hit=True))
-        replay_restart(program.specialize)
-    claimed = _unexplained_writes(program.contract, gm)
+        served = _serve_target(program, gm, example_inputs, session, name_of, reason)
+        if served is None:
+            replay_restart(program.specialize)
+        _specialize(program.specialize)  # as after a restart: Dynamo's later traces specialize these floats too
+        return served
+    left_out = {i for i, _ in floats}
+    placeholders = [n for i, n in enumerate(_placeholders(gm)) if i not in left_out]
+    inputs = [x for i, x in enumerate(example_inputs) if i not in left_out]
+    claimed = _unexplained_writes(program.contract, gm, placeholders)
     if claimed:  # a stored contract is data: it may not mutate what the user's graph never writes
         log.warning("hpu_backend: %s: stored program %s mutates inputs %s, which the traced graph never writes; "
                     "quarantined, tracing instead", name_of("program"), key, claimed)
         session.store.discard(key)
         return None
-    env = _hints(program, example_inputs)
+    env = _hints(program, inputs)
     if env is None or not _guards_hold(program, env, name_of("program")):
         log.info("hpu_backend: %s: stored program's guards do not hold for these sizes", name_of("program"))
         return None
-    _install_guards(program, gm)
+    _install_guards(program, placeholders)
     graphs = program_graphs(program, key, session, name_of, reason)
     emit(Event("program", program=key, hit=True))
-    call = _eager_after_failure(program_call(program, graphs), gm, session, name_of("program"))
-    replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) else None
-    return Served(call, replayable_graph, program, graphs)
+    call = program_call(program, graphs)
+    if floats:
+        call = _floats_checked(call, list(floats), len(example_inputs), gm, name_of("program"))
+    call = _eager_after_failure(call, gm, session, name_of("program"))
+    replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) and not floats \
+        else None
+    return Served(call, replayable_graph, program, graphs, list(floats))
+
+
+def _serve_target(restart: Program, gm: torch.fx.GraphModule, example_inputs: list, session: Session,
+                  name_of: Callable[[str], str], reason: str) -> Served | None:
+    """The program a restart names, served when this call's floats have the values it was traced with."""
+    if not restart.target:
+        return None
+    for i, value in restart.floats:
+        if i >= len(example_inputs) or _float_hex(example_inputs[i]) != value:
+            log.info("hpu_backend: %s: a float input differs from the stored program's; tracing again",
+                     name_of("program"))
+            return None
+    target = session.store.load_program(restart.target)
+    if target is None or target.mode == "restart" or target.contract.num_inputs != len(example_inputs) - len(
+            restart.floats):
+        return None
+    return serve(target, restart.target, gm, example_inputs, session, name_of, reason, restart.floats)
+
+
+def _float_hex(x: Any) -> str | None:
+    """A float input's exact value (``float.hex``; Dynamo passes it as a 0-d tensor), or None for anything else."""
+    if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype.is_floating_point:
+        return float(x).hex()
+    return float(x).hex() if type(x) is float else None
+
+
+def _floats_checked(call: Callable[..., list], floats: list[list[Any]], n: int, gm: torch.fx.GraphModule,
+                    name: str) -> Callable[..., list]:
+    """``call`` on the inputs it takes, while the float inputs it leaves out have the values it was traced with;
+    a call with other values runs the Dynamo graph eagerly (correct, not lowered), said once."""
+    left_out = {i for i, _ in floats}
+    kept = [i for i in range(n) if i not in left_out]
+    names = {i: _source_name(gm, i) for i in left_out}  # now: Dynamo drops the graph's meta later
+    warned = []
+
+    def run(*args):
+        if all(float(args[i]).hex() == value for i, value in floats):
+            return call(*[args[i] for i in kept])
+        if not warned:
+            warned.append(True)
+            changed = [names[i] for i, value in floats if float(args[i]).hex() != value]
+            log.warning("hpu_backend: %s: float input %s changed since it was compiled; calls with other values "
+                        "run eagerly", name, ", ".join(changed))
+        return gm.forward(*args)
+
+    return run
+
+
+def _source_name(gm: torch.fx.GraphModule, index: int) -> str:
+    node = _placeholders(gm)[index]
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    return getattr(source, "name", None) or node.name
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def program_graphs(program: Program, key: str, session: Session, name_of: Callable[[str], str],
@@ -249,6 +325,68 @@ def program_call(program: Program, graphs: list[CompiledGraph]) -> Callable[...,
     return training_call(*graphs, program.contract)
 
 
+# -- restarts: the first trace's key names the second trace's program --------------------------------------------
+
+@dataclass
+class _Restart:
+    compile_id: Any  # Dynamo's frame compile the restart belongs to
+    pkey: ProgramKey  # the first trace's
+    program: Program  # the restart, stored once the second trace is in (the store writes a key once)
+    session: Session
+    name: str
+    floats: list[list[Any]]  # [input index, float.hex()] of the inputs the second trace leaves out
+    kept_sources: list[str] | None  # the first trace's input sources without those: the second trace's
+
+
+_restarting: list[_Restart] = []  # at most one: the frame compile between its two traces
+
+
+def note_restart(pkey: ProgramKey, program: Program, gm: torch.fx.GraphModule, example_inputs: list,
+                 session: Session, name: str) -> None:
+    """Before Dynamo traces again with ``program.specialize`` (float symbols) specialized: which inputs of this
+    graph the second trace leaves out, and their values (none unless every specialized float is such an input).
+    ``finish_restart`` stores the restart."""
+    finish_restart(None, gm)  # this frame compile's earlier restart (its second trace restarted too): stored as it is
+    floats, kept, found = [], [], set()
+    for i, (node, x) in enumerate(zip(_placeholders(gm), example_inputs)):
+        symbol = _specialized_float(node, program.specialize)
+        value = _float_hex(x) if symbol else None
+        if symbol and value is not None and all(u.target == "item" for u in node.users):
+            floats.append([i, value])
+            found.add(symbol)
+            continue
+        source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        kept = kept if isinstance(source, str) and kept is not None else None
+        if kept is not None:
+            kept.append(source)
+    linkable = floats and kept is not None and found == set(program.specialize)
+    _restarting.append(_Restart(torch._guards.CompileContext.current_compile_id(), pkey, program, session, name,
+                                floats if linkable else [], kept if linkable else None))
+
+
+def _specialized_float(node: torch.fx.Node, specialize: list[str]) -> str | None:
+    """The float symbol of a placeholder Dynamo made of a float (a 0-d tensor read by ``item``), when specialized."""
+    memo = getattr(node.meta.get("example_value"), "item_memo", None)
+    name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
+    return name if name in specialize else None
+
+
+def finish_restart(key: str | None, gm: torch.fx.GraphModule) -> None:
+    """Store the noted restart once its frame's second trace is served or compiled: naming the second trace's
+    program (``key``, None when it has none) when its graph's inputs are the first one's without the floats."""
+    if not _restarting:
+        return
+    noted = _restarting.pop()
+    if noted.compile_id != torch._guards.CompileContext.current_compile_id():
+        return  # another frame compile's, which never reached its second trace: dropped (it traces again)
+    sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None) for n in _placeholders(gm)]
+    program = noted.program
+    if key is not None and noted.kept_sources is not None and sources == noted.kept_sources:
+        program = dataclasses.replace(program, target=key, floats=noted.floats)
+    noted.session.store.put_program(noted.pkey, program, noted.session.settings, noted.name)
+    emit(Event("program", program=noted.pkey.key))
+
+
 # Torch-level calls in a Dynamo graph that may write their arguments without an in-place name: batch norm and
 # instance norm update running statistics in training mode; setitem and the augmented assignments write.
 _WRITERS = ("batch_norm", "instance_norm")
@@ -257,10 +395,10 @@ _AUGMENTED = frozenset({operator.setitem, operator.iadd, operator.isub, operator
                         operator.ixor, operator.ilshift, operator.irshift, operator.imatmul})
 
 
-def _unexplained_writes(contract: Contract, gm: torch.fx.GraphModule) -> list[int]:
+def _unexplained_writes(contract: Contract, gm: torch.fx.GraphModule, placeholders: list) -> list[int]:
     """The inputs the contract says the graphs mutate that no node of the Dynamo graph may write (an empty
-    list when every claimed mutation has a node that may explain it, or the graph's inputs cannot be matched)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    list when every claimed mutation has a node that may explain it, or the graph's inputs cannot be matched).
+    ``placeholders``: the graph's inputs the contract numbers."""
     if not contract.mutated_inputs or len(placeholders) != contract.num_inputs:
         return []
     index = {n: i for i, n in enumerate(placeholders)}
@@ -295,11 +433,17 @@ def _may_write(node: torch.fx.Node) -> bool:
 def replay_restart(names: list[str]) -> None:
     """Ask Dynamo to trace again with these float inputs specialized, as AOTAutograd's pass did."""
     from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+
+    _specialize(names)
+    raise TensorifyScalarRestartAnalysis
+
+
+def _specialize(names: list[str]) -> None:
+    """Dynamo's record of the floats to specialize (its frame conversion clears it on other restarts only)."""
     from torch._dynamo.symbolic_convert import TensorifyState
 
     for name in names:
         TensorifyState.specialize(name)
-    raise TensorifyScalarRestartAnalysis
 
 
 def restart_program(specialize: list[str]) -> Program:
@@ -328,9 +472,9 @@ def _hints(program: Program, example_inputs: list) -> dict[str, int] | None:
     return env
 
 
-def _install_guards(program: Program, gm: torch.fx.GraphModule) -> None:
+def _install_guards(program: Program, placeholders: list[torch.fx.Node]) -> None:
     """Add the program's guards to Dynamo's ShapeEnv: evaluating them on the graph's SymInts does."""
-    fakes = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
     env = {sym: fakes[i] if d < 0 else fakes[i].shape[d]
            for sym, (i, d) in zip(program.symbols, program.symbol_sources)}
     for tree in program.guards:

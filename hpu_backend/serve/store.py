@@ -10,9 +10,13 @@ A malformed cache configuration is an error, because it is a user's typo, not a 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, TypeVar
+import threading
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from recipecache import CacheConfig, CacheError, DisabledCache, RecipeCache, open_cache
+from recipecache import CacheConfig, CacheError
+
+if TYPE_CHECKING:
+    from recipecache import RecipeCache
 
 from .. import metrics
 from ..formats.keyparts import miss_reasons, nearest, new_shape, toolchain_id
@@ -37,12 +41,21 @@ class RecipeStore:
 
     def __init__(self, disk: RecipeCache | None = None, capacity: int = CacheConfig.memory_entries,
                  config: CacheConfig | None = None):
-        self.disk = disk if disk is not None else _no_cache()
+        self._disk = disk  # None: opened at first use, from ``config``
         self.config = config  # the configuration it was opened for (None: no caching)
         # How many buckets a compiled graph keeps taken up: the memory tier's size. A memory tier turned off
         # (0) keeps no entries, but a graph still needs its working set: the default size then.
         self.capacity = capacity if capacity > 0 else CacheConfig.memory_entries
         self._held: list[dict] | None = None  # the entries' metadata at the first miss, to explain misses by
+
+    @property
+    def disk(self) -> RecipeCache:
+        """The disk cache, opened at first use: a process served by an artifact's own recipes never opens it."""
+        if self._disk is None:
+            with _opening:
+                if self._disk is None:
+                    self._disk = _open_disk(self.config)
+        return self._disk
 
     def why_missed(self, kind: str, parts: dict[str, str], detail: dict[str, Any], name: str) -> tuple[str, ...]:
         """Why a lookup of a ``kind`` ("recipe" | "program") entry missed when the cache holds the same graph under
@@ -97,7 +110,7 @@ class RecipeStore:
     def open(cls, config: CacheConfig | None) -> "RecipeStore":
         """A store over the disk cache of ``config`` (None: a store that caches nothing)."""
         capacity = config.memory_entries if config is not None else CacheConfig.memory_entries
-        return cls(_open_disk(config), capacity, config)
+        return cls(None, capacity, config)
 
     def serves(self, config: CacheConfig | None) -> bool:
         """Whether this store was opened for ``config`` (the same directory, limits, policy and tiers)."""
@@ -135,14 +148,21 @@ def _ident(config: CacheConfig | None) -> tuple | None:
                                         config.remote, config.memory_entries)
 
 
+_opening = threading.Lock()
+
+
 def _no_cache() -> RecipeCache:
     """The disabled cache: nothing stored or found, no directory touched."""
+    from recipecache import DisabledCache
+
     return DisabledCache(CacheConfig(max_size_mb=0, remote="none"))
 
 
 def _open_disk(config: CacheConfig | None) -> RecipeCache:
     """The disk cache of ``config``; the disabled cache for None, for a limit of 0, and for a disk that
     cannot be used (after one warning)."""
+    from recipecache import DisabledCache, open_cache
+
     if config is None:
         return _no_cache()
     try:
