@@ -477,7 +477,7 @@ def test_version_names_the_recipe_format_show_prints(warmed):
 
     version = cli("--version").output
     assert version.startswith(f"hpurecipe {__version__} ")
-    shown = re.search(r"recipe_format=(\d+)", cli("show", keys_of(warmed)[0], "-d", warmed).output).group(1)
+    shown = re.search(r"recipe_format=(\d+)", cli("show", recipe_keys(warmed)[0], "-d", warmed).output).group(1)
     assert re.search(r"recipe_format (\d+)", version).group(1) == shown and "cache entry format" in version
 
 
