@@ -541,7 +541,7 @@ class _VaryingScalars:
         """The arguments of this call to pass as tensors, by name (none when no float argument can be one)."""
         named = _named(target._schema, args, kwargs)
         if target in TENSOR_TWINS:
-            floats = _foreach_numbers(target, named)
+            floats = _foreach_numbers(named)
         else:
             floats = {a.name: v for a, v in named if type(v) is float and _liftable(target, a)}
             # A 0-d float32 tensor promotes as a Python number does only beside a tensor with dimensions.
@@ -593,7 +593,7 @@ TENSOR_TWINS = {
 }
 
 
-def _foreach_numbers(target, named: list) -> dict:
+def _foreach_numbers(named: list) -> dict:
     """The numbers argument of a ``TENSOR_TWINS`` op, by name, when its tensors are all float32 ({} otherwise)."""
     tensors, numbers = named[0][1], named[-1]
     value = numbers[1]

@@ -297,8 +297,12 @@ def _floats_checked(call: Callable[..., list], floats: list[list[Any]], n: int, 
 
 def _source_name(gm: torch.fx.GraphModule, index: int) -> str:
     node = _placeholders(gm)[index]
-    source = getattr(node.meta.get("grapharg"), "source", None)
-    return getattr(source, "name", None) or node.name
+    return _source(node) or node.name
+
+
+def _source(node: torch.fx.Node) -> str | None:
+    """Dynamo's name of what a placeholder reads (``L['self'].ln.eps``), None when it recorded none."""
+    return getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
 
 
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -355,7 +359,7 @@ def note_restart(pkey: ProgramKey, program: Program, gm: torch.fx.GraphModule, e
             floats.append([i, value])
             found.add(symbol)
             continue
-        source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        source = _source(node)
         kept = kept if isinstance(source, str) and kept is not None else None
         if kept is not None:
             kept.append(source)
@@ -379,7 +383,7 @@ def finish_restart(key: str | None, gm: torch.fx.GraphModule) -> None:
     noted = _restarting.pop()
     if noted.compile_id != torch._guards.CompileContext.current_compile_id():
         return  # another frame compile's, which never reached its second trace: dropped (it traces again)
-    sources = [getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None) for n in _placeholders(gm)]
+    sources = [_source(n) for n in _placeholders(gm)]
     program = noted.program
     if key is not None and noted.kept_sources is not None and sources == noted.kept_sources:
         program = dataclasses.replace(program, target=key, floats=noted.floats)
