@@ -182,3 +182,44 @@ def test_transpose_addmm_runs_as_one_linear_with_identical_results():
     for a, b in zip(namespace["run"](_args_for(recipe, params, x)),
                     build_callable(recipe)(_args_for(recipe, params, x))):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_copy_written_back_into_a_view_runs_as_one_copy_into_it():
+    """``copy(a, src)`` then ``copy_(a, ·)``: a lazy graph that fills a slice of a flat buffer (DeepSpeed's gradient
+    bucket). Run as recorded, the functional copy duplicates the slice's whole storage; folded, it writes ``src``
+    into the slice directly, with the same values in the buffer."""
+    from hpu_backend.formats.recipe import Node, Recipe, ValueSpec
+    from hpu_backend.runtime import executor
+    from hpu_backend.runtime.peephole import fold_linear
+
+    n = 8
+
+    def spec(shape):
+        return ValueSpec("tensor", "float32", [shape], [1])
+
+    nodes = [Node("v0", "aten::slice.Tensor", [{"r": "src"}, 0, 0, n], {}, [spec(n)]),
+             Node("v1", "aten::copy.default", [{"r": "part"}, {"r": "v0"}, False], {}, [spec(n)]),
+             Node("v2", "aten::mul.Tensor", [{"r": "src"}, 2.0], {}, [spec(2 * n)]),
+             Node("v3", "aten::copy_.default", [{"r": "part"}, {"r": "v1"}], {}, [spec(n)])]
+    recipe = Recipe("lazy_graph_copy", "lazy", "gaudi2", [spec(n), spec(2 * n)], ["part", "src"], nodes,
+                    [{"r": "v2"}], writes=["part"])
+    assert [node.op for node in fold_linear(recipe)] == ["aten::slice.Tensor", "aten::mul.Tensor",
+                                                         "aten::copy_.default"]
+
+    def run(build):
+        flat, src = torch.zeros(1 << 16), torch.arange(2.0 * n)
+        (out,) = build(recipe)([flat[:n], src])
+        return flat, out
+
+    plain = executor._Codegen(recipe)  # the ops as recorded, without the fold
+    source = plain.render()
+    namespace = dict(plain.bound)
+    exec(compile(source, "<unfolded>", "exec"), namespace)
+    for got, want in zip(run(build_callable), run(lambda _: namespace["run"])):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    flat, _ = run(build_callable)
+    torch.testing.assert_close(flat[:n], torch.arange(float(n)))
+
+    nodes[2] = Node("v2", "aten::add_.Tensor", [{"r": "src"}, 1.0], {}, [spec(2 * n)])  # a write in between
+    written = dataclasses.replace(recipe, nodes=nodes, writes=["part", "src"])
+    assert "aten::copy.default" in [node.op for node in fold_linear(written)]

@@ -4,8 +4,10 @@
 of two, and the same kernel (ATen's CPU ``linear`` with a 1-D bias is that very ``addmm``), so the
 results are bit-identical. Likewise ``view(x, [M, K])`` → ``addmm`` → ``view(·, [..., N])`` over a
 contiguous N-d ``x`` becomes ``linear(x, w, b)``: ATen's linear flattens such an input into that same
-addmm (``_flatten_nd_linear``), in C++ rather than as three calls from Python. Only the executor's
-code changes; the recipe and its key do not.
+addmm (``_flatten_nd_linear``), in C++ rather than as three calls from Python. And ``v = copy(a, src)``
+read only by a later ``copy_(a, v)`` becomes ``copy_(a, src)``: the functional ``copy`` of a view returns a
+copy of the view's whole storage (a slice of DeepSpeed's 2 GB gradient bucket copies 2 GB), and both write
+``src``'s values into ``a``. Only the executor's code changes; the recipe and its key do not.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 from collections import Counter
 
 from ..formats.recipe import Node, Recipe, iter_refs
+from .writes import writes_anything
 
 TRANSPOSES = ("aten::t.default", "aten::permute.default")
 RESHAPES = ("aten::view.default", "aten::_unsafe_view.default", "aten::reshape.default")
@@ -40,7 +43,26 @@ def fold_linear(recipe: Recipe, keep: set[str] = frozenset()) -> list[Node]:
             node = dataclasses.replace(node, op="aten::linear.default",
                                        args=[x, by_name[t_ref["r"]].args[0], bias])
         out.append(node)
-    return _fold_nd_linear(out, specs, readers)
+    return _fold_copy_back(_fold_nd_linear(out, specs, readers), readers)
+
+
+def _fold_copy_back(nodes: list[Node], readers: Counter) -> list[Node]:
+    """``v = copy(a, src) … copy_(a, v)`` as ``copy_(a, src)`` when nothing in between writes anything and
+    nothing else reads ``v`` (see the module docstring)."""
+    pending: dict[str, Node] = {}  # copy nodes read once, by name, since the last write
+    drop, replace = set(), {}
+    for node in nodes:
+        copied = _ref_node(node.args[1] if len(node.args) == 2 else None, pending)
+        if node.op == "aten::copy_.default" and not node.kwargs and copied is not None \
+                and copied.args[0] == node.args[0]:
+            drop.add(copied.name)
+            replace[node.name] = dataclasses.replace(node, args=[node.args[0], copied.args[1], *copied.args[2:]])
+        if writes_anything(node):
+            pending.clear()
+        elif node.op == "aten::copy.default" and 2 <= len(node.args) <= 3 and not node.kwargs \
+                and readers[node.name] == 1:
+            pending[node.name] = node
+    return [replace.get(n.name, n) for n in nodes if n.name not in drop]
 
 
 def _fold_nd_linear(nodes: list[Node], specs: dict, readers: Counter) -> list[Node]:
