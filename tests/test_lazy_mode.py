@@ -224,6 +224,40 @@ def test_views_in_place_updates_and_aliases_match_eager():
         torch.testing.assert_close(x, y)
 
 
+def test_slices_of_a_flat_buffer_are_written_in_one_graph_and_overlapping_reads_see_the_writes():
+    """DeepSpeed's gradient bucket: each gradient copied into its slice of one flat buffer, the slices made after
+    the first write. Writes into views of an input go back into those views at the end of the graph, so the
+    copies stay in one graph; a read of memory the graph wrote (the whole bucket, an overlapping slice) cuts it
+    first and sees the writes."""
+    def program(flat: torch.Tensor, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        offset = 0
+        for g in grads:
+            flat.narrow(0, offset, g.numel()).copy_(g.view(-1))
+            offset += g.numel()
+        first = flat.narrow(0, 0, 4).clone()  # overlaps the first write
+        flat.narrow(0, 2, 6).mul_(2)  # overlaps two writes
+        return [first, flat.sum().reshape(1), flat.clone()]
+
+    def inputs():
+        torch.manual_seed(3)
+        return torch.zeros(40), [torch.randn(2, 3), torch.randn(4), torch.randn(3, 3)]
+
+    flat, grads = inputs()
+    expected = program(flat, grads)
+    flat, grads = inputs()
+    before = _last_step()
+    with gaudi.lazy():
+        gaudi.mark_step()
+        got = program(flat, grads)
+        gaudi.mark_step()
+    for x, y in zip(got + [flat], expected + [expected[-1]]):
+        torch.testing.assert_close(x, y)
+    cuts = [g.cut_by for s in _steps_since(before) for g in s.graphs]
+    # the three copies in one graph, cut by the first overlapping read (nothing ran eagerly between)
+    assert cuts and cuts[0] != "mark_step" and all("runs on the host" not in c for c in cuts), cuts
+    assert len(cuts) <= 3, cuts
+
+
 def test_gradient_accumulation_matches_eager():
     def run(lazy: bool):
         torch.manual_seed(0)

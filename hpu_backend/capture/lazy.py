@@ -18,7 +18,10 @@ by the caller: lowered, cached and executed as a recipe) and writes each result 
   and step size, a scheduled learning rate) becomes a 0-d float32 input of the graph from its second value on,
   so the graph keeps one structure from step to step instead of compiling again for each new constant.
 - Whatever cannot go in a recipe (data-dependent shapes, ops outside the runtime allowlist, a
-  generator argument, a write through a view) cuts the graph if it touches it and runs eagerly.
+  generator argument, a write through a view of a pending tensor) cuts the graph if it touches it and runs
+  eagerly. A write into a view of an input (a slice of a flat buffer: DeepSpeed's gradient buckets) is written
+  back into that view; aliases of the storage read later in the graph cut it only if they overlap what was
+  written.
 - A TorchFunctionMode sees host reads (``item``, ``tolist``, printing, ``bool()`` in control flow,
   ``data_ptr``, ``cpu``, ``numpy``, and every way to the raw bytes: ``untyped_storage`` that ``torch.save``
   and pickle go through, ``__array__``, ``__dlpack__``): each is a sync, reported with the user's source
@@ -148,11 +151,12 @@ class _Graph:
     fresh: "_ByTensor" = field(default_factory=lambda: _ByTensor())  # recorded tensor -> owns its storage
     stale: "_ByTensor" = field(default_factory=lambda: _ByTensor())  # aliases of a tensor written here
     inputs: dict = field(default_factory=dict)  # id -> (tensor, placeholder), strongly held until the flush
-    written: dict = field(default_factory=dict)  # id(input) -> (input, placeholder, final node)
+    written: dict = field(default_factory=dict)  # id(tensor) -> (tensor, its input's node, final node)
+    of_inputs: set = field(default_factory=set)  # nodes whose values are inputs' memory: placeholders, their views
     recorded: dict = field(default_factory=dict)  # storage pointer -> weakrefs of recorded tensors on it
     unfilled: dict = field(default_factory=dict)  # storage pointer -> [weak storage, node of its value]
     input_storages: dict = field(default_factory=dict)  # storage pointer -> the inputs on it
-    written_storages: set = field(default_factory=set)  # storages of inputs this graph writes
+    written_storages: dict = field(default_factory=dict)  # storage of inputs this graph writes -> byte spans
     seeded: bool = False  # holds a random op (it draws from the global generator at the flush)
     ops: int = 0
     key: list | None = field(default_factory=list)  # the structure so far (None: something has no stable form)
@@ -165,6 +169,20 @@ class _Graph:
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr() if t.numel() else 0
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage ``t`` may touch: [first, last + 1)."""
+    size = t.element_size()
+    first = t.storage_offset() * size
+    if not t.numel():
+        return first, first
+    return first, first + size * (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())))
+
+
+def _overlaps(t: torch.Tensor, spans) -> bool:
+    lo, hi = _span(t)
+    return any(lo < b and a < hi for a, b in spans)
 
 
 class _Unrecordable(Exception):
@@ -263,15 +281,23 @@ class LazyRecorder(TorchDispatchMode):
             with no_dispatch():
                 return func(*args, **kwargs)  # a view of real values is real: nothing to record
         mutated = _written_args(schema, writes, args, kwargs)
-        if any(t._is_view() or not self.g.fresh.get(t, True) for t in mutated):
-            raise _Unrecordable("writes through a view")
+        g = self.g
+        if any(not g.fresh.get(t, True) and id(t) not in g.written and g.node_of.get(t) not in g.of_inputs
+               for t in mutated):
+            raise _Unrecordable("writes through a view of a pending tensor")
         fakes = self._fake_out(target, flat, spec)
         if not schema.returns and not writes:  # a check: it ran on the fakes
             return None
-        stale = next((why for t in tensors if (why := self._stale(t))), "")
+        stale = next((why for t in tensors if (why := self._stale(t, viewing))), "")
         if stale:
             self.flush(f"{func} reads {stale}", user_line())
-        return self._add(func, target, flat, spec, fakes, mutated, viewing)
+        stale_source = viewing and self._stale(tensors[0])
+        out = self._add(func, target, flat, spec, fakes, mutated, viewing)
+        if stale_source:  # a view reads no values: it is stale only where it overlaps what the graph wrote
+            for view in pytree.tree_leaves(out):
+                if isinstance(view, torch.Tensor) and _overlaps(view, self.g.written_storages.get(_storage(view), ())):
+                    self.g.stale[view] = True
+        return out
 
     def _as_inputs(self, target, args: tuple, kwargs: dict, varying: dict) -> tuple[Any, tuple, dict]:
         """The call with its varying floats as float32 tensors, which the graph takes as inputs: a number as a 0-d
@@ -310,15 +336,17 @@ class LazyRecorder(TorchDispatchMode):
                 put(name, lifted(value))
         return (twin[0] if twin is not None else target), tuple(args), kwargs
 
-    def _stale(self, t: torch.Tensor) -> str:
-        """Why, read in this graph, ``t`` would miss a value the graph has not written yet ("": it would not)."""
+    def _stale(self, t: torch.Tensor, viewing: bool = False) -> str:
+        """Why, read in this graph, ``t`` would miss a value the graph has not written yet ("": it would not).
+        ``viewing``: read by a view op, which reads no values (the view itself may be stale, see ``_record``)."""
         g = self.g
         if t in g.node_of:
-            return "an alias of a tensor the graph wrote" if g.stale.get(t, False) else ""
+            return "an alias of a tensor the graph wrote" if g.stale.get(t, False) and not viewing else ""
         ptr = _storage(t)
         if ptr in g.unfilled:
             return "a tensor made from a pending one (nn.Parameter(torch.empty(...)), .data)"
-        return "an alias of a tensor the graph wrote" if ptr in g.written_storages else ""
+        wrote = not viewing and _overlaps(t, g.written_storages.get(ptr, ()))
+        return "an alias of a tensor the graph wrote" if wrote else ""
 
     def _touched(self, t: torch.Tensor) -> bool:
         g = self.g
@@ -402,6 +430,8 @@ class LazyRecorder(TorchDispatchMode):
             with no_dispatch():
                 args, kwargs = unflatten(flat, spec)
                 real = func(*args, **kwargs)
+            if nargs and nargs[0] in g.of_inputs:
+                g.of_inputs.add(node)  # a view of an input's memory (where it is stale, it cuts the graph first)
         elif isinstance(fakes, torch.Tensor):
             real = _unfilled(fakes)
         else:
@@ -414,16 +444,18 @@ class LazyRecorder(TorchDispatchMode):
         back at the end of the graph."""
         g = self.g
         ptr = _storage(t)
+        span = _span(t)
         sharing = [r() for r in g.recorded.get(ptr, ())] + g.input_storages.get(ptr, [])
         for other in sharing:
-            if other is not None and other is not t:
+            if other is not None and other is not t and _overlaps(other, (span,)):
                 g.stale[other] = True
         if ptr in g.unfilled:
             g.unfilled[ptr][1] = value
-        if id(t) in g.inputs:
-            g.written[id(t)] = (t, g.inputs[id(t)][1], value)
+        target = g.written[id(t)][1] if id(t) in g.written else g.node_of.get(t)
+        if target in g.of_inputs:  # an input or a view of one: written back at the end
+            g.written[id(t)] = (t, target, value)
             if ptr:
-                g.written_storages.add(ptr)
+                g.written_storages.setdefault(ptr, []).append(span)
         g.node_of[t] = value
 
     def _item(self, node, i, fake):
@@ -464,6 +496,7 @@ class LazyRecorder(TorchDispatchMode):
         g.inputs[id(t)] = (t, node)
         g.input_storages.setdefault(_storage(t), []).append(t)
         g.node_of[t] = node
+        g.of_inputs.add(node)
         self._keyed(node, "input", type(t), t.shape, t.stride(), t.storage_offset(), t.dtype, t.requires_grad)
         return node
 

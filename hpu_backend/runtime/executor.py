@@ -60,6 +60,18 @@ def fast_path_failed(op: str, standard: Callable, error: Exception) -> Callable:
     return standard
 
 
+def copy_compact(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``aten.copy`` (``copy_``'s functional form) into memory of ``self``'s own size. ATen's returns a copy of
+    ``self``'s whole storage, as large as the flat buffer a slice comes from (2 GB for a slice of DeepSpeed's
+    gradient bucket); the values, shape and strides are the same, only the storage offset differs, so the
+    executor takes this form in recipes where no op reads a storage offset (``as_strided``, ``set_``)."""
+    out = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device)
+    return out.copy_(src, non_blocking)
+
+
+_STORAGE_RELATIVE = ("aten::as_strided", "aten::set_")  # ops that address a tensor's storage, not the tensor
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     try:
         return DTYPES[name]
@@ -111,6 +123,7 @@ class _Codegen:
         self.folded: set[str] = set()  # values computed at build time: fixed inputs and views of them
         self.lines: list[str] = []
         self.standard: dict[str, str] = {}  # node name -> bound fallback of its fast path
+        self.offsets_read = any(n.op.startswith(_STORAGE_RELATIVE) for n in recipe.nodes)
 
     def bind(self, value: Any, prefix: str = "c") -> str:
         name = f"{prefix}{len(self.bound)}"
@@ -174,6 +187,8 @@ class _Codegen:
         """What runs a node's op: its fast path, with the standard call as its fallback (see ``statement``)."""
         fn = ops.fast_callable(node.op)
         standard = ops.standard_callable(node.op)
+        if node.op == "aten::copy.default" and not self.offsets_read:
+            fn = copy_compact
         if fn is not standard:
             self.standard[node.name] = self.bind(functools.partial(fast_path_failed, node.op, standard), "s")
         return fn
