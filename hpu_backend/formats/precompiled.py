@@ -180,9 +180,7 @@ def signer_words(record: Any) -> str:
     return f"a team key {KEY_ENV} (id {ident})" if kind == TEAM else f"a machine's own key (id {ident})"
 
 
-def _ours(signer: Signer | None) -> str:
-    if signer is None:
-        return f"no key here ({KEY_ENV} is not set and this machine has no key of its own yet)"
+def _ours(signer: Signer) -> str:
     return f"{KEY_ENV} (id {signer.id})" if signer.kind == TEAM else f"this machine's own key (id {signer.id})"
 
 
@@ -202,13 +200,15 @@ def untrusted(reason: str, record: Any, signer: Signer | None) -> str:
         if mine is not None and key_id(mine) == recorded[1]:
             return (f"signed with this machine's own key (id {recorded[1]}), and {KEY_ENV} is set: unset it to "
                     f"load this, or precompile it again with {KEY_ENV} set")
-    mismatch = "the signature does not match: " if reason == "signature" else ""
-    return f"{mismatch}signed with {signer_words(record)}, not with {_ours(signer)}; {WHAT_TO_DO}"
+    if signer is None:
+        return (f"signed with {signer_words(record)}, and there is no key here to check it ({KEY_ENV} is not set, "
+                f"and this machine has no key of its own yet); {WHAT_TO_DO}")
+    return f"the signature does not match: signed with {signer_words(record)}, not with {_ours(signer)}; {WHAT_TO_DO}"
 
 
 def signature_words(checked: bool, unsigned: bool, record: Any, signer: Signer | None) -> str:
     """What a listing says of a file's signature."""
-    if checked:
+    if checked and signer is not None:
         return f"checked with {_ours(signer)}"
     if unsigned:
         return "unsigned: never loaded"
