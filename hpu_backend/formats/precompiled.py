@@ -257,7 +257,8 @@ def describe(artifact: Artifact, path: str | os.PathLike) -> dict[str, Any]:
     """What ``hpurecipe show`` prints for an artifact."""
     info = artifact.info
     return {"kind": "precompiled", "path": str(path), "model": info["model"], "mode": info["mode"],
-            "signed": artifact.signed, "signature": artifact.signature, "fingerprint": info["fingerprint"], "program": info["program"],
+            "signed": artifact.signed, "signature": artifact.signature, "fingerprint": info["fingerprint"],
+            "program": info["program"],
             "ranges": info["ranges"], "serves": info.get("serves") if _pairs_table(info.get("serves")) else None,
             "recipes": info["recipes"], "recipe_bytes": info["recipe_bytes"],
             "bytes": artifact.size}
@@ -277,7 +278,6 @@ def read_manifest(directory: str | os.PathLike, signer: Signer | None | bool = T
     """The manifest of a precompiled directory, its signature checked (``signer``: as for ``read_artifact``);
     PrecompileError (one line). ``listing``: its plain data whatever signed it, for ``ls`` and ``show``."""
     path = Path(directory) / MANIFEST
-    signer = own_signer() if signer is True else signer
     try:
         with open_regular(path) as f:
             data = f.read(MAX_MANIFEST_BYTES + 1)
@@ -292,7 +292,7 @@ def read_manifest(directory: str | os.PathLike, signer: Signer | None | bool = T
         raise PrecompileError(f"{path}: not a manifest ({str(e)[:100]})") from None
     doc = _checked_manifest(outer, path)
     if not listing:
-        _check_manifest_signature(outer, doc, signer, path)
+        _check_manifest_signature(outer, doc, own_signer() if signer is True else signer, path)
     return doc
 
 
