@@ -89,10 +89,14 @@ MANUAL: dict[str, Manual] = {
         see=[("Serving from a package", "guides/packages.md"), ("What is trusted", "design/trust.md")]),
     "precompile": Manual(
         exit="1 when a graph breaks (one line naming it: use `warm`) or the capture fails.",
-        env=["HPURECIPE_BUNDLE_KEY", "HPU_BACKEND_TARGET"], files=f"The directory written with `-o`. {MODEL_FILE}",
-        examples=[("HPURECIPE_BUNDLE_KEY=team-secret hpurecipe precompile models/gpt.py -o gpt.precompiled",
-                   "signed artifacts and manifest")],
-        see=[("Warming a serving process", "guides/precompile.md")]),
+        env=["HPURECIPE_BUNDLE_KEY", "XDG_CONFIG_HOME", "HPU_BACKEND_TARGET"],
+        files=f"The directory written with `-o`. Without `HPURECIPE_BUNDLE_KEY`, this machine's own signing key "
+              f"`$XDG_CONFIG_HOME/hpu_backend/machine.key` (made 0600 by the first precompile). {MODEL_FILE}",
+        examples=[("hpurecipe precompile models/gpt.py -o gpt.precompiled",
+                   "signed with this machine's own key: loads here only"),
+                  ("HPURECIPE_BUNDLE_KEY=team-secret hpurecipe precompile models/gpt.py -o gpt.precompiled",
+                   "signed with the team key: loads wherever it is set")],
+        see=[("Warming a serving process", "guides/precompile.md"), ("What is trusted", "design/trust.md")]),
     "ls": Manual(env=[CACHE], files=CACHE_FILES,
                  examples=[("hpurecipe ls --sort created", "newest first"), ("hpurecipe ls gpt.hpkg", "a package")],
                  see=[CACHE_GUIDE]),

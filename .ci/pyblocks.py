@@ -178,11 +178,12 @@ def _attach_claims(block: PyBlock, claims: list[Claim]) -> None:
 # Running: the parent groups blocks into sessions of continued blocks and runs each in a child interpreter.
 
 def session_env(tmp: str, cache: bool = True) -> dict[str, str]:
-    """The environment every command and block of a page runs in: a fresh HOME under ``tmp``, and a recipe cache
-    there (``cache``: ``/tmp/recipes``, else the default one in HOME, as a new user has)."""
+    """The environment every command and block of a page runs in: a fresh HOME (its config too) under ``tmp``, and a
+    recipe cache there (``cache``: ``/tmp/recipes``, else the default one in HOME, as a new user has)."""
     env = dict(os.environ, HOME=tmp, COLUMNS="160", PT_HPU_RECIPE_CACHE_CONFIG=f"{tmp}/recipes,false,4096",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "cli"), os.environ.get("PYTHONPATH", "")]))
     env.pop("HPU_RECIPE_CACHE_REMOTE", None)
+    env.pop("XDG_CONFIG_HOME", None)  # a new user's config (its signing key) is in the fresh HOME too
     if not cache:
         env.pop("PT_HPU_RECIPE_CACHE_CONFIG")
     return env

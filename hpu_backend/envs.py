@@ -214,9 +214,10 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
     Var("XDG_CACHE_HOME", "path", "~/.cache", "the default cache is $XDG_CACHE_HOME/hpu_backend/recipes",
         ("recipecache.config",), _CACHE),
     Var("HPURECIPE_BUNDLE_KEY", "text", "", "the team key that signs and checks bundles, packages, precompiled "
-        "files and fleet entries (never stored)", ("recipecache.signing",), _CACHE),
-    Var("HPURECIPE_TRUST_UNSIGNED", "flag", False, "1: load unsigned precompiled files and packages (ones you "
-        "built yourself)", ("hpu_backend.formats.precompiled",), _CACHE),
+        "files and fleet entries (never stored; precompiled files are signed with this machine's own key without it)",
+        ("recipecache.signing",), _CACHE),
+    Var("XDG_CONFIG_HOME", "path", "~/.config", "this machine's own signing key (precompiled files) is "
+        "$XDG_CONFIG_HOME/hpu_backend/machine.key", ("recipecache.signing",), _CACHE),
     # The command line
     Var("HPURECIPE_TRACEBACK", "flag", False, "1: an error prints its traceback before its one line",
         ("hpurecipe.errors",), _CLI),

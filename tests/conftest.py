@@ -54,6 +54,20 @@ def _private_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _private_config(tmp_path_factory):
+    """Keep every test away from the user's config directory (this machine's signing key lives there); a test of
+    the key itself points XDG_CONFIG_HOME at a directory of its own."""
+    path = tmp_path_factory.mktemp("config")
+    old = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _no_guard_latency_probe():
     """Dynamo times every new guard set once, after flushing the CPU caches, for a debug log line and a
     compile metric nothing here reads: about 25 ms of CPU (and more of wall time) per compiled graph, the

@@ -89,7 +89,7 @@ def test_the_compile_options_variables_are_the_settings_ones():
 def test_an_entry_reads_its_default_its_value_and_refuses_a_bad_one():
     assert envs.get("HPU_SIM_CARDS", {}) == 1 and envs.get("HPU_SIM_CARDS", {"HPU_SIM_CARDS": " "}) == 1
     assert envs.get("HPU_SIM_CARDS", {"HPU_SIM_CARDS": " 8 "}) == 8
-    assert envs.get("HPURECIPE_TRUST_UNSIGNED", {"HPURECIPE_TRUST_UNSIGNED": "yes"}) is True
+    assert envs.get("ENABLE_CONSOLE", {"ENABLE_CONSOLE": "yes"}) is True
     assert envs.get("HPU_BACKEND_HBM_BYTES", {"HPU_BACKEND_HBM_BYTES": "1GiB"}) == 1 << 30
     assert envs.get("VLLM_GRAPH_RESERVED_MEM", {"VLLM_GRAPH_RESERVED_MEM": "0.2"}) == 0.2
     with pytest.raises(envs.EnvError, match=r"^environment variable HPU_SIM_CARDS='0' is not valid: use a whole "

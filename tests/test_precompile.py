@@ -26,6 +26,7 @@ import hpu_backend
 from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, artifact_bytes, framed, inflate,
                                              manifest_bytes, read_artifact)
 from hpu_backend.serve.precompiled import PrecompiledGraph, accelerator
+from recipecache.signing import key_id, key_path, own_signer
 from cli_helpers import TINY, cli, one_line, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,8 +149,14 @@ def test_an_unsigned_forged_or_tampered_artifact_is_refused_before_unpickling(pr
     model = hpu_backend.load_model_file(str(model_file)).make_model()
     artifact = copy / "range-000.hpuaot"
     genuine = artifact.read_bytes()
-    for data, expected in ((artifact_bytes(info, evil, None), "not signed"),
-                           (artifact_bytes(info, evil, b"another key"), "signature does not match"),
+    other = dict(info, signer={"kind": "machine", "id": "0123abcd"})
+    for data, expected in ((artifact_bytes(info, evil, None), "not signed, and unsigned precompiled files are never "
+                                                              "loaded"),
+                           (artifact_bytes(info, evil, b"another key"), "the signature does not match: changed after "
+                                                                        "signing"),
+                           (artifact_bytes(other, evil, b"another key"), re.escape(
+                               "signed with a machine's own key (id 0123abcd), not with HPURECIPE_BUNDLE_KEY (id ")
+                            + ".*precompile it here, or set the same team key HPURECIPE_BUNDLE_KEY"),
                            (genuine[:-1] + bytes([genuine[-1] ^ 1]), "checksum mismatch"),
                            (genuine[:len(genuine) // 2], "checksum mismatch")):
         artifact.write_bytes(data)
@@ -435,22 +442,27 @@ def test_a_malformed_record_of_sizes_or_modules_is_one_line(precompiled, tmp_pat
 
 
 @pytest.mark.e2e
-def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_with_a_warning(tmp_path, caplog):
+def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_with_a_warning(tmp_path, caplog,
+                                                                                             monkeypatch):
     """Issue 47: the README's gpt artifacts, listed as "batch=2 seq=16..128", served (3, 64), (2, 200) and (1, 8)
     with no warning. The listing now says what the recipes hold, and the calls agree with it: (3, 64) and (1, 8)
     run from the artifacts with nothing lowered, (2, 200) warns naming seq=200 and is compiled."""
     from hpu_backend.metrics import metric_global
 
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'cli'}", HPURECIPE_TRUST_UNSIGNED="1")
-    env.pop("HPURECIPE_BUNDLE_KEY", None)
+    monkeypatch.delenv("HPURECIPE_BUNDLE_KEY", raising=False)  # signed with this machine's own key, made now
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'cli'}")
     proc = subprocess.run([sys.executable, "-m", "hpurecipe.main", "precompile", "models/gpt.py", "--axis",
                            "seq=16,64", "-o", str(tmp_path / "gpt")], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "batch=1 seq=2..16,33..64" in proc.stdout and "batch=2..16 seq=2..16,33..64" in proc.stdout, proc.stdout
+    assert "signed with this machine's own key: it loads here only" in proc.stdout, proc.stdout
+    key = tmp_path / "config" / "hpu_backend" / "machine.key"
+    assert key.stat().st_mode & 0o777 == 0o600
     spec = hpu_backend.load_model_file(str(ROOT / "models/gpt.py"))
     model = spec.make_model().eval()
-    served = hpu_backend.load_precompiled(tmp_path / "gpt", model, allow_unsigned=True)
+    served = hpu_backend.load_precompiled(tmp_path / "gpt", model)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hpu_backend"):
         for batch, seq, lowers in ((3, 64, 0), (1, 8, 0), (2, 200, 1)):
             ids = spec.split(spec.make_inputs(batch=batch, seq=seq))
@@ -459,12 +471,26 @@ def test_gpt_as_the_user_served_it_batch_3_and_seq_8_from_recipes_and_seq_200_wi
             assert dict(metric_global("graph_compilation").stats())["TotalNumber"] - before == lowers, (batch, seq)
     (warning,) = _warnings(caplog)
     assert "range-001.hpuaot: seq=200 is outside batch=2..16 seq=2..16,33..64" in warning, warning
+    # Another machine (another user's key), or this one with a team key set: refused before torch reads a byte.
+    mine = key.read_bytes()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "another-machine"))
+    with pytest.raises(PrecompileError, match="no key here .*precompile it here, or set the same team key"):
+        hpu_backend.load_precompiled(tmp_path / "gpt", model)
+    own_signer(create=True)  # that machine has a key of its own: not the one that signed
+    with pytest.raises(PrecompileError, match=re.escape(f"signed with a machine's own key (id {key_id(mine)}), not "
+                                                        "with this machine's own key (id ")):
+        hpu_backend.load_precompiled(tmp_path / "gpt", model)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HPURECIPE_BUNDLE_KEY", KEY)
+    with pytest.raises(PrecompileError, match="signed with this machine's own key .*HPURECIPE_BUNDLE_KEY is set: "
+                                              "unset it to load this"):
+        hpu_backend.load_precompiled(tmp_path / "gpt", model)
 
 
 @pytest.mark.e2e
-def test_ls_and_show_list_an_unsigned_directory_without_unpickling_it(precompiled, tmp_path):
-    """A user precompiled without HPURECIPE_BUNDLE_KEY and listed the directory: listing runs nothing, so it lists;
-    loading it still refuses."""
+def test_ls_and_show_list_an_unsigned_directory_without_unpickling_it(precompiled, tmp_path, monkeypatch):
+    """An unsigned directory (written by hand, or by a version that did not sign) lists, since listing reads only
+    its plain data; verifying and loading it refuse, whatever the environment says."""
     model_file, directory = precompiled
     copy = _copy(directory, tmp_path)
     marker = tmp_path / "pickle-ran"
@@ -472,14 +498,43 @@ def test_ls_and_show_list_an_unsigned_directory_without_unpickling_it(precompile
     for entry in doc["artifacts"]:
         data = artifact_bytes(_info(directory), _evil_pickle(marker), None)  # unsigned, and its pickle is live
         (copy / entry["file"]).write_bytes(data)
-        entry["sha256"] = read_artifact(copy / entry["file"], allow_unsigned=True).digest
+        entry["sha256"] = read_artifact(copy / entry["file"], listing=True).digest
     (copy / MANIFEST).write_bytes(manifest_bytes(doc, None))
     listed = cli("ls", copy).output
     assert all(entry["file"] in listed for entry in doc["artifacts"])
     assert "batch=2,5..8" in listed.replace(" ", "")  # the sizes it serves
-    shown = cli("show", copy).output
-    assert "signed" in shown and "listed only" in shown and "HPURECIPE_BUNDLE_KEY" in shown
+    assert "unsigned: never loaded" in cli("show", copy).output
     assert "not signed" in one_line(cli("verify", copy, code=1))
+    model = hpu_backend.load_model_file(str(model_file)).make_model()
+    monkeypatch.setenv("HPURECIPE_TRUST_UNSIGNED", "1")  # an opt-in of older versions: it changes nothing
     with pytest.raises(PrecompileError, match="not signed"):
-        hpu_backend.load_precompiled(copy, hpu_backend.load_model_file(str(model_file)).make_model())
+        hpu_backend.load_precompiled(copy, model)
+    (copy / MANIFEST).write_bytes(manifest_bytes(doc, KEY.encode()))  # the manifest signed, its artifacts not
+    with pytest.raises(PrecompileError, match="range-000.hpuaot: not signed"):
+        hpu_backend.load_precompiled(copy, model)
     assert not marker.exists()
+
+
+@pytest.mark.e2e
+def test_a_directory_signed_with_a_key_not_here_lists_but_does_not_load(precompiled, tmp_path, monkeypatch):
+    model_file, directory = precompiled
+    model = hpu_backend.load_model_file(str(model_file)).make_model()
+    shown = cli("show", directory).output
+    assert f"checked with HPURECIPE_BUNDLE_KEY (id {key_id(KEY.encode())})" in " ".join(shown.split())
+    monkeypatch.setenv("HPURECIPE_BUNDLE_KEY", "another team key")
+    with pytest.raises(PrecompileError, match=re.escape(
+            f"manifest.json: the signature does not match: signed with a team key HPURECIPE_BUNDLE_KEY (id "
+            f"{key_id(KEY.encode())}), not with HPURECIPE_BUNDLE_KEY (id {key_id(b'another team key')}")) as e:
+        hpu_backend.load_precompiled(directory, model)
+    assert "\n" not in str(e.value)
+    monkeypatch.delenv("HPURECIPE_BUNDLE_KEY")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # a machine with no key of its own yet
+    with pytest.raises(PrecompileError, match="signed with a team key .*, and there is no key here to check it"):
+        hpu_backend.load_precompiled(directory, model)
+    assert not (tmp_path / "config").exists()  # loading never makes a key
+    shown = " ".join(cli("show", directory).output.split())
+    assert f"signed with a team key HPURECIPE_BUNDLE_KEY (id {key_id(KEY.encode())}); not checked" in shown
+    assert "no key here to check it" in one_line(cli("verify", directory, code=1))
+    own_signer(create=True)
+    key_path().chmod(0o644)  # a key file others may read is refused, whatever it signed
+    assert "readable or writable by others; chmod 600 it" in one_line(cli("verify", directory, code=1))

@@ -21,6 +21,7 @@ from hpu_backend.formats.precompiled import PrecompileError
 from hpu_backend.run.errors import RunError
 from hpu_backend.settings import SettingsError
 from recipecache import CacheError, ConfigError
+from recipecache.signing import SigningKeyError
 
 from .render import clean, err_console
 from hpu_backend.errors import HpuBackendError
@@ -42,7 +43,7 @@ class UsageError(CliError):
 # Most specific first: ConfigError is a CacheError, SettingsError and BucketError are ValueErrors.
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (ConfigError, 2), (BucketError, 2), (SettingsError, 2), (ModelFileError, 1), (PackageError, 1),
-    (PrecompileError, 1), (CacheError, 1),
+    (PrecompileError, 1), (SigningKeyError, 1), (CacheError, 1),
     (BundleError, 1),
 ]
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from hpu_backend.formats.precompiled import (MANIFEST, PrecompileError, describe, is_precompiled, read_artifact,
-                                             read_manifest, trust_unsigned)
+                                             read_manifest)
 
 from . import render
 from .errors import CliError
@@ -28,7 +28,8 @@ def precompile(model_file: ModelFile,
                = None,
                axis: Axis = None, cache_dir: CacheDir = None, timeout: Timeout = None, json: Json = False) -> None:
     """Capture a model file with torch's aot_compile, one artifact per bucket range, for a start without Dynamo:
-    hpu_backend.load_precompiled(DIR, model). Signed with HPURECIPE_BUNDLE_KEY."""
+    hpu_backend.load_precompiled(DIR, model). Signed with HPURECIPE_BUNDLE_KEY if set (loads wherever it is set),
+    else with this machine's own key (loads here only)."""
     from hpu_backend.modelfiles.modelspec import time_limit
     from hpu_backend.shipping.precompile import precompile as build
 
@@ -43,9 +44,9 @@ def precompile(model_file: ModelFile,
     if json:
         return render.emit_json(report.__dict__)
     _rows(report.artifacts)
-    render.note("Wrote {} ({}){}.", report.directory, render.plural(len(report.artifacts), "artifact"),
-                ", signed" if report.signed else "; unsigned: set HPURECIPE_BUNDLE_KEY to sign it (loading an unsigned "
-                "one needs HPURECIPE_TRUST_UNSIGNED=1)")
+    render.note("Wrote {} ({}), {}.", report.directory, render.plural(len(report.artifacts), "artifact"),
+                "signed with HPURECIPE_BUNDLE_KEY" if report.signer == "team" else "signed with this machine's own "
+                "key: it loads here only (to load it elsewhere, precompile and load with HPURECIPE_BUNDLE_KEY set)")
 
 
 def _rows(artifacts: list[dict[str, Any]]) -> None:
@@ -77,24 +78,24 @@ def _served(artifact: dict) -> str:
 
 def _open(path: Path, listing: bool = False) -> tuple[dict | None, list[tuple[Path, Any]]]:
     """(manifest or None, [(artifact path, Artifact)]) of a directory or of one artifact file, all checked.
-    ``listing``: unsigned files are read too (``ls``, ``show``): their descriptions are data, and torch's pickle
-    in them is never unpickled here; loading, verifying and exporting them still need a signature."""
+    ``listing``: files whose signature cannot be checked here are read too (``ls``, ``show``): only their plain
+    descriptions, which are msgpack and JSON data; torch's part is left unread. Loading, verifying and exporting
+    need a signature the key here checks."""
     if not path.exists():
         raise CliError(f"{path}: no such precompiled directory or artifact")
-    trust = True if listing else None  # None: HPURECIPE_TRUST_UNSIGNED decides
     if path.is_dir():
-        manifest = read_manifest(path, allow_unsigned=trust)
+        manifest = read_manifest(path, listing=listing)
         arts = []
         for entry in manifest["artifacts"]:
             file = path / entry["file"]
             if not file.exists():
                 raise PrecompileError(f"{path}: {entry['file']} is listed in the manifest but missing")
-            art = read_artifact(file, allow_unsigned=trust)
+            art = read_artifact(file, listing=listing)
             if art.digest != entry["sha256"]:
                 raise PrecompileError(f"{file}: not the artifact the manifest lists (checksum differs)")
             arts.append((file, art))
         return manifest, arts
-    return None, [(path, read_artifact(path, allow_unsigned=trust))]
+    return None, [(path, read_artifact(path, listing=listing))]
 
 
 def _described(path: Path) -> tuple[dict | None, list[dict]]:
@@ -109,16 +110,10 @@ def show(path: Path, json: bool) -> None:
         return render.emit_json({"path": str(path), "manifest": manifest, "artifacts": docs})
     fp = docs[0]["fingerprint"]
     render.pairs({"precompiled": str(path), "model": docs[0]["model"], "mode": docs[0]["mode"],
-                  "signed": "yes" if all(d["signed"] for d in docs) else _unsigned(),
+                  "signature": "; ".join(dict.fromkeys(d["signature"] for d in docs)),
                   "fingerprint": ", ".join(f"{k}={v}" for k, v in fp.items() if k != "settings"),
                   "settings": ", ".join(f"{k}={v}" for k, v in fp["settings"].items()) or "defaults"})
     ls_rows(docs)
-
-
-def _unsigned() -> str:
-    if trust_unsigned():
-        return "no (trusted by HPURECIPE_TRUST_UNSIGNED=1)"
-    return "no (listed only: loading it needs HPURECIPE_BUNDLE_KEY when precompiling, or HPURECIPE_TRUST_UNSIGNED=1)"
 
 
 def ls(path: Path, json: bool) -> None:
@@ -136,11 +131,11 @@ def verify(path: Path, json: bool) -> None:
     """Signature, checksum and description of every artifact, and the manifest listing them."""
     manifest, arts = _open(path)
     doc = {"precompiled": str(path), "artifacts": len(arts), "signed": all(a.signed for _, a in arts),
-           "recipes": sum(len(a.info["recipes"]) for _, a in arts)}
+           "signature": arts[0][1].signature, "recipes": sum(len(a.info["recipes"]) for _, a in arts)}
     if json:
         return render.emit_json(doc)
-    render.note("{}: {} checked: signature, checksum and description ({} recipes{}).", path,
-                render.plural(len(arts), "artifact"), doc["recipes"], ", signed" if doc["signed"] else ", unsigned")
+    render.note("{}: {} checked: signature, checksum and description ({} recipes, signature {}).", path,
+                render.plural(len(arts), "artifact"), doc["recipes"], doc["signature"])
 
 
 def covered(directory: Path, points: list[dict[str, int]]) -> list[dict[str, Any]]:

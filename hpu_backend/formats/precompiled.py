@@ -2,13 +2,16 @@
 
 torch saves an aot-compiled function with pickle, and unpickling runs code. So the file this project
 writes around torch's bytes is the magic number, the payload's SHA-256, an HMAC-SHA256 tag of that digest
-under ``HPURECIPE_BUNDLE_KEY`` (zeros: unsigned) and a msgpack payload ``{"info": {...}, "size": n,
-"torch": zlib bytes}``: torch's pickle (which holds our own msgpack part) compressed, ``n`` bytes once inflated.
-The header, checksum and signature are checked, in chunks, before any byte of ``torch`` is inflated (never
-past ``n``, itself capped: a signed bomb cannot exhaust memory) and handed to torch's unpickler; ``info`` (the
-fingerprint, the program key, the recipe keys, the ranges it was built
-for) is plain data that ``hpurecipe ls``/``show``/``verify`` read without torch. The fingerprint holds
-everything that must be equal where the artifact is loaded; a difference is refused naming the field.
+and a msgpack payload ``{"info": {...}, "size": n, "torch": zlib bytes}``: torch's pickle (which holds our
+own msgpack part) compressed, ``n`` bytes once inflated. Every artifact and manifest is signed, with the team
+key ``HPURECIPE_BUNDLE_KEY`` when it is set, else with this user's own key (``recipecache.signing``), and is
+loaded only when that same key checks it here: an unsigned one, or one signed with a key not available here,
+is refused. The header, checksum and signature are checked, in chunks, before any byte of ``torch`` is
+inflated (never past ``n``, itself capped: a signed bomb cannot exhaust memory) and handed to torch's
+unpickler; ``info`` (the fingerprint, the program key, the recipe keys, the ranges it was built for, which
+key signed it: its kind and id, never the key) is plain data that ``hpurecipe ls``/``show`` list without
+torch or a key. The fingerprint holds everything that must be equal where the artifact is loaded; a
+difference is refused naming the field.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from typing import Any, Mapping
 
 import msgpack
 
-from recipecache.signing import KEY_ENV, sign, signing_key, verify
+from recipecache.signing import (KEY_ENV, MACHINE, TEAM, Signer, SigningKeyError, key_id, machine_key, own_signer,
+                                sign, verify)
 
-from .. import envs
 from ..errors import HpuBackendError
 from . import keyparts, signed
 from .recipe import RecipeFormatError, unpack
@@ -39,7 +42,8 @@ MAX_INFLATED_BYTES = 1 << 30  # torch's part once inflated: its pickle is read w
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 4 << 20
-TRUST_UNSIGNED_ENV = "HPURECIPE_TRUST_UNSIGNED"  # "1": load unsigned artifacts (local files one built oneself)
+STRICT = signed.Policy(unsigned=False, unchecked=False)  # loading: signed, and checked with the key here
+LISTING = signed.Policy(unsigned=True, unchecked=True)  # listing: plain info only, torch's part never inflated
 FINGERPRINT_FIELDS = ("torch", "python", "hpu_backend", "recipe_format", "target", "settings", "world_size",
                       "accelerator")
 NO_ACCELERATOR = "none"
@@ -81,10 +85,11 @@ def _short(value: Any) -> str:
 @dataclass
 class Artifact:
     info: dict[str, Any]  # plain data: fingerprint, program key, recipe keys, ranges, sizes
-    torch_bytes: bytes = field(repr=False)  # torch's pickle, inflated: only unpickled after the header checks out
-    signed: bool = False
+    torch_bytes: bytes = field(repr=False)  # torch's pickle, inflated only once the signature checks out ("": listed)
+    signed: bool = False  # its signature was checked with the key here
     digest: str = ""  # the payload's SHA-256 (hex), as the manifest lists it
     size: int = 0  # of the file
+    signature: str = ""  # in words: checked with which key, or why not (what ``ls``/``show`` say)
 
 
 def artifact_bytes(info: dict[str, Any], torch_bytes: bytes, key: bytes | None) -> bytes:
@@ -99,31 +104,39 @@ def framed(payload: bytes, key: bytes | None) -> bytes:
     return signed.framed(MAGIC, payload, key)
 
 
-def trust_unsigned(environ: Mapping[str, str] | None = None) -> bool:
-    return envs.get(TRUST_UNSIGNED_ENV, environ)
-
-
-def read_artifact(path: str | os.PathLike, key: bytes | None | bool = True, allow_unsigned: bool | None = None
+def read_artifact(path: str | os.PathLike, signer: Signer | None | bool = True, *, listing: bool = False
                   ) -> Artifact:
     """The artifact in a file, its signature checked before its payload is parsed; PrecompileError (one line).
 
-    ``key``: by default ``HPURECIPE_BUNDLE_KEY``. An unsigned artifact is refused unless ``allow_unsigned``
-    (default: ``HPURECIPE_TRUST_UNSIGNED=1``), because what torch stores in it is a pickle, and unpickling runs
-    code: only trust an unsigned file you built yourself.
+    ``signer``: the key it must be signed with, by default the team key ``HPURECIPE_BUNDLE_KEY`` if set, else this
+    user's own key. An unsigned artifact, or one signed with another key, is always refused: what torch stores
+    in it is a pickle, and unpickling runs code. ``listing``: read the plain info only, whatever signed it (its
+    checksum is checked, its signature checked if a key is here and reported in ``signature``); torch's part is
+    left out (``torch_bytes`` empty), so a listed artifact can never reach the unpickler.
     """
     path = Path(path)
-    key = signing_key() if key is True else key
-    allow_unsigned = trust_unsigned() if allow_unsigned is None else allow_unsigned
-    policy = signed.Policy(unsigned=allow_unsigned, unchecked=allow_unsigned)
+    signer = own_signer() if signer is True else signer
+    key = signer.key if signer else None
     try:
-        checked = signed.read_signed(path, MAGIC, key, policy, MAX_ARTIFACT_BYTES)
+        checked = signed.read_signed(path, MAGIC, None if listing else key, LISTING if listing else STRICT,
+                                     MAX_ARTIFACT_BYTES)
     except OSError as e:
         raise PrecompileError(f"{path}: cannot read the artifact: {e.strerror or e}") from None
     except signed.SignedFileError as e:
+        if e.reason in ("unsigned", "unchecked", "signature"):
+            raise PrecompileError(f"{path}: {untrusted(e.reason, _recorded_signer(path), signer)}") from None
         raise PrecompileError(f"{path}: {_refusal(e)}") from None
     except ValueError as e:  # not a regular file
         raise PrecompileError(f"{path}: {e}") from None
-    return _parse(path, checked.payload, checked.signed, checked.digest.hex(), checked.size)
+    artifact = _parse(path, checked.payload, checked.signed, checked.digest.hex(), checked.size, listing)
+    if listing:
+        artifact.signed = checked.tag != signed.UNSIGNED and key is not None and verify(
+            key, [MAGIC, checked.digest], checked.tag)
+        artifact.signature = signature_words(artifact.signed, checked.tag == signed.UNSIGNED,
+                                             artifact.info.get("signer"), signer)
+    else:
+        artifact.signature = signature_words(True, False, artifact.info.get("signer"), signer)
+    return artifact
 
 
 def _refusal(e: signed.SignedFileError) -> str:
@@ -135,15 +148,74 @@ def _refusal(e: signed.SignedFileError) -> str:
         "size": f"{e.detail} bytes is more than an artifact may hold",
         "checksum": "damaged or truncated: checksum mismatch",
         "changed": "changed while being read",
-        "unsigned": f"not signed; set {KEY_ENV} when precompiling (or, for a file you built yourself, "
-                    f"{TRUST_UNSIGNED_ENV}=1)",
-        "unchecked": f"signed, but {KEY_ENV} is not set here to check it",
-        "signature": f"the signature does not match: changed after signing, or signed with another key than "
-                     f"{KEY_ENV}",
     }[e.reason]
 
 
-def _parse(path: Path, payload: bytes, is_signed: bool, digest: str, size: int) -> Artifact:
+def _recorded_signer(path: Path) -> Any:
+    """The signer an artifact's info names (plain msgpack, read for a refusal's words only), or None."""
+    try:
+        raw = unpack(signed.read_signed(path, MAGIC, None, LISTING, MAX_ARTIFACT_BYTES).payload)
+        return raw["info"].get("signer")
+    except Exception:  # noqa: BLE001 (any failure: the refusal just names no signer)
+        return None
+
+
+# -- which key signed, in words ---------------------------------------------------------------------------
+
+WHAT_TO_DO = f"precompile it here, or set the same team key {KEY_ENV} when precompiling and when loading"
+
+
+def _recorded(record: Any) -> tuple[str, str] | None:
+    if isinstance(record, dict) and record.get("kind") in (TEAM, MACHINE) and isinstance(record.get("id"), str):
+        return record["kind"], record["id"][:16]
+    return None
+
+
+def signer_words(record: Any) -> str:
+    """Who signed, as an artifact or manifest records it (unchecked: for messages only)."""
+    recorded = _recorded(record)
+    if recorded is None:
+        return "another key (it does not say which)"
+    kind, ident = recorded
+    return f"a team key {KEY_ENV} (id {ident})" if kind == TEAM else f"a machine's own key (id {ident})"
+
+
+def _ours(signer: Signer) -> str:
+    return f"{KEY_ENV} (id {signer.id})" if signer.kind == TEAM else f"this machine's own key (id {signer.id})"
+
+
+def untrusted(reason: str, record: Any, signer: Signer | None) -> str:
+    """Why a file is not loaded (``reason``: unsigned, unchecked or signature), and what to do, in one line."""
+    if reason == "unsigned":
+        return ("not signed, and unsigned precompiled files are never loaded (torch's part is a pickle: loading "
+                "it runs code); precompile it again (hpurecipe precompile signs what it writes)")
+    recorded = _recorded(record)
+    if reason == "signature" and signer is not None and recorded is not None and recorded[1] == signer.id:
+        return "the signature does not match: changed after signing; precompile it again"
+    if (signer is not None and signer.kind == TEAM and recorded is not None and recorded[0] == MACHINE):
+        try:
+            mine = machine_key()
+        except SigningKeyError:  # an unusable key file: the general advice stands
+            mine = None
+        if mine is not None and key_id(mine) == recorded[1]:
+            return (f"signed with this machine's own key (id {recorded[1]}), and {KEY_ENV} is set: unset it to "
+                    f"load this, or precompile it again with {KEY_ENV} set")
+    if signer is None:
+        return (f"signed with {signer_words(record)}, and there is no key here to check it ({KEY_ENV} is not set, "
+                f"and this machine has no key of its own yet); {WHAT_TO_DO}")
+    return f"the signature does not match: signed with {signer_words(record)}, not with {_ours(signer)}; {WHAT_TO_DO}"
+
+
+def signature_words(checked: bool, unsigned: bool, record: Any, signer: Signer | None) -> str:
+    """What a listing says of a file's signature."""
+    if checked and signer is not None:
+        return f"checked with {_ours(signer)}"
+    if unsigned:
+        return "unsigned: never loaded"
+    return f"signed with {signer_words(record)}; not checked: no matching key here"
+
+
+def _parse(path: Path, payload: bytes, is_signed: bool, digest: str, size: int, listing: bool = False) -> Artifact:
     try:
         raw = unpack(payload)
     except RecipeFormatError as e:
@@ -152,7 +224,8 @@ def _parse(path: Path, payload: bytes, is_signed: bool, digest: str, size: int) 
             and isinstance(raw.get("size"), int)):
         raise PrecompileError(f"{path}: not a precompiled artifact's payload")
     check_info(raw["info"], str(path))
-    return Artifact(raw["info"], inflate(raw["torch"], raw["size"], str(path)), is_signed, digest, size)
+    torch_bytes = b"" if listing else inflate(raw["torch"], raw["size"], str(path))
+    return Artifact(raw["info"], torch_bytes, is_signed, digest, size)
 
 
 def inflate(data: bytes, size: int, where: str, cap: int = MAX_INFLATED_BYTES) -> bytes:
@@ -184,7 +257,8 @@ def describe(artifact: Artifact, path: str | os.PathLike) -> dict[str, Any]:
     """What ``hpurecipe show`` prints for an artifact."""
     info = artifact.info
     return {"kind": "precompiled", "path": str(path), "model": info["model"], "mode": info["mode"],
-            "signed": artifact.signed, "fingerprint": info["fingerprint"], "program": info["program"],
+            "signed": artifact.signed, "signature": artifact.signature, "fingerprint": info["fingerprint"],
+            "program": info["program"],
             "ranges": info["ranges"], "serves": info.get("serves") if _pairs_table(info.get("serves")) else None,
             "recipes": info["recipes"], "recipe_bytes": info["recipe_bytes"],
             "bytes": artifact.size}
@@ -193,18 +267,17 @@ def describe(artifact: Artifact, path: str | os.PathLike) -> dict[str, Any]:
 # -- the directory: one artifact per bucket range, and a signed manifest ---------------------------------
 
 def manifest_bytes(doc: dict[str, Any], key: bytes | None) -> bytes:
-    """The manifest file: ``doc`` with an HMAC of its canonical JSON (empty: unsigned)."""
+    """The manifest file: ``doc`` with an HMAC of its canonical JSON (empty: unsigned, never loaded)."""
     body = json.dumps(doc, sort_keys=True).encode()
     tag = sign(key, [MAGIC, body]).hex() if key else ""
     return json.dumps({"manifest": doc, "signature": tag}, indent=1, sort_keys=True).encode()
 
 
-def read_manifest(directory: str | os.PathLike, key: bytes | None | bool = True,
-                  allow_unsigned: bool | None = None) -> dict[str, Any]:
-    """The manifest of a precompiled directory, its signature checked; PrecompileError (one line)."""
+def read_manifest(directory: str | os.PathLike, signer: Signer | None | bool = True, *,
+                  listing: bool = False) -> dict[str, Any]:
+    """The manifest of a precompiled directory, its signature checked (``signer``: as for ``read_artifact``);
+    PrecompileError (one line). ``listing``: its plain data whatever signed it, for ``ls`` and ``show``."""
     path = Path(directory) / MANIFEST
-    key = signing_key() if key is True else key
-    allow_unsigned = trust_unsigned() if allow_unsigned is None else allow_unsigned
     try:
         with open_regular(path) as f:
             data = f.read(MAX_MANIFEST_BYTES + 1)
@@ -218,7 +291,8 @@ def read_manifest(directory: str | os.PathLike, key: bytes | None | bool = True,
     except (ValueError, RecursionError) as e:
         raise PrecompileError(f"{path}: not a manifest ({str(e)[:100]})") from None
     doc = _checked_manifest(outer, path)
-    _check_manifest_signature(outer, doc, key, allow_unsigned, path)
+    if not listing:
+        _check_manifest_signature(outer, doc, own_signer() if signer is True else signer, path)
     return doc
 
 
@@ -267,25 +341,19 @@ def _plain_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\x00" not in name
 
 
-def _check_manifest_signature(outer: dict, doc: dict, key: bytes | None, allow_unsigned: bool, path: Path) -> None:
+def _check_manifest_signature(outer: dict, doc: dict, signer: Signer | None, path: Path) -> None:
     tag = outer.get("signature")
     if not tag:
-        if allow_unsigned:
-            return
-        raise PrecompileError(f"{path}: not signed; set {KEY_ENV} when precompiling (or, for files you built "
-                              f"yourself, {TRUST_UNSIGNED_ENV}=1)")
-    if key is None:
-        if allow_unsigned:
-            return
-        raise PrecompileError(f"{path}: signed, but {KEY_ENV} is not set here to check it")
+        raise PrecompileError(f"{path}: {untrusted('unsigned', None, signer)}")
+    if signer is None:
+        raise PrecompileError(f"{path}: {untrusted('unchecked', doc.get('signer'), signer)}")
     body = json.dumps(doc, sort_keys=True).encode()
     try:
-        ok = verify(key, [MAGIC, body], bytes.fromhex(tag))
+        ok = verify(signer.key, [MAGIC, body], bytes.fromhex(tag))
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise PrecompileError(f"{path}: the signature does not match: changed after signing, or signed with "
-                              f"another key than {KEY_ENV}")
+        raise PrecompileError(f"{path}: {untrusted('signature', doc.get('signer'), signer)}")
 
 
 def is_precompiled(path: str | os.PathLike) -> bool:

@@ -50,6 +50,7 @@ class SignedFile:
     digest: bytes
     signed: bool  # its signature was checked with the key
     size: int  # of the file
+    tag: bytes = UNSIGNED  # its signature, as stored
 
 
 def header_bytes(magic: bytes) -> int:
@@ -90,7 +91,8 @@ def read_signed(path: str | os.PathLike, magic: bytes, key: bytes | None, policy
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
             raise SignedFileError("size", size)
-        digest, signed = check_header(f.read(header_bytes(magic)), magic, key, policy)
+        head = f.read(header_bytes(magic))
+        digest, signed = check_header(head, magic, key, policy)
         h = hashlib.sha256()
         start = f.tell()
         while chunk := f.read(CHUNK):
@@ -101,7 +103,7 @@ def read_signed(path: str | os.PathLike, magic: bytes, key: bytes | None, policy
         payload = f.read(size)
     if hashlib.sha256(payload).digest() != digest:  # changed between the check and the read
         raise SignedFileError("changed")
-    return SignedFile(payload, digest, signed, size)
+    return SignedFile(payload, digest, signed, size, head[len(magic) + DIGEST_BYTES:header_bytes(magic)])
 
 
 def open_regular(path: Path):

@@ -6,7 +6,8 @@ takes up that bucket's recipe, and is compared with eager); a point no artifact 
 model gets one artifact per range
 Dynamo can serve with one graph (size 1 is its own), a static one an artifact per point. Each artifact
 carries its program and the recipes of its points; a manifest lists them with their ranges, the
-fingerprint and the model's parameters, signed with ``HPURECIPE_BUNDLE_KEY``.
+fingerprint and the model's parameters. Everything is signed: with ``HPURECIPE_BUNDLE_KEY`` when it is set, else
+with this machine's own key (made by the first precompile).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from recipecache import CacheConfig
-from recipecache.signing import signing_key
+from recipecache.signing import own_signer
 
 from ..errors import first_line, one_line
 from ..formats.precompiled import MAGIC, MANIFEST, MANIFEST_VERSION, PrecompileError, artifact_bytes, manifest_bytes
@@ -53,7 +54,7 @@ class Captured:
 class PrecompileReport:
     model: str
     directory: str
-    signed: bool
+    signer: str  # "team" (HPURECIPE_BUNDLE_KEY) or "machine" (this user's own key)
     artifacts: list[dict[str, Any]]  # file, ranges, points, recipes, bytes, recipe_bytes
 
 
@@ -214,7 +215,7 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
            settings: Settings, dims: dict[str, list[list[int]]]) -> PrecompileReport:
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
-    key = signing_key()
+    signer = own_signer(create=True)  # the team key, else this machine's own (made now if need be)
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for i, c in enumerate(captured):
@@ -223,13 +224,13 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
         info = {"fingerprint": graph.fingerprint(), "program": graph.key or "",
                 "recipes": sorted(recipes), "mode": graph.program.mode if graph.program else "",
                 "model": spec.name, "ranges": c.ranges(), "serves": c.serves,
-                "recipe_bytes": sum(map(len, recipes.values()))}
+                "recipe_bytes": sum(map(len, recipes.values())), "signer": signer.record()}
         _without_source_texts(c.fn)
         try:
             torch_bytes = AOTCompiledFunction.serialize(c.fn).serialized_data
         except RuntimeError as e:
             raise PrecompileError(f"{spec.path}: torch cannot save the captured function ({one_line(e)})") from None
-        data = artifact_bytes(info, torch_bytes, key)
+        data = artifact_bytes(info, torch_bytes, signer.key)
         name = f"range-{i:03d}.hpuaot"
         _atomic_write(out / name, data)
         entries.append({"file": name, "ranges": info["ranges"], "serves": c.serves, "points": len(c.points),
@@ -241,9 +242,9 @@ def _write(spec: ModelSpec, out: Path, model: torch.nn.Module, captured: list[Ca
            "model_class": [type(model).__module__, type(model).__qualname__],
            "fingerprint": captured[0].graph.fingerprint(), "settings": plain_settings(settings),
            "parameters": model_parameters(model), "modules": module_record(model), "dims": dims,
-           "artifacts": entries}
-    _atomic_write(out / MANIFEST, manifest_bytes(doc, key))
-    return PrecompileReport(spec.name, str(out), key is not None, entries)
+           "artifacts": entries, "signer": signer.record()}
+    _atomic_write(out / MANIFEST, manifest_bytes(doc, signer.key))
+    return PrecompileReport(spec.name, str(out), signer.kind, entries)
 
 
 def _without_source_texts(fn) -> None:

@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from recipecache.signing import Signer, own_signer
+
 from ..errors import one_line
 from ..formats.precompiled import PrecompileError, check_fingerprint, read_artifact, read_manifest
 from ..serve.precompiled import PrecompiledGraph, here, loading_settings
@@ -26,16 +28,18 @@ from ..serve.precompiled import PrecompiledGraph, here, loading_settings
 log = logging.getLogger(__name__)
 
 
-def load_precompiled(directory: str | os.PathLike, model: torch.nn.Module, *, options: dict | None = None,
-                     allow_unsigned: bool | None = None) -> "PrecompiledModel":
+def load_precompiled(directory: str | os.PathLike, model: torch.nn.Module, *, options: dict | None = None
+                     ) -> "PrecompiledModel":
     """The model served from a precompiled directory; PrecompileError (one line) if it cannot be.
 
     ``options``: hpu_backend options for this process (a recipe-changing one that differs from the build's is
-    refused). ``allow_unsigned``: load artifacts written without ``HPURECIPE_BUNDLE_KEY`` (default:
-    ``HPURECIPE_TRUST_UNSIGNED=1``); they hold a pickle, so only for files you built yourself.
+    refused). The manifest and every artifact must be signed with the key here: ``HPURECIPE_BUNDLE_KEY`` if set,
+    else this machine's own key (the one ``hpurecipe precompile`` signs with when no team key is set); anything
+    else is refused, since an artifact holds a pickle.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory, allow_unsigned=allow_unsigned)
+    signer = own_signer()
+    manifest = read_manifest(directory, signer)
     check_parameters(manifest["parameters"], model, directory)
     settings = loading_settings(manifest.get("settings"), options)
     ours = here(settings)
@@ -44,7 +48,7 @@ def load_precompiled(directory: str | os.PathLike, model: torch.nn.Module, *, op
     if differs := module_difference(record, model, "classes"):
         raise PrecompileError(f"{directory}: {differs}; precompile it again")
     _alias_model_module(manifest.get("model_class"), model)
-    functions = [_load(directory, entry, ours, allow_unsigned) for entry in manifest["artifacts"]]
+    functions = [_load(directory, entry, ours, signer) for entry in manifest["artifacts"]]
     return PrecompiledModel(model, functions, dict(manifest, modules=record), options)
 
 
@@ -66,13 +70,13 @@ def _alias_model_module(recorded: Any, model: torch.nn.Module) -> None:
         sys.modules[name] = sys.modules[cls.__module__]
 
 
-def _load(directory: Path, entry: dict, ours: dict, allow_unsigned: bool | None) -> "Unpickled":
+def _load(directory: Path, entry: dict, ours: dict, signer: Signer | None) -> "Unpickled":
     """An artifact read and checked (signature, checksum, the manifest's digest, fingerprint), to be unpickled by
     torch when a call first reaches the sizes it serves."""
     path = directory / entry["file"]
     if not path.exists():
         raise PrecompileError(f"{directory}: {entry['file']} is listed in the manifest but missing")
-    artifact = read_artifact(path, allow_unsigned=allow_unsigned)  # signature and checksum: before unpickling
+    artifact = read_artifact(path, signer)  # signature and checksum: before unpickling
     if artifact.digest != entry["sha256"]:
         raise PrecompileError(f"{path}: not the artifact the manifest lists (checksum differs)")
     check_fingerprint(artifact.info["fingerprint"], ours, str(path))
