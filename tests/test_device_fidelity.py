@@ -52,6 +52,18 @@ def test_ops_gaudi_runs_are_not_reported_as_cpu_fallbacks(device_mode):
     assert not reported & {*GAUDI_OPS, "zero_", "unique"}, reported
 
 
+def test_a_float64_op_falls_back_and_the_report_names_its_dtype(device_mode):
+    """Gaudi has no float64 kernels: DeepSpeed's gradient norms (its accelerator reports fp64) run on the CPU, and
+    the report says why (the dtype), in lazy mode too, where the fallback is a node of a recipe."""
+    x = torch.arange(6.0).to("hpu")
+    norm = torch.linalg.vector_norm(x.to(torch.float64))
+    gaudi.mark_step()
+    torch.testing.assert_close(norm.cpu(), torch.linalg.vector_norm(torch.arange(6.0, dtype=torch.float64)))
+    rows = {optable.packet_name(f["op"]): f for f in hd.report()["cpu_fallbacks"]}
+    assert "linalg_vector_norm" in rows and rows["linalg_vector_norm"]["dtypes"], rows
+    assert any("64" in d or "Double" in d for d in rows["linalg_vector_norm"]["dtypes"]), rows
+
+
 def test_a_metadata_check_is_no_cpu_fallback(device_mode):
     """``_assert_tensor_metadata`` (what torch.export leaves for ``.to(dtype)``, so every HPU-graph replay runs it)
     checks a tensor's dtype on the host: no kernel, no fallback; a wrong dtype fails as on the CPU."""

@@ -128,7 +128,8 @@ def op_layouts(device) -> dict[str, Any]:
 def _fallbacks(device) -> list[dict]:
     rows = [{"op": op, "dtypes": list(dtypes), "count": n} for (op, dtypes), n in device.fallbacks.items()]
     seen = {r["op"] for r in rows}
-    rows += [{"op": op, "dtypes": [], "count": n} for op, n in fallback.counts().items() if op not in seen]
+    rows += [{"op": op, "dtypes": fallback.dtypes(op), "count": n} for op, n in fallback.counts().items()
+             if op not in seen]
     return sorted(rows, key=lambda r: -r["count"])
 
 

@@ -33,6 +33,7 @@ HEADER = "Frequency of op and op name that were executed on CPU:"
 _lock = threading.Lock()
 _counts: Counter = Counter()  # executions per fallback op
 _recipe_counts: Counter = Counter()  # fallback nodes per op in the recipes taken up
+_dtypes: dict[str, set] = {}  # fallback op -> the dtypes of its inputs, over the recipes taken up
 _exit_registered = False
 
 
@@ -62,6 +63,8 @@ def report(recipe: Recipe, strict: bool = False, env: Mapping[str, str] | None =
     show = enabled(env)
     with _lock:
         _recipe_counts.update(fb["op"] for fb in fallbacks)
+        for fb in fallbacks:
+            _dtypes.setdefault(fb["op"], set()).update(fb.get("dtypes") or ())
     for fb in fallbacks:
         if show:
             _emit(fb["line"], env)
@@ -82,6 +85,13 @@ def counts() -> Counter:
     """Executions of each fallback op in this process (what the exit table prints)."""
     with _lock:
         return Counter(_counts)
+
+
+def dtypes(op: str) -> list[str]:
+    """The input dtypes a fallback op had in the recipes this process took up (why an op Gaudi supports fell back:
+    a dtype it lacks, such as float64), sorted."""
+    with _lock:
+        return sorted(_dtypes.get(op, ()))
 
 
 def recipe_counts() -> Counter:
