@@ -67,3 +67,30 @@ def test_a_hugging_face_model_trains_and_generates_as_on_the_cpu(cpu_runs, kind,
     want_losses, want_tokens = cpu_runs[kind]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-5)
     assert tokens == want_tokens
+
+
+def test_the_same_generation_twice_in_lazy_mode_runs_the_graphs_of_the_first():
+    """A decode step's graph is cut where the host reads a value; the cuts, and so the graphs, must be the same
+    in every run of the same generation, whatever address the allocator gives a new tensor (an address a pending
+    tensor had before it died is no pending tensor): once a generation has run, running it again compiles
+    nothing."""
+    hd.enable("lazy")
+    try:
+        model = make("gpt2").to("hpu").eval()
+        prompt = torch.randint(1, 128, (1, 5), generator=torch.Generator().manual_seed(2)).to("hpu")
+
+        def generate() -> tuple[list[int], list]:
+            before = gaudi.lazy_report()[-1].index if gaudi.lazy_report() else -1
+            with torch.no_grad():
+                out = model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+            tokens = out.cpu().tolist()
+            gaudi.mark_step()  # the generation's graphs are a step of their own
+            return tokens, [g for s in gaudi.lazy_report() if s.index > before for g in s.graphs]
+
+        first, _ = generate()  # (the first call also sets up the model's generation config and caches)
+        second, graphs = generate()
+        third, again = generate()
+    finally:
+        hd.enable("eager")
+    assert first == second == third and len(first[0]) == 13
+    assert len(again) == len(graphs) > 8 and [g.new for g in again if g.new] == []

@@ -171,6 +171,13 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr() if t.numel() else 0
 
 
+def _pending(g: "_Graph", ptr: int) -> bool:
+    """Whether the storage at address ``ptr`` is one the graph will fill: the address of one that died since may
+    already hold a new, real tensor's (the allocator reuses addresses), which is no pending tensor."""
+    entry = g.unfilled.get(ptr)
+    return entry is not None and not entry[0].expired()
+
+
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The bytes of its storage ``t`` may touch: [first, last + 1)."""
     size = t.element_size()
@@ -343,7 +350,7 @@ class LazyRecorder(TorchDispatchMode):
         if t in g.node_of:
             return "an alias of a tensor the graph wrote" if g.stale.get(t, False) and not viewing else ""
         ptr = _storage(t)
-        if ptr in g.unfilled:
+        if _pending(g, ptr):
             return "a tensor made from a pending one (nn.Parameter(torch.empty(...)), .data)"
         wrote = not viewing and _overlaps(t, g.written_storages.get(ptr, ()))
         return "an alias of a tensor the graph wrote" if wrote else ""
@@ -351,7 +358,7 @@ class LazyRecorder(TorchDispatchMode):
     def _touched(self, t: torch.Tensor) -> bool:
         g = self.g
         ptr = _storage(t)
-        return t in g.node_of or ptr in g.unfilled or ptr in g.written_storages or ptr in g.input_storages
+        return t in g.node_of or _pending(g, ptr) or ptr in g.written_storages or ptr in g.input_storages
 
     def _fake_out(self, target, flat, spec):
         """The op's outputs as fake tensors: remembered per op and input layout, since a training loop issues
@@ -449,7 +456,7 @@ class LazyRecorder(TorchDispatchMode):
         for other in sharing:
             if other is not None and other is not t and _overlaps(other, (span,)):
                 g.stale[other] = True
-        if ptr in g.unfilled:
+        if _pending(g, ptr):
             g.unfilled[ptr][1] = value
         target = g.written[id(t)][1] if id(t) in g.written else g.node_of.get(t)
         if target in g.of_inputs:  # an input or a view of one: written back at the end
@@ -572,7 +579,10 @@ class _VaryingScalars:
 
     def varying(self, target, args: tuple, kwargs: dict) -> dict[str, float]:
         """The arguments of this call to pass as tensors, by name (none when no float argument can be one)."""
-        named = _named(target._schema, args, kwargs)
+        if target not in TENSOR_TWINS and not any(type(v) is float for v in args) \
+                and not any(type(v) is float for v in kwargs.values()):
+            return {}
+        named = _named(_arguments(target), args, kwargs)
         if target in TENSOR_TWINS:
             floats = _foreach_numbers(named)
         else:
@@ -595,10 +605,16 @@ class _VaryingScalars:
         return out
 
 
-def _named(schema, args: tuple, kwargs: dict) -> list:
+@functools.cache
+def _arguments(target) -> tuple:
+    """An op's schema arguments (torch makes the list anew at each ``schema.arguments``: tens of µs)."""
+    return tuple(target._schema.arguments)
+
+
+def _named(arguments: tuple, args: tuple, kwargs: dict) -> list:
     """(schema argument, value) of each argument given."""
-    given = list(zip(schema.arguments, args))
-    return given + [(a, kwargs[a.name]) for a in schema.arguments[len(args):] if a.name in kwargs]
+    given = list(zip(arguments, args))
+    return given + [(a, kwargs[a.name]) for a in arguments[len(args):] if a.name in kwargs]
 
 
 def _liftable(target, argument) -> bool:
