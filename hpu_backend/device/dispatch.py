@@ -73,6 +73,7 @@ class Device:
         self.estimates: dict = {}  # eager op and layout -> the estimated device seconds of its recipe
         self.op_names: dict[int, str] = {}  # id of an op in ``estimates`` -> its name
         self.timeline = Recorder(mode)  # the run's events for its step timeline (hpu_backend/timeline/)
+        self.capture = None  # the HPU-graph capture under way (graphs.py): it is the recorder until it ends
         self.lock = threading.RLock()
 
     def __call__(self, func, args, kwargs):
@@ -199,6 +200,8 @@ class Device:
     def sync(self, what: str, tensors: list) -> None:
         """A host read: run the pending lazy graph if it holds what is read; remember the user's line."""
         source = user_line()
+        if self.capture is not None:
+            self.capture.refuse(what, source, "the host reads a device value")
         cut = False
         r = self.recorder
         if self.lazy:
