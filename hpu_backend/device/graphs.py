@@ -105,6 +105,8 @@ class _Capture(LazyRecorder):
     def __init__(self, device):
         base = device.recorder
         super().__init__(self._refused_cut, base.on_sync, base.known)
+        if base._fake_mode is not None:  # the op layouts the device has seen: a capture of them runs no fake op
+            self._fake_mode, self.layouts = base._fake_mode, base.layouts
         self.device, self.base, self.was_lazy = device, base, device.lazy
         device.recorder, device.lazy, device.capture = self, True, self
 
