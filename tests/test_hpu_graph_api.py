@@ -145,6 +145,12 @@ def test_what_needs_the_host_inside_a_capture_is_a_one_line_error(device_mode):
     with pytest.raises(HPUGraphError, match="aten.nonzero.* cannot be captured in an HPU graph: it runs on the host"):
         with torch.hpu.graph(g):
             (x > 0).nonzero()
+    with pytest.raises(ValueError, match="the block's own"):
+        with torch.hpu.graph(g):
+            x * 3
+            raise ValueError("the block's own error")
+    device = hd.current()
+    assert device.capture is None and device.lazy == (device_mode == "lazy")  # the device is back in its mode
     g.capture_begin()
     with pytest.raises(HPUGraphError, match="captures do not nest"):
         torch.hpu.HPUGraph().capture_begin()
