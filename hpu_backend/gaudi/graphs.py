@@ -46,7 +46,8 @@ from ..runtime import RecipeLoadError, build_callable
 from ..serve.session import Session, process_observers
 from ..settings import Settings
 from ..timeline.record import launching
-from ..device.graphs import HPUGraph, HPUGraphError, graph  # noqa: F401  (Intel's graphs module has them too)
+from ..device import graphs as device_graphs
+from ..device.graphs import HPUGraph, HPUGraphError  # noqa: F401  (Intel's graphs module has them too)
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +351,8 @@ class TrainingGraphForward:
 
 
 # -- the helpers Gaudi scripts use around ``torch.hpu.HPUGraph`` (a cache of captures keyed by their inputs) --------
+
+graph = device_graphs.graph  # ``torch.hpu.graph``, which Intel's graphs module has too
 
 class CachedParams:
     """A captured graph with its static inputs and outputs, as a script keeps it in its cache of captures."""
