@@ -73,6 +73,7 @@ class Device:
         self.estimates: dict = {}  # eager op and layout -> the estimated device seconds of its recipe
         self.op_names: dict[int, str] = {}  # id of an op in ``estimates`` -> its name
         self.timeline = Recorder(mode)  # the run's events for its step timeline (hpu_backend/timeline/)
+        self.capture = None  # the HPU-graph capture under way (graphs.py): it is the recorder until it ends
         self.lock = threading.RLock()
 
     def __call__(self, func, args, kwargs):
@@ -121,9 +122,12 @@ class Device:
             if read:
                 self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
                 return func(*args, **kwargs)  # a host value or tensor: not wrapped
-            if special & _COLLECTIVE:
-                self._collective(func, hosts)  # logged, then run as any op
-            elif _upload(func, flat):
+            if special & _COLLECTIVE:  # on the timeline's network row, then run; later work sees its result
+                self._collective(func, hosts)
+                self.ops += 1
+                self.timeline.op()
+                return _wrap(_completed(self.recorder.dispatch(func, args, kwargs)), wrappers, device)
+            if _upload(func, flat):
                 self.ops += 1
                 self._copy_in(flat)
                 self.sync_write(args[0])  # a host-to-device copy runs now: the host tensor is not held by a graph
@@ -199,6 +203,8 @@ class Device:
     def sync(self, what: str, tensors: list) -> None:
         """A host read: run the pending lazy graph if it holds what is read; remember the user's line."""
         source = user_line()
+        if self.capture is not None:
+            self.capture.refuse(what, source, "the host reads a device value")
         cut = False
         r = self.recorder
         if self.lazy:
@@ -393,6 +399,7 @@ def _special(func) -> int:
     bits |= _HOST_READ * (func in (aten._local_scalar_dense.default, aten._to_copy.default, aten.copy_.default))
     return bits
 _GATHER_INTO_TENSOR = torch.ops.c10d._allgather_base_.default if torch.distributed.is_available() else None
+_WORK = torch._C._distributed_c10d.Work if torch.distributed.is_available() else None
 
 
 def _stack_gathered(hosts: list, wrappers: dict) -> None:
@@ -406,6 +413,16 @@ def _stack_gathered(hosts: list, wrappers: dict) -> None:
     if id(out) in wrappers:
         wrappers[id(view)] = wrappers[id(out)]
     hosts[0] = view
+
+
+def _completed(out):
+    """A collective's result once its work is done. On Gaudi the device runs what is issued after a collective
+    after it (``all_reduce(buffer, async_op=True)`` then reading ``buffer``, as Optimum's fast DDP does); gloo runs
+    async work on its own threads, so the device waits for it here."""
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.ScriptObject):  # the op's Work, boxed as the dispatcher returns it
+            _WORK.unbox(leaf).wait()
+    return out
 
 
 def _mixed(first, second) -> RuntimeError:

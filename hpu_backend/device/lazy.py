@@ -154,11 +154,14 @@ class LazyRunner:
         self.names = names or itertools.count()  # numbers the graphs: lazy_graph_0000, ...
 
     def __call__(self, pending: Pending) -> list[torch.Tensor]:
+        return self.prepare(pending)(list(pending.inputs))
+
+    def prepare(self, pending: Pending) -> CompiledGraph | _Eager:
+        """The graph that runs ``pending`` (compiled if its structure is new), written in the step's ledger as run."""
         graph, compiled, new = self._graph_for(pending)
-        key = graph.fixed.key if isinstance(graph, CompiledGraph) and graph.fixed else None
-        self.ledger.step.graphs.append(GraphRun(graph.ctx.name, pending.ops, pending.reason, pending.source, key,
-                                              compiled, new))
-        return graph(list(pending.inputs))
+        self.ledger.step.graphs.append(GraphRun(graph.ctx.name, pending.ops, pending.reason, pending.source,
+                                                _key(graph), compiled, new))
+        return graph
 
     def _graph_for(self, pending: Pending) -> tuple[CompiledGraph | _Eager, int, str]:
         """The graph for this structure, with the recipes compiled for it now and why it is new ("": seen)."""
@@ -222,6 +225,11 @@ class LazyRunner:
 
     def sync(self, what: str, source: str, cut: bool) -> None:
         self.ledger.step.syncs.append(Sync(what, source, cut))
+
+
+def _key(graph: CompiledGraph | _Eager) -> str | None:
+    """A graph's recipe cache key (None for a graph run as it is)."""
+    return graph.fixed.key if isinstance(graph, CompiledGraph) and graph.fixed else None
 
 
 def _summary(gm: torch.fx.GraphModule) -> list:

@@ -10,6 +10,7 @@ PrivateUse1 device module for (``_is_in_bad_fork``, ``get_amp_supported_dtype``,
   queues a Python-side backend's work for one device only, so a tensor on ``hpu:1`` could not run a backward.)
 - Random numbers: the device's generator is the host's (ops run on host tensors), so ``manual_seed`` seeds
   it, and a seeded script draws the same numbers on the device as on the CPU (``random.py``).
+- HPU graphs: ``HPUGraph`` (``capture_begin``/``capture_end``/``replay``) and ``graph(g)`` (``graphs.py``).
 - Memory: ``memory_allocated`` and friends read the device context's memory (``memory.py``, ``context.py``).
 """
 
@@ -24,6 +25,7 @@ import torch
 from . import random  # noqa: F401  (``torch.hpu.random``, Intel's RNG submodule)
 from .cards import device_count, resolve  # noqa: F401  (torch.hpu's names)
 from .context import current_context, enabled_device
+from .graphs import HPUGraph, graph  # noqa: F401  (torch.hpu's explicit HPU-graph capture)
 from .random import (get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,  # noqa: F401
                      seed, seed_all, set_rng_state, set_rng_state_all)
 from .tensor import HPU

@@ -46,6 +46,8 @@ from ..runtime import RecipeLoadError, build_callable
 from ..serve.session import Session, process_observers
 from ..settings import Settings
 from ..timeline.record import launching
+from ..device import graphs as device_graphs
+from ..device.graphs import HPUGraph, HPUGraphError  # noqa: F401  (Intel's graphs module has them too)
 
 log = logging.getLogger(__name__)
 
@@ -346,3 +348,50 @@ class TrainingGraphForward:
         out = self.forward(*args, **kwargs)
         mark_step()
         return out
+
+
+# -- the helpers Gaudi scripts use around ``torch.hpu.HPUGraph`` (a cache of captures keyed by their inputs) --------
+
+graph = device_graphs.graph  # ``torch.hpu.graph``, which Intel's graphs module has too
+
+class CachedParams:
+    """A captured graph with its static inputs and outputs, as a script keeps it in its cache of captures."""
+
+    def __init__(self, graph_inputs: Any, graph_outputs: Any, graph: HPUGraph | None = None,
+                 asynchronous: bool = False):
+        self.graph_inputs = graph_inputs
+        self.graph_outputs = graph_outputs
+        self.graph = graph
+        self.asynchronous = asynchronous
+
+
+def input_hash(obj: Any) -> int:
+    """A hash of a call's inputs that names the capture they can replay: tensors by shape and dtype (their values
+    are what a replay changes), everything else by value; lists, tuples and dicts element by element."""
+    if isinstance(obj, dict):
+        return input_hash(tuple(obj.items()))
+    if isinstance(obj, (list, tuple)):
+        return hash(tuple(input_hash(x) for x in obj))
+    if isinstance(obj, torch.Tensor):
+        return hash((tuple(obj.shape), obj.dtype))
+    return hash(obj)
+
+
+def copy_to(dst: Any, src: Any) -> None:
+    """Copy each tensor of ``src`` into the tensor at the same place in ``dst`` (nested lists, tuples and dicts
+    of the same structure; other values are left as they are): a capture's static inputs refilled in place."""
+    if type(dst) is not type(src) and not (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor)):
+        raise HPUGraphError(f"copy_to: a {type(src).__name__} cannot be copied into a {type(dst).__name__}")
+    if isinstance(dst, dict):
+        if list(dst) != list(src):
+            raise HPUGraphError(f"copy_to: keys {list(src)} differ from the static inputs' {list(dst)}")
+        for key in dst:
+            copy_to(dst[key], src[key])
+    elif isinstance(dst, (list, tuple)):
+        if len(dst) != len(src):
+            raise HPUGraphError(f"copy_to: {len(src)} values for {len(dst)} static inputs")
+        for d, s in zip(dst, src):
+            copy_to(d, s)
+    elif isinstance(dst, torch.Tensor):
+        with torch.no_grad():
+            dst.copy_(src)

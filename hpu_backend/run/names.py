@@ -40,9 +40,11 @@ def _hpu_module() -> types.ModuleType:
 
     _device().enable()
     hpu = torch.hpu
+    from ..gaudi import graphs
     from ..gaudi.graphs import ModuleCacher
 
     extras = {"wrap_in_hpu_graph": gaudi.wrap_in_hpu_graph, "ModuleCacher": ModuleCacher, "metrics": metrics,
+              "graphs": graphs,
               "enable_recompute_sdp": gaudi.enable_recompute_sdp, "recompute_sdp_enabled": gaudi.recompute_sdp_enabled,
               "sdp_kernel": gaudi.sdp_kernel}
     for name, value in extras.items():
@@ -188,8 +190,16 @@ def _hpu_random() -> types.ModuleType:
     return random
 
 
-# Names that are existing module objects, not built from a table: ``torch.hpu`` and its ``random``.
-ALIASES: dict[str, Callable[[], types.ModuleType]] = {HPU: _hpu_module, f"{HPU}.random": _hpu_random}
+def _hpu_graphs() -> types.ModuleType:
+    _hpu_module()
+    from ..gaudi import graphs
+
+    return graphs
+
+
+# Names that are existing module objects, not built from a table: ``torch.hpu``, its ``random`` and ``graphs``.
+ALIASES: dict[str, Callable[[], types.ModuleType]] = {HPU: _hpu_module, f"{HPU}.random": _hpu_random,
+                                                      f"{HPU}.graphs": _hpu_graphs}
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -85,6 +85,16 @@ def test_gaudi_trainer_with_hpu_graphs_for_training_matches_the_cpu(client, tmp_
         assert saved["hpu_graphs"] == [(1, 2)]  # the wrapped forward: 1 signature captured, 2 replays
 
 
+@pytest.mark.parametrize("lazy", ["1", "0"])
+def test_fast_ddp_with_hpu_graphs_averages_the_gradients_of_two_ranks(client, lazy):
+    """distribution_strategy="fast_ddp": gradients packed by one HPU graph (captured, then replayed), all-reduced
+    asynchronously, unpacked by another; every step's gradients are the CPU's average over the ranks."""
+    run = client("fast_ddp.py", cards=2, PT_HPU_LAZY_MODE=lazy)
+    done = sorted((json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"rank"')),
+                  key=lambda d: d["rank"])
+    assert done == [{"rank": 0, "steps": 3}, {"rank": 1, "steps": 3}]
+
+
 @pytest.fixture(scope="module")
 def cpu_tokens(tmp_path_factory):
     """The tokens of generate_gaudi.py on CPU tensors (computed once per worker)."""
