@@ -63,8 +63,9 @@ def fast_path_failed(op: str, standard: Callable, error: Exception) -> Callable:
 def copy_compact(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``aten.copy`` (``copy_``'s functional form) into memory of ``self``'s own size. ATen's returns a copy of
     ``self``'s whole storage, as large as the flat buffer a slice comes from (2 GB for a slice of DeepSpeed's
-    gradient bucket); the values, shape and strides are the same, only the storage offset differs, so the
-    executor takes this form in recipes where no op reads a storage offset (``as_strided``, ``set_``)."""
+    gradient bucket); the values, shape and strides are the same, only the storage and its offset differ, so the
+    executor takes this form only in lazy graphs (whose results are copied into the tensors the script holds,
+    which keep their own layouts) where no op reads a storage offset (``as_strided``, ``set_``)."""
     out = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device)
     return out.copy_(src, non_blocking)
 
@@ -123,7 +124,7 @@ class _Codegen:
         self.folded: set[str] = set()  # values computed at build time: fixed inputs and views of them
         self.lines: list[str] = []
         self.standard: dict[str, str] = {}  # node name -> bound fallback of its fast path
-        self.offsets_read = any(n.op.startswith(_STORAGE_RELATIVE) for n in recipe.nodes)
+        self.compact_copy = recipe.kind == "lazy" and not any(n.op.startswith(_STORAGE_RELATIVE) for n in recipe.nodes)
 
     def bind(self, value: Any, prefix: str = "c") -> str:
         name = f"{prefix}{len(self.bound)}"
@@ -187,7 +188,7 @@ class _Codegen:
         """What runs a node's op: its fast path, with the standard call as its fallback (see ``statement``)."""
         fn = ops.fast_callable(node.op)
         standard = ops.standard_callable(node.op)
-        if node.op == "aten::copy.default" and not self.offsets_read:
+        if node.op == "aten::copy.default" and self.compact_copy:
             fn = copy_compact
         if fn is not standard:
             self.standard[node.name] = self.bind(functools.partial(fast_path_failed, node.op, standard), "s")
