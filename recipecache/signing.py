@@ -7,7 +7,8 @@ only data signed with it is accepted. The team key is read from the environment,
 Precompiled artifacts hold a pickle (loading one runs code), so they are always signed: with the team key
 when it is set (to load them on other machines), else with this user's own key, ``machine.key`` in
 ``$XDG_CONFIG_HOME/hpu_backend`` (``~/.config/hpu_backend``): 32 random bytes made by the first precompile,
-written 0600, and refused unless it is a regular file of this user that no one else may read.
+written 0600, and refused unless it is a regular file of this user that no one else may read, in a directory of
+this user that no one else may write.
 """
 
 from __future__ import annotations
@@ -125,9 +126,20 @@ def _read_key(path: Path) -> bytes | None:
         key = safeio.read_at_most(fd, MACHINE_KEY_BYTES + 1)
     finally:
         os.close(fd)
+    _check_directory(path.parent)
     if len(key) != MACHINE_KEY_BYTES:
         raise SigningKeyError(f"{path}: not a signing key ({len(key)} bytes, not {MACHINE_KEY_BYTES}); {fix}")
     return key
+
+
+def _check_directory(directory: Path) -> None:
+    """SigningKeyError unless the key's directory is this user's and no one else may write it: whoever can write
+    it can put a key of their own in its place, and sign what this user then loads."""
+    st = os.stat(directory)
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        whose = "belongs to another user" if st.st_uid != os.getuid() else "is writable by others"
+        raise SigningKeyError(f"{directory}: the directory of this machine's signing key {whose}, so anyone could "
+                              f"replace the key; chmod 700 it (and check the key in it is yours)")
 
 
 def _write_key(path: Path, key: bytes) -> None:

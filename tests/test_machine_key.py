@@ -52,9 +52,24 @@ def test_a_key_file_others_may_read_is_refused_saying_what_to_do(config, mode):
     assert "\n" not in str(e.value) and str(path) in str(e.value)
 
 
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_a_key_in_a_directory_others_may_write_is_refused(config, mode):
+    """Whoever can write the key's directory can put their own key there and sign what this user loads."""
+    key = machine_key(create=True)
+    directory = key_path().parent
+    directory.chmod(0o755)  # others may look, not write: fine
+    assert machine_key() == key
+    directory.chmod(mode)
+    try:
+        with pytest.raises(SigningKeyError, match=r"writable by others, so anyone could replace the key; chmod 700"):
+            own_signer()
+    finally:
+        directory.chmod(0o700)
+
+
 def test_a_link_a_directory_or_a_short_file_is_refused(config, tmp_path):
     path = key_path()
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(mode=0o700, parents=True)
     target = tmp_path / "elsewhere.key"
     target.write_bytes(bytes(MACHINE_KEY_BYTES))
     target.chmod(0o600)
