@@ -135,6 +135,33 @@ def test_the_math_path_of_sdpa_runs_on_the_device_too(device_mode):
     assert "_safe_softmax" not in _fallback_ops()
 
 
+@pytest.mark.parametrize("shape, gqa", [((2, 8, 4), False), ((1, 4, 8, 4), True)])
+def test_the_math_path_takes_a_boolean_mask_as_torch_does(device_mode, shape, gqa):
+    """3-d inputs and grouped K/V heads take the math path, which adds its mask to the scores: a boolean mask is
+    made additive first (-inf where False), as torch does (added as 0/1, it was no mask at all)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(shape, generator=g)
+    kv = torch.randn(shape[:-3] + (shape[-3] // 2, *shape[-2:]) if gqa else shape, generator=g)
+    mask = torch.ones(shape[-2], shape[-2], dtype=torch.bool).tril()
+    want = F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=gqa)
+    have = F.scaled_dot_product_attention(q.to("hpu"), kv.to("hpu"), kv.to("hpu"), attn_mask=mask.to("hpu"),
+                                          enable_gqa=gqa)
+    gaudi.mark_step()
+    torch.testing.assert_close(have.cpu(), want)
+
+
+def test_compiled_attention_with_a_boolean_mask_equals_the_cpu(device_mode):
+    """Under torch.compile the device's attention is traced with its math path (a transformers model makes its
+    causal mask explicit when compiled): the boolean mask must stay a mask there too."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g) for _ in range(3))
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()[None, None].expand(2, 1, 16, 16)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    attend = torch.compile(lambda *a: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3]), backend="hpu_backend")
+    have = attend(q.to("hpu"), k.to("hpu"), v.to("hpu"), mask.to("hpu"))
+    torch.testing.assert_close(have.cpu(), want)
+
+
 def _estimated_s() -> float:
     """The device seconds the report has estimated so far (over every step)."""
     return sum(step["estimated_device_s"] for step in hd.report()["steps"])

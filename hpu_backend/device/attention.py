@@ -24,8 +24,8 @@ def device_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if not grouped and _cpu_choice(query, key, value, attn_mask, dropout_p, is_causal, scale) == _FLASH:
         return _FusedAttention.apply(query, key, value, _additive(attn_mask, query.dtype), dropout_p, is_causal,
                                      scale)
-    return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                                                   enable_gqa=enable_gqa)[0]
+    return aten._scaled_dot_product_attention_math(query, key, value, _additive(attn_mask, query.dtype), dropout_p,
+                                                   is_causal, scale=scale, enable_gqa=enable_gqa)[0]
 
 
 def register(lib: torch.library.Library) -> None:
@@ -38,7 +38,8 @@ _FLASH = SDPBackend.FLASH_ATTENTION.value
 
 
 def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A boolean mask (True: attend) as the additive mask the fused op takes, as torch converts it on the CPU."""
+    """A boolean mask (True: attend) as the additive mask the fused op and the math path take, as torch converts it
+    before either (the math op adds the mask it is given to the scores)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(), float("-inf"))
