@@ -92,6 +92,26 @@ def test_a_compiled_graph_makes_tensors_on_the_device(device_mode, dynamic):
             torch.testing.assert_close(g.cpu(), w)
 
 
+def test_a_backward_reads_the_index_tensor_its_forward_made_on_the_device_without_a_host_read(device_mode):
+    """Position embeddings of ``arange(n, device=x.device)``: the forward saves the index tensor it made for its
+    backward (an embedding's gradient), which gets it as a device tensor. The gradients equal the CPU's, and
+    reading it is no host read (on a Gaudi it never leaves the device)."""
+    torch.manual_seed(0)
+    on_cpu = torch.nn.Embedding(16, 4)
+    on_hpu = torch.nn.Embedding(16, 4)
+    on_hpu.load_state_dict(on_cpu.state_dict())
+    on_hpu.to("hpu")
+
+    def loss(emb, x):
+        return (emb(torch.arange(x.shape[0], device=x.device)) * x).sum()
+    x = torch.randn(8, 4)
+    loss(on_cpu, x).backward()
+    before = len(hd.current().syncs)
+    torch.compile(loss, backend="hpu_backend")(on_hpu, x.to("hpu")).backward()
+    assert hd.current().syncs[before:] == []
+    torch.testing.assert_close(on_hpu.weight.grad.cpu(), on_cpu.weight.grad)
+
+
 def test_a_compiled_graph_writes_a_tensor_it_made_on_the_device():
     """Attention masks are made in the graph and written in place with a device mask (``zeros(..., device=)``,
     then ``masked_fill_``): the write reaches the tensor the graph goes on reading, in the forward and backward."""
