@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "stacks_bench.json"
 SITE = ROOT / "tests" / "clients" / "site"  # lets PyPI's CUDA torchvision import next to CPU torch (see there)
 CASES = (("gaudi_trainer", "lazy"), ("gaudi_trainer", "eager"), ("gaudi_trainer", "compile"),
-         ("deepspeed_zero1", "eager"), ("deepspeed_zero1", "lazy"))
+         ("deepspeed_zero1", "eager"), ("deepspeed_zero1", "lazy"), ("deepspeed_zero1", "compile"))
 BATCH, SEQ, VOCAB = 4, 32, 128
 
 
@@ -99,6 +99,8 @@ def deepspeed_zero1(device: str, mode: str, steps: int) -> dict:
                   "zero_optimization": {"stage": 1}}  # DeepSpeed's default bucket sizes
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         optimizer = type(engine.basic_optimizer).__name__
+        if mode == "compile":
+            engine.compile()  # the accelerator's compile backend: hpu_backend on the hpu device
 
         def step(ids):
             loss = engine(input_ids=ids, labels=ids).loss

@@ -19,6 +19,16 @@ def test_zero_with_fused_adam_on_one_rank_matches_the_cpu(client, tmp_path, stag
     torch.testing.assert_close(torch.tensor(hpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=0)
 
 
+def test_zero_with_the_engine_compiled_matches_the_cpu(client, tmp_path):
+    """``engine.compile()``: the forward compiled with the accelerator's backend, its parameters views of
+    DeepSpeed's flat buffers; eager mode with torch.compile, the default of Gaudi software 1.21 and later."""
+    client("deepspeed_zero.py", "hpu", 1, tmp_path / "hpu.json", "compile", DS_ACCELERATOR="hpu", PT_HPU_LAZY_MODE="0")
+    client("deepspeed_zero.py", "cpu", 1, tmp_path / "cpu.json", 1, launcher=False)
+    hpu, cpu = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("hpu", "cpu"))
+    assert hpu["compiled"] and hpu["optimizer"] == "FusedAdam"
+    torch.testing.assert_close(torch.tensor(hpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=0)
+
+
 @pytest.mark.parametrize("stage, lazy", [(1, "0"), (2, "1"), (3, "0")])
 def test_zero_with_fused_adam_on_two_ranks_matches_the_cpu(client, tmp_path, stage, lazy):
     client("deepspeed_zero.py", "hpu", stage, tmp_path / "hpu.json", cards=2, DS_ACCELERATOR="hpu",

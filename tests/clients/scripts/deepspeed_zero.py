@@ -1,8 +1,10 @@
-"""DeepSpeed ZeRO on a small MLP: ``deepspeed_zero.py DEVICE STAGE OUT [WORLD]``. On hpu (``DS_ACCELERATOR=hpu``,
-under the launcher, one process per rank): ``deepspeed.initialize`` with ZeRO stage STAGE and DeepSpeed's
-``FusedAdam`` (``torch.ops.hpu.optimizer_adamw`` on Gaudi), three steps; rank 0 writes every rank's losses
-and the optimizer's class to OUT. On cpu: the reference, one process, plain torch: the same model, data,
-clipping and AdamW step over all WORLD ranks' batches at once (data parallelism averages the ranks' gradients)."""
+"""DeepSpeed ZeRO on a small MLP: ``deepspeed_zero.py DEVICE STAGE OUT [WORLD | compile]``. On hpu
+(``DS_ACCELERATOR=hpu``, under the launcher, one process per rank): ``deepspeed.initialize`` with ZeRO stage STAGE
+and DeepSpeed's ``FusedAdam`` (``torch.ops.hpu.optimizer_adamw`` on Gaudi), three steps (``compile``: the engine
+compiled with ``engine.compile()``, whose backend DeepSpeed's HPU accelerator names: ``hpu_backend``); rank 0
+writes every rank's losses and the optimizer's class to OUT. On cpu: the reference, one process, plain torch:
+the same model, data, clipping and AdamW step over all WORLD ranks' batches at once (data parallelism averages
+the ranks' gradients)."""
 
 import json
 import os
@@ -23,7 +25,7 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, 16, generator=g), torch.randn(BATCH, 4, generator=g)
 
 
-def on_hpu(stage: int) -> dict:
+def on_hpu(stage: int, compiled: bool) -> dict:
     import deepspeed
 
     net = model()
@@ -31,6 +33,8 @@ def on_hpu(stage: int) -> dict:
               "optimizer": {"type": "Adam", "params": {"lr": LR, "weight_decay": WD}},
               "gradient_clipping": CLIP, "zero_optimization": {"stage": stage}}
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+    if compiled:
+        engine.compile()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     losses = []
     for step in range(STEPS):
@@ -41,7 +45,8 @@ def on_hpu(stage: int) -> dict:
         losses.append(loss.item())
     every = [None] * world
     torch.distributed.all_gather_object(every, losses)
-    return {"losses": every, "optimizer": type(engine.basic_optimizer).__name__, "device": str(engine.device)}
+    return {"losses": every, "optimizer": type(engine.basic_optimizer).__name__, "device": str(engine.device),
+            "compiled": engine.is_compiled}
 
 
 def on_cpu(world: int) -> dict:
@@ -61,7 +66,7 @@ def on_cpu(world: int) -> dict:
 
 if __name__ == "__main__":
     device, stage, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    result = on_hpu(stage) if device == "hpu" else on_cpu(int(sys.argv[4]))
+    result = on_hpu(stage, sys.argv[4:] == ["compile"]) if device == "hpu" else on_cpu(int(sys.argv[4]))
     if os.environ.get("RANK", "0") == "0":
         with open(out, "w") as f:
             json.dump(result, f)
