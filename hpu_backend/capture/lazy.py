@@ -69,14 +69,27 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 def user_line() -> str:
-    """``file:line`` of the innermost caller outside torch, hpu_backend and the standard library."""
+    """``file:line`` of the innermost caller outside torch, hpu_backend and the standard library. (Asked for every
+    op the device records: whether a function is the user's is remembered per code object.)"""
     frame = sys._getframe(1)
+    known = _USER_CODE
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_NOT_USER) and not name.startswith(_STDLIB) and not name.startswith("<frozen"):
-            return f"{name}:{frame.f_lineno}"
+        code = frame.f_code
+        user = known.get(code)
+        if user is None:
+            if len(known) >= _USER_CODES:
+                known.clear()
+            name = code.co_filename
+            user = known[code] = (not name.startswith(_NOT_USER) and not name.startswith(_STDLIB)
+                                  and not name.startswith("<frozen"))
+        if user:
+            return f"{code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+_USER_CODE: dict = {}  # code object -> whether it is the user's (see user_line)
+_USER_CODES = 50_000  # remembered at most (code made at run time, recipes and exec'd files, comes and goes)
 
 
 @dataclass

@@ -80,6 +80,10 @@ class Device:
         with self.lock:  # one op at a time: the recorder and the ledger are the device's, whatever thread calls
             self.timeline.enter()  # the user's Python stops here; the simulator's own time is not the host's
             try:
+                if not self.lazy and not _special(func):
+                    out = self._again(func, args, kwargs)
+                    if out is not _GENERAL:
+                        return out
                 return self._call(func, args, kwargs)
             finally:
                 self.timeline.leave()
@@ -139,7 +143,7 @@ class Device:
                 for host in wrappers:
                     self.recorder.track(wrappers[host].host)
             return _wrap(self.recorder.dispatch(func, args, kwargs), wrappers, device)
-        key = _eager_key(func, hosts, kwargs)
+        key = _eager_key(func, args, kwargs)
         known = self.estimates.get(key) if key is not None else None
         if known is not None:  # an op and layout seen before, on the device: its estimate, and run at once
             self.ledger.add_device_time(known[0])
@@ -149,6 +153,42 @@ class Device:
         if self.place(func, hosts):
             return _wrap(func(*args, **kwargs), wrappers, device)  # on the CPU: no device recipe
         return _wrap(self._eager(func, args, kwargs, key), wrappers, device)
+
+    def _again(self, func, args: tuple, kwargs: dict):
+        """Eager mode's common case, most of its ops: an op the device ran before on these layouts, its
+        arguments device tensors of one card and plain values (no tensor in a list, no device named). Run at
+        once on the host tensors with the estimate remembered for it, as ``_call``'s shortcut does, without its
+        general handling of arguments; ``_GENERAL`` when the op needs that (nothing done then)."""
+        hosts, wrappers, device = [], {}, None
+        for a in args:
+            kind = type(a)
+            if kind is HpuTensor:
+                host = a.host
+                if type(host) is not torch.Tensor or (device is not None and a.device != device):
+                    return _GENERAL  # traced, or a mix of cards (the general path says so)
+                device = device or a.device
+                wrappers[id(host)] = a
+                hosts.append(host)
+            elif kind is list or kind is tuple:
+                if any(isinstance(x, torch.Tensor) or type(x) is torch.device for x in a):
+                    return _GENERAL
+                hosts.append(a)
+            elif kind is torch.device or isinstance(a, torch.Tensor):
+                return _GENERAL
+            else:
+                hosts.append(a)
+        if device is None or any(isinstance(v, (torch.Tensor, list, tuple, torch.device)) for v in kwargs.values()):
+            return _GENERAL
+        key = _eager_key(func, args, kwargs)
+        known = self.estimates.get(key) if key is not None else None
+        if known is None:
+            return _GENERAL
+        self.ops += 1
+        self.timeline.op()
+        self.ledger.add_device_time(known[0])
+        if known[1] is not None:
+            self.timeline.again(known[1])
+        return _wrap(func(*hosts, **kwargs), wrappers, device)
 
     def _traced(self, func, special: int, args: tuple, kwargs: dict, hosts: list, wrappers: dict, device):
         """An op of a graph being traced (Dynamo's fake tensors, AOTAutograd's functional ones). A tensor the graph
@@ -309,23 +349,31 @@ def _host_read(func, flat: list) -> str:
 _EAGER_KEYS = 100_000  # eager op layouts remembered (past it, new layouts lower each time they come)
 
 
-def _eager_key(func, hosts: list, kwargs: dict):
+def _eager_key(func, args, kwargs: dict):
     """The op and what its estimate depends on: each tensor's shape, strides and dtype, and every other value
-    but floats (None when a value has no stable hash). A float (an optimizer's step size and bias corrections,
-    new every step) changes what an eager op computes, not what it costs: on Gaudi an eager op is no graph, and
-    a new float value compiles nothing."""
+    but floats (None when a value has no stable hash); lists by their items. A float (an optimizer's step size
+    and bias corrections, new every step) changes what an eager op computes, not what it costs: on Gaudi an
+    eager op is no graph, and a new float value compiles nothing."""
     parts = [id(func), tuple(kwargs)]
-    for a in hosts:
+    for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, torch.Tensor):
             parts.append((a.shape, a.stride(), a.dtype))
         elif type(a) is float:
             parts.append(float)
-        elif a is None or isinstance(a, (bool, int, str, torch.dtype, torch.device, torch.layout,
-                                         torch.memory_format)):
+        elif a is None or isinstance(a, _PLAIN):
             parts.append(a)
+        elif type(a) is list or type(a) is tuple:
+            items = _eager_key(None, a, {})
+            if items is None:
+                return None
+            parts.append((type(a), *items[2:]))
         else:
             return None
     return tuple(parts)
+
+
+_PLAIN = (bool, int, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_GENERAL = object()  # what ``Device._again`` returns for an op that needs the general path
 
 
 @functools.cache
