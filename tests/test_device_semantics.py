@@ -92,6 +92,19 @@ def test_a_compiled_graph_makes_tensors_on_the_device(device_mode, dynamic):
             torch.testing.assert_close(g.cpu(), w)
 
 
+def test_a_compiled_graph_moves_a_constant_it_made_to_the_device(device_mode):
+    """transformers' sliding-window cache makes ``torch.tensor(window)`` in the graph and moves it to
+    ``x.device``: the move is traced as a device op (fake tensors cannot hold a device tensor as a constant)."""
+    def fn(x):
+        window = torch.tensor(3, dtype=torch.long).to(x.device)
+        return torch.clamp(x, max=window), window + x.shape[-1]
+    x = torch.arange(8.0).reshape(2, 4)
+    out = torch.compile(fn, backend="hpu_backend")(x.to("hpu"))
+    assert all(t.device.type == "hpu" for t in out)
+    for g, w in zip(out, fn(x)):
+        torch.testing.assert_close(g.cpu(), w)
+
+
 def test_a_backward_reads_the_index_tensor_its_forward_made_on_the_device_without_a_host_read(device_mode):
     """Position embeddings of ``arange(n, device=x.device)``: the forward saves the index tensor it made for its
     backward (an embedding's gradient), which gets it as a device tensor. The gradients equal the CPU's, and

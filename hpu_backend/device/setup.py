@@ -134,6 +134,26 @@ def _foreach_on_the_device() -> None:
             kinds.append(tensor.HpuTensor)
 
 
+def _fake_tracing_leaves_the_device_alone() -> None:
+    """Fake tensors (Dynamo's tracing) run an op on constant inputs for real (constant propagation), except a move
+    to a device they must not initialize, which torch decides by whether a real accelerator is present: the hpu
+    device says it is. Its tensors are wrappers, which a fake tensor cannot hold as a constant (transformers'
+    sliding-window cache moves a constant to ``x.device`` in the compiled graph: the trace failed), so fake
+    tracing treats it as a device it need not initialize, as on a host without one: the move stays symbolic."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torchs = FakeTensorMode.avoid_device_init
+    if getattr(torchs.fget, "simulated_hpu", False):
+        return
+
+    def avoid_device_init(self) -> bool:
+        real = torch.cuda.is_available() or (torch.xpu._is_compiled() and torch.xpu.is_available())
+        return torchs.fget(self) or not real
+
+    avoid_device_init.simulated_hpu = True
+    FakeTensorMode.avoid_device_init = property(avoid_device_init, doc=torchs.__doc__)
+
+
 def _register() -> None:
     """Name PrivateUse1 ``hpu`` and install the module, methods and kernels (once per process)."""
     if context.registration() is not None:
@@ -153,6 +173,7 @@ def _register() -> None:
     torch.serialization.register_package(15, _no_tag, _host_storage)
     torch.utils.swap_tensors = swap.swap_tensors  # module.to("hpu") of weakly referenced parameters (swap.py)
     _foreach_on_the_device()
+    _fake_tracing_leaves_the_device_alone()
     lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")
     kernels.register(lib, every_op)
     context.set_registration((lib, every_op))
