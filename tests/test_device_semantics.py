@@ -105,6 +105,20 @@ def test_a_compiled_graph_moves_a_constant_it_made_to_the_device(device_mode):
         torch.testing.assert_close(g.cpu(), w)
 
 
+def test_a_compiled_backward_takes_a_gradient_of_another_layout(device_mode):
+    """A gradient whose size-1 dim has another stride than the traced one (Falcon's one-head KV cache): AOTAutograd
+    restrides the device tensor's inner tensor in place, and the backward equals the CPU's."""
+    def fn(x):
+        return x.unsqueeze(1) * 2
+    grads = []
+    for device in ("cpu", "hpu"):
+        x = torch.arange(8.0).reshape(2, 4).to(device).requires_grad_()
+        grad = torch.empty_strided((2, 1, 4), (4, 1, 1)).copy_(torch.arange(8.0).reshape(2, 1, 4))
+        torch.compile(fn, backend="hpu_backend")(x).backward(grad.to(device))
+        grads.append(x.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 def test_a_backward_reads_the_index_tensor_its_forward_made_on_the_device_without_a_host_read(device_mode):
     """Position embeddings of ``arange(n, device=x.device)``: the forward saves the index tensor it made for its
     backward (an embedding's gradient), which gets it as a device tensor. The gradients equal the CPU's, and

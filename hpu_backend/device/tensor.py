@@ -61,6 +61,12 @@ class HpuTensor(torch.Tensor):
         context.before_compiled()
         return self.host
 
+    @_traced_host.setter
+    def _traced_host(self, host: torch.Tensor) -> None:
+        """AOTAutograd gives a gradient the layout its backward was traced with (the stride of a size-1 dim, a
+        memory format) by putting a restrided inner tensor in its place: the same values."""
+        self.host = host
+
     @staticmethod
     def __tensor_unflatten__(inner: dict, device, outer_size, outer_stride):
         return HpuTensor(inner["_traced_host"], device)
