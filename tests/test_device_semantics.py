@@ -139,6 +139,37 @@ def test_a_backward_reads_the_index_tensor_its_forward_made_on_the_device_withou
     torch.testing.assert_close(on_hpu.weight.grad.cpu(), on_cpu.weight.grad)
 
 
+def test_a_recomputed_block_reads_a_mask_its_forward_made_on_the_device(device_mode):
+    """Activation checkpointing in a compiled graph (Hugging Face's ``gradient_checkpointing_enable``): the causal
+    mask made on the device outside the block is saved for the backward, which recomputes the block's attention
+    from it. Its gradients equal the CPU's in both modes (in lazy mode the backward's ops on the saved device
+    tensor went back through the device and read a value not computed yet)."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    proj, emb = torch.nn.Linear(64, 192), torch.nn.Embedding(10, 64)
+
+    def block(x, mask):
+        q, k, v = (t.view(2, 16, 4, 16).transpose(1, 2) for t in proj(x).chunk(3, -1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(2, 16, 64) + x
+
+    def loss(ids):
+        h = emb(ids)
+        i = torch.arange(16, device=h.device)
+        mask = (i[None, :] <= i[:, None])[None, None].expand(2, 1, 16, 16)
+        return checkpoint(block, h, mask, use_reentrant=False).pow(2).mean()
+    ids = torch.randint(0, 10, (2, 16), generator=torch.Generator().manual_seed(0))
+    loss(ids).backward()
+    want = [p.grad.clone() for p in (*proj.parameters(), *emb.parameters())]
+    for p in (*proj.parameters(), *emb.parameters()):
+        p.grad = None
+    proj.to("hpu"), emb.to("hpu")
+    torch.compile(loss, backend="hpu_backend")(ids.to("hpu")).backward()
+    for have, w in zip((p.grad for p in (*proj.parameters(), *emb.parameters())), want):
+        torch.testing.assert_close(have.cpu(), w)
+
+
 def test_a_compiled_graph_writes_a_tensor_it_made_on_the_device():
     """Attention masks are made in the graph and written in place with a device mask (``zeros(..., device=)``,
     then ``masked_fill_``): the write reaches the tensor the graph goes on reading, in the forward and backward."""

@@ -70,21 +70,6 @@ def copy_compact(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = Fal
     return out.copy_(src, non_blocking)
 
 
-_HOST = torch.device("cpu")
-
-
-def device_made_to_host(to_copy: Callable) -> Callable:
-    """``_to_copy`` as a recipe runs it: a tensor an earlier graph made on the simulated device (a forward's
-    ``arange(..., device=x.device)`` position ids, saved for its backward) comes as a device tensor, which a
-    trace took for a plain one on ``hpu`` and copied to the host; its host tensor holds its values, so the copy
-    is taken from there, as data that never leaves the device on a Gaudi (not a host read of the device's)."""
-    def run(x, *args, **kwargs):
-        if type(x) is not torch.Tensor and kwargs.get("device") == _HOST:
-            x = getattr(x, "host", x)
-        return to_copy(x, *args, **kwargs)
-    return run
-
-
 _STORAGE_RELATIVE = ("aten::as_strided", "aten::set_")  # ops that address a tensor's storage, not the tensor
 
 
@@ -205,8 +190,6 @@ class _Codegen:
         standard = ops.standard_callable(node.op)
         if node.op == "aten::copy.default" and self.compact_copy:
             fn = copy_compact
-        elif node.op == "aten::_to_copy.default":
-            fn = device_made_to_host(fn)
         if fn is not standard:
             self.standard[node.name] = self.bind(functools.partial(fast_path_failed, node.op, standard), "s")
         return fn

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import fallback, hbm
 from .. import metrics
@@ -138,6 +139,7 @@ class CompiledGraph:
         return {b: t.recipe for b, t in self.buckets.items() if t.recipe is not None}
 
     def __call__(self, args: list) -> list:
+        _run_on_inner(args)
         taken, values = self.taken_for(args)
         if listening():
             emit(Event("use", self.ctx.name, taken.recipe, True, taken.key, self.program,
@@ -342,6 +344,19 @@ class CompiledGraph:
         metrics.record_compilation(seconds, reason)
         log.debug("compiled %s bucket %s in %.1f ms (%s)", self.ctx.name, bucket, seconds * 1e3, reason)
         return recipe
+
+
+def _run_on_inner(args: list) -> None:
+    """A recipe runs on plain tensors. A wrapper tensor with one inner tensor (torch's traceable-subclass protocol:
+    the simulated device's) can still arrive as an input where a trace took it for a plain one: a tensor an
+    earlier graph made on the device (position ids, a causal mask) saved for the backward. It is replaced by its
+    inner tensor, read through the protocol (which lets the device finish pending work first), so the recipe's
+    ops never go back through the device (whose lazy mode would hand them a value not computed yet)."""
+    for i, a in enumerate(args):
+        if type(a) is not torch.Tensor and is_traceable_wrapper_subclass(a):
+            inner, _ = a.__tensor_flatten__()
+            if len(inner) == 1:
+                args[i] = getattr(a, inner[0])
 
 
 def boxed(fn: Callable) -> Callable[[list], list]:
