@@ -119,6 +119,25 @@ def test_a_compiled_backward_takes_a_gradient_of_another_layout(device_mode):
     torch.testing.assert_close(grads[1], grads[0])
 
 
+def test_inference_mode_reads_and_pends_as_outside_it(device_mode):
+    """``torch.inference_mode()`` (serving code's choice over no_grad): autograd is off, so torch's composite ops
+    reach the device undecomposed (``.cpu()`` is ``to``); they are decomposed as autograd would, and a lazy
+    graph recorded in it fills its tensors at a ``mark_step`` after the block."""
+    x = torch.arange(6.0).reshape(2, 3)
+    with torch.inference_mode():
+        on_device = x.to("hpu") * 2
+        cat = torch.cat([on_device, on_device]).to(torch.float64)
+        host = cat.cpu()
+        kept = on_device + 1
+    assert type(host) is torch.Tensor and host.device.type == "cpu"
+    torch.testing.assert_close(host, torch.cat([x * 2, x * 2]).to(torch.float64))
+    from hpu_backend import gaudi
+
+    gaudi.mark_step()  # in lazy mode, the graph recorded in the block runs now, outside it
+    torch.testing.assert_close(kept.cpu(), x * 2 + 1)
+    assert kept.is_inference()
+
+
 def test_a_backward_reads_the_index_tensor_its_forward_made_on_the_device_without_a_host_read(device_mode):
     """Position embeddings of ``arange(n, device=x.device)``: the forward saves the index tensor it made for its
     backward (an embedding's gradient), which gets it as a device tensor. The gradients equal the CPU's, and

@@ -256,7 +256,9 @@ class LazyRecorder(TorchDispatchMode):
                           source or user_line(), g.ops, key, self._convert)
         if key is None or not self.known(key):
             pending.gm  # noqa: B018 - lowered: made now, before the run
-        with no_dispatch(), torch.no_grad(), torch._C.DisableTorchFunction():
+        # inference mode: the graph may fill, or write back into, tensors made under torch.inference_mode(), which
+        # only inference mode writes (it writes any other tensor too)
+        with no_dispatch(), torch.inference_mode(), torch._C.DisableTorchFunction():
             values = self.run(pending)
             for t, v in zip(fill, values):
                 t.copy_(v)

@@ -77,10 +77,15 @@ class Device:
         self.lock = threading.RLock()
 
     def __call__(self, func, args, kwargs):
+        special = _special(func)
+        if special & _COMPOSITE:  # only with autograd off (inference mode): torch's own decomposition, as autograd
+            out = func.decompose(*args, **kwargs)  # would run it (``.cpu()`` is ``to``: a host read, then)
+            if out is not NotImplemented:
+                return out
         with self.lock:  # one op at a time: the recorder and the ledger are the device's, whatever thread calls
             self.timeline.enter()  # the user's Python stops here; the simulator's own time is not the host's
             try:
-                if not self.lazy and not _special(func):
+                if not self.lazy and not special:
                     out = self._again(func, args, kwargs)
                     if out is not _GENERAL:
                         return out
@@ -432,6 +437,7 @@ _TO_COPY = 4  # ``_to_copy``: its ``device`` argument names the card of the resu
 _NO_OP = 8  # nothing to do on this device: memory is freed with the host tensor, no stream holds it
 _COLLECTIVE = 16  # a c10d op (DDP's bucket all-reduces): on the timeline's network row
 _HOST_READ = 32  # may read a value onto the host, or copy one in
+_COMPOSITE = 64  # torch decomposes it above autograd: it reaches the device only where autograd is off
 _HANDLED = _NO_OP | _COLLECTIVE | _HOST_READ  # handled before the op runs as any other
 _CROSS_DEVICE_OPS = (aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
                      aten._copy_from_and_resize.default, aten.set_.source_Tensor, aten.set_.source_Storage,
@@ -445,6 +451,9 @@ def _special(func) -> int:
     bits |= _TO_COPY * (func is aten._to_copy.default) | _NO_OP * (func is aten.record_stream.default)
     bits |= _COLLECTIVE * (func.namespace == "c10d")
     bits |= _HOST_READ * (func in (aten._local_scalar_dense.default, aten._to_copy.default, aten.copy_.default))
+    # (attention stays one op: the device runs it fused, attention.py)
+    composite = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    bits |= _COMPOSITE * (composite and func is not aten.scaled_dot_product_attention.default)
     return bits
 _GATHER_INTO_TENSOR = torch.ops.c10d._allgather_base_.default if torch.distributed.is_available() else None
 _WORK = torch._C._distributed_c10d.Work if torch.distributed.is_available() else None
