@@ -124,7 +124,10 @@ def test_inference_mode_reads_and_pends_as_outside_it(device_mode):
     reach the device undecomposed (``.cpu()`` is ``to``); they are decomposed as autograd would, and a lazy
     graph recorded in it fills its tensors at a ``mark_step`` after the block."""
     x = torch.arange(6.0).reshape(2, 3)
+    weight = x.to("hpu")  # a normal tensor (a buffer made before the block): its views in the block are normal too
     with torch.inference_mode():
+        view = weight[None, :, None].float().expand(2, 2, 4, 3)
+        assert not view.is_inference()
         on_device = x.to("hpu") * 2
         cat = torch.cat([on_device, on_device]).to(torch.float64)
         host = cat.cpu()
@@ -135,6 +138,7 @@ def test_inference_mode_reads_and_pends_as_outside_it(device_mode):
 
     gaudi.mark_step()  # in lazy mode, the graph recorded in the block runs now, outside it
     torch.testing.assert_close(kept.cpu(), x * 2 + 1)
+    torch.testing.assert_close(view.cpu(), x[None, :, None].expand(2, 2, 4, 3))
     assert kept.is_inference()
 
 

@@ -30,6 +30,11 @@ class HpuTensor(torch.Tensor):
     def __new__(cls, host: torch.Tensor, device: torch.device | None = None, requires_grad: bool = False):
         prior = set_eval_frame(None)  # see untraced()
         try:
+            if torch.is_inference_mode_enabled() and not host.is_inference():
+                # a view of a normal tensor made in inference mode is a normal tensor (torch shares its version
+                # counter with its base, which an inference tensor has none of): so is its device tensor
+                with torch.inference_mode(False):
+                    return HpuTensor(host, device, requires_grad)
             r = torch.Tensor._make_wrapper_subclass(
                 cls, host.shape, strides=host.stride(), storage_offset=host.storage_offset(), dtype=host.dtype,
                 device=device or CARD, requires_grad=requires_grad)
