@@ -16,6 +16,7 @@ Graphs emit their events and report their runs through the session they belong t
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -353,10 +354,17 @@ def _run_on_inner(args: list) -> None:
     inner tensor, read through the protocol (which lets the device finish pending work first), so the recipe's
     ops never go back through the device (whose lazy mode would hand them a value not computed yet)."""
     for i, a in enumerate(args):
-        if type(a) is not torch.Tensor and is_traceable_wrapper_subclass(a):
+        if type(a) is not torch.Tensor and _wrapper_type(type(a)) and is_traceable_wrapper_subclass(a):
             inner, _ = a.__tensor_flatten__()
             if len(inner) == 1:
                 args[i] = getattr(a, inner[0])
+
+
+@functools.cache
+def _wrapper_type(kind: type) -> bool:
+    """Whether values of this type may be wrapper tensors (asked once per type: parameters and sizes are most
+    arguments)."""
+    return hasattr(kind, "__tensor_flatten__")
 
 
 def boxed(fn: Callable) -> Callable[[list], list]:
