@@ -1,6 +1,7 @@
 """Gaudi's own stacks, step by step, on the hpu device against the same code on the CPU: Optimum Habana's
 GaudiTrainer fine-tuning a tiny GPT-2 (2 layers, hidden 64; lazy, eager and ``torch_compile_backend="hpu_backend"``)
-and a DeepSpeed ZeRO-1 step of the same model (DeepSpeed's default bucket sizes, its Adam: FusedAdam on the device).
+and a DeepSpeed ZeRO-1 step of the same model (DeepSpeed's default bucket sizes, its Adam: FusedAdam on the device;
+eager, lazy, and eager with ``engine.compile()``).
 
 Needs the ``[clients]`` extra (optimum-habana, deepspeed). Every run is a fresh process under the launcher
 (``python -m hpu_backend.run``, one card), as a user starts the script; the device's run and the CPU's run of a

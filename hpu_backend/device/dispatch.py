@@ -151,10 +151,7 @@ class Device:
         key = _eager_key(func, args, kwargs)
         known = self.estimates.get(key) if key is not None else None
         if known is not None:  # an op and layout seen before, on the device: its estimate, and run at once
-            self.ledger.add_device_time(known[0])
-            if known[1] is not None:
-                self.timeline.again(known[1])
-            return _wrap(func(*args, **kwargs), wrappers, device)
+            return self._run_known(func, args, kwargs, known, wrappers, device)
         if self.place(func, hosts):
             return _wrap(func(*args, **kwargs), wrappers, device)  # on the CPU: no device recipe
         return _wrap(self._eager(func, args, kwargs, key), wrappers, device)
@@ -190,10 +187,15 @@ class Device:
             return _GENERAL
         self.ops += 1
         self.timeline.op()
+        return self._run_known(func, hosts, kwargs, known, wrappers, device)
+
+    def _run_known(self, func, args, kwargs: dict, known: tuple, wrappers: dict, device):
+        """An eager op whose layout the device ran before: the estimate remembered for it, and run at once on the
+        host tensors ``args``."""
         self.ledger.add_device_time(known[0])
         if known[1] is not None:
             self.timeline.again(known[1])
-        return _wrap(func(*hosts, **kwargs), wrappers, device)
+        return _wrap(func(*args, **kwargs), wrappers, device)
 
     def _traced(self, func, special: int, args: tuple, kwargs: dict, hosts: list, wrappers: dict, device):
         """An op of a graph being traced (Dynamo's fake tensors, AOTAutograd's functional ones). A tensor the graph

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 
 from . import fallback, hbm
 from .. import metrics
@@ -354,17 +354,14 @@ def _run_on_inner(args: list) -> None:
     inner tensor, read through the protocol (which lets the device finish pending work first), so the recipe's
     ops never go back through the device (whose lazy mode would hand them a value not computed yet)."""
     for i, a in enumerate(args):
-        if type(a) is not torch.Tensor and _wrapper_type(type(a)) and is_traceable_wrapper_subclass(a):
+        if type(a) is not torch.Tensor and _wrapper_type(type(a)):
             inner, _ = a.__tensor_flatten__()
             if len(inner) == 1:
                 args[i] = getattr(a, inner[0])
 
 
-@functools.cache
-def _wrapper_type(kind: type) -> bool:
-    """Whether values of this type may be wrapper tensors (asked once per type: parameters and sizes are most
-    arguments)."""
-    return hasattr(kind, "__tensor_flatten__")
+# asked once per type (parameters and sizes are most arguments)
+_wrapper_type = functools.cache(is_traceable_wrapper_subclass_type)
 
 
 def boxed(fn: Callable) -> Callable[[list], list]:
