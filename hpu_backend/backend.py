@@ -65,12 +65,10 @@ def hpu_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     session = session_for(settings)
     pkey = _program_key(gm, example_inputs, settings, name_of("program"))
     if pkey is not None:
-        served = _serve(pkey, session, gm, example_inputs, name_of, reason)
+        served = _serve(pkey, session, gm, example_inputs, name_of, reason, replay)
         if served is not None:
             finish_restart(pkey.key, gm)  # the second trace of a restart: its first graph names this program
-            call = Replay(served.replayable, example_inputs, served.call) if replay and served.replayable \
-                else served.call
-            return PrecompiledGraph(call, settings, pkey.key, served)
+            return PrecompiledGraph(served.call, settings, pkey.key, served)
     recorder = None if pkey is None else Recorder(pkey, session, name_of("program"))
     compiled = _trace(gm, example_inputs, name_of, session, reason, recorder, replay)
     finish_restart(pkey.key if recorder is not None and recorder.program is not None else None, gm)
@@ -162,14 +160,14 @@ def _program_key(gm, example_inputs, settings: Settings, name: str) -> ProgramKe
         metrics.record_phase("program_key", time.perf_counter() - start)
 
 
-def _serve(pkey: ProgramKey, session: Session, gm, example_inputs, name_of, reason: str):
+def _serve(pkey: ProgramKey, session: Session, gm, example_inputs, name_of, reason: str, replay: bool):
     """The Dynamo graph served from its stored program (no AOTAutograd), or None on a miss."""
     start, served = time.perf_counter(), None
     store = session.store
     try:
         program = store.load_program(pkey.key)
         if program is not None:
-            served = serve(program, pkey.key, gm, example_inputs, session, name_of, reason)  # may restart
+            served = serve(program, pkey.key, gm, example_inputs, session, name_of, reason, replay)  # may restart
         elif missed := store.why_missed("program", pkey.parts, pkey.detail, name_of("program")):
             emit(Event("program", program=pkey.key, missed=missed))
     except LoweringError as e:

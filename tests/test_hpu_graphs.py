@@ -206,6 +206,27 @@ def test_reduce_overhead_captures_each_shape_of_a_dynamic_graph():
         torch.testing.assert_close(out, model(t), rtol=0, atol=0)
 
 
+@pytest.mark.e2e
+def test_reduce_overhead_replays_a_program_served_through_a_float_restart():
+    """GPT's float inputs make Dynamo trace twice (AOTAutograd specializes them): the stored program is reached
+    through its restart entry and leaves the floats out; it is replayed all the same."""
+    from hpu_backend.serve.compiled import listen
+
+    gpt = load_model_file("gpt")
+    model = gpt.make_model().eval()
+    tokens = [gpt.make_inputs(2, seq)[0] for seq in (8, 16, 8, 16, 8)]
+    with torch.no_grad():
+        torch.compile(copy.deepcopy(model), backend="hpu_backend", dynamic=True)(tokens[0])  # stores the program
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(model), backend="hpu_backend", mode="reduce-overhead", dynamic=True)
+    hits = []
+    with listen(lambda e: hits.append(1) if e.kind == "program" and getattr(e, "hit", False) else None):
+        outs, uses = _uses(compiled, tokens)
+    assert len(hits) == 2 and uses == 2  # the restart entry and the program it names; a capture per length
+    for out, t in zip(outs, tokens):
+        torch.testing.assert_close(out, model(t), rtol=0, atol=0)
+
+
 def test_reduce_overhead_training_keeps_autograd():
     model = _mlp().train()
     compiled = torch.compile(model, backend="hpu_backend", mode="reduce-overhead")

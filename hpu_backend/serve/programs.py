@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from ..formats import symexpr
-from .compiled import CompiledGraph
+from .compiled import CompiledGraph, Replay
 from .keys import GraphKey, ProgramKey
 from ..lowering import LoweringContext, LoweringError, encode_guards
 from ..formats.program import MEMORY_FORMATS, Contract, Program, ProgramGraph
@@ -202,24 +202,25 @@ class Served:
     """A Dynamo graph served from its stored program."""
 
     call: Callable[..., list]
-    replayable: CompiledGraph | None = None  # the inference graph mode="reduce-overhead" replays, if any
     program: Program | None = None
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     floats: list[list[Any]] = dataclasses.field(default_factory=list)  # float inputs left out (a restart's)
 
 
 def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: list, session: Session,
-          name_of: Callable[[str], str], reason: str, floats: list[list[Any]] = ()) -> Served | None:
+          name_of: Callable[[str], str], reason: str, replay: bool = False,
+          floats: list[list[Any]] = ()) -> Served | None:
     """The Dynamo graph served from its program, or None when the program does not apply. A restart serves the
     program it names when the floats have its values, else asks Dynamo to trace again
-    (TensorifyScalarRestartAnalysis). ``floats``: the graph's inputs the program leaves out, with their values."""
+    (TensorifyScalarRestartAnalysis). ``replay``: an inference graph is replayed (``mode="reduce-overhead"``).
+    ``floats``: the graph's inputs the program leaves out, with their values."""
     missing = missing_internals()
     if missing:
         drifted(f"torch lacks {', '.join(missing)}")
         return None
     if program.mode == "restart":
         emit(Event("program", program=key, hit=True))
-        served = _serve_target(program, gm, example_inputs, session, name_of, reason)
+        served = _serve_target(program, gm, example_inputs, session, name_of, reason, replay)
         if served is None:
             replay_restart(program.specialize)
         _specialize(program.specialize)  # as after a restart: Dynamo's later traces specialize these floats too
@@ -241,16 +242,16 @@ def serve(program: Program, key: str, gm: torch.fx.GraphModule, example_inputs: 
     graphs = program_graphs(program, key, session, name_of, reason)
     emit(Event("program", program=key, hit=True))
     call = program_call(program, graphs)
+    if replay and program.mode == "inference" and replayable(program.contract):
+        call = Replay(graphs[0], inputs, call)
     if floats:
         call = _floats_checked(call, list(floats), len(example_inputs), gm, name_of("program"))
     call = _eager_after_failure(call, gm, session, name_of("program"))
-    replayable_graph = graphs[0] if program.mode == "inference" and replayable(program.contract) and not floats \
-        else None
-    return Served(call, replayable_graph, program, graphs, list(floats))
+    return Served(call, program, graphs, list(floats))
 
 
 def _serve_target(restart: Program, gm: torch.fx.GraphModule, example_inputs: list, session: Session,
-                  name_of: Callable[[str], str], reason: str) -> Served | None:
+                  name_of: Callable[[str], str], reason: str, replay: bool) -> Served | None:
     """The program a restart names, served when this call's floats have the values it was traced with."""
     if not restart.target:
         return None
@@ -263,7 +264,7 @@ def _serve_target(restart: Program, gm: torch.fx.GraphModule, example_inputs: li
     if target is None or target.mode == "restart" or target.contract.num_inputs != len(example_inputs) - len(
             restart.floats):
         return None
-    return serve(target, restart.target, gm, example_inputs, session, name_of, reason, restart.floats)
+    return serve(target, restart.target, gm, example_inputs, session, name_of, reason, replay, restart.floats)
 
 
 def _float_hex(x: Any) -> str | None:
