@@ -118,6 +118,67 @@ def test_optimizer_adamw_is_adamw_with_bias_corrections_folded_into_the_step(ten
     torch.testing.assert_close(params, [p.detach() for p in reference], rtol=1e-5, atol=1e-6)
 
 
+def _mixtral_experts():
+    """transformers' own Mixtral experts (4 of them, top 2) and a routed batch of 6 tokens."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    torch.manual_seed(0)
+    experts = MixtralExperts(MixtralConfig(hidden_size=8, intermediate_size=12, num_local_experts=4,
+                                           num_experts_per_tok=2))
+    for p in experts.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(6, 8, requires_grad=True)
+    weights, index = torch.randn(6, 4).softmax(-1).topk(2)
+    return experts, x, index, weights
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_mixture_of_experts_is_the_expert_loop_of_transformers_mixtral(device_mode, fused):
+    """Optimum's MoE layers call torch.ops.hpu.mixture_of_experts (w1 gate, w2 up, w3 down, one per expert):
+    the output and the gradients of transformers' own loop over the routed experts, on the host and on the
+    device; the ``fused_weights`` overload takes gate and up concatenated, as the 3-d parameter holds them."""
+    hpu_ops.register()
+    experts, x, index, weights = _mixtral_experts()
+    expected = experts(x, index, weights)
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    for device in ("cpu", "hpu"):
+        on = [t.to(device) for t in (x, index, weights, gate_up, down)]
+        h, i, w, gu, d = on
+        if fused:
+            out = torch.ops.hpu.mixture_of_experts.fused_weights(h, i, w, list(gu.unbind()), list(d.unbind()),
+                                                                 True, "silu", 0, 3)
+        else:
+            g, u = gu.chunk(2, dim=1)
+            out = torch.ops.hpu.mixture_of_experts(hidden_states=h, expert_routing_table=i, router_weights=w,
+                                                   w1=list(g.unbind()), w2=list(u.unbind()), w3=list(d.unbind()),
+                                                   permuted_weights=True, activation="silu", experts_min=0,
+                                                   experts_max=3)
+        assert out.device.type == device
+        torch.testing.assert_close(out.cpu(), expected)
+        grad = torch.randn_like(expected)
+        ours = torch.autograd.grad(out, (x, gate_up, down), grad.to(device))
+        theirs = torch.autograd.grad(expected, (x, gate_up, down), grad, retain_graph=True)
+        torch.testing.assert_close([t.cpu() for t in ours], list(theirs))
+
+
+def test_mixture_of_experts_of_an_expert_range_takes_only_its_experts():
+    """An expert-parallel rank holds experts_min..experts_max: tokens routed elsewhere get nothing from it, so
+    the ranks' outputs sum to the whole layer's; unpermuted weights ([in, out]) give the same."""
+    hpu_ops.register()
+    experts, x, index, weights = _mixtral_experts()
+    gate, up = experts.gate_up_proj.detach().chunk(2, dim=1)
+    down = experts.down_proj.detach()
+    whole = experts(x, index, weights).detach()
+    parts = [torch.ops.hpu.mixture_of_experts(x, index, weights, list(gate[lo:hi + 1].mT.unbind()),
+                                              list(up[lo:hi + 1].mT.unbind()), list(down[lo:hi + 1].mT.unbind()),
+                                              False, "silu", lo, hi) for lo, hi in ((0, 1), (2, 3))]
+    torch.testing.assert_close(parts[0] + parts[1], whole)
+    with pytest.raises(ValueError, match="w1 holds 2 experts, but experts_min=0 .. experts_max=3 names 4"):
+        torch.ops.hpu.mixture_of_experts(x, index, weights, list(gate[:2]), list(up[:2]), list(down[:2]), True,
+                                         "silu", 0, 3)
+
+
 def test_ctc_loss_takes_padded_targets_as_optimum_passes_them():
     torch.manual_seed(0)
     log_probs = torch.randn(12, 2, 6).log_softmax(-1)

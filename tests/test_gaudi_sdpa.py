@@ -31,6 +31,7 @@ CASES = {
     "scale": dict(scale=0.2),
     "bool mask": dict(attn_mask=torch.rand(16, 16, generator=torch.Generator().manual_seed(3)) > 0.3),
     "float mask": dict(attn_mask=torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(4))),
+    "fp32 softmax": dict(is_causal=True, softmax_mode="fp32"),  # Optimum's Qwen2 in inference
 }
 
 
@@ -42,11 +43,12 @@ def test_fused_sdpa_matches_scaled_dot_product_attention_with_gradients(case, re
 
     def ours(q, k, v):
         return FusedSDPA.apply(q, k, v, kw.get("attn_mask"), 0.0, kw.get("is_causal", False), kw.get("scale"),
-                               "None", recompute)
+                               kw.get("softmax_mode", "None"), recompute)
 
     run = torch.compile(ours, backend="hpu_backend", options={"cache": False}) if compiled else ours
     got = _grads(run, *_qkv())
-    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw), *_qkv())
+    torch_kw = {name: value for name, value in kw.items() if name != "softmax_mode"}
+    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **torch_kw), *_qkv())
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
 

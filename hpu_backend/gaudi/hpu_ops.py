@@ -1,7 +1,8 @@
 """The ``torch.ops.hpu.*`` kernels Gaudi clients call directly, defined on request (``register()``).
 
 DeepSpeed's ``FusedAdam`` on HPU steps through ``torch.ops.hpu.optimizer_adamw``; Optimum Habana's and
-diffusers' rotary paths call ``torch.ops.hpu.rotary_pos_embedding`` and its backward. Each is defined in the
+diffusers' rotary paths call ``torch.ops.hpu.rotary_pos_embedding`` and its backward; its MoE layers call
+``torch.ops.hpu.mixture_of_experts`` (``moe.py``). Each is defined in the
 ``hpu`` operator namespace with a CompositeImplicitAutograd kernel written with torch's ops: it runs on host
 and device tensors alike, and lazy mode, autograd and torch.compile see the ops it is made of.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import rotary
+from . import moe, rotary
 
 _ADAMW = ("optimizer_adamw(Tensor[] gradient_vec, Tensor(a!)[] weights_vec, Tensor(b!)[] exp_avg_vec, "
           "Tensor(c!)[] exp_avg_sq_vec, Tensor neg_step_t, float beta1, float beta2, float epsilon, "
@@ -44,13 +45,15 @@ def register() -> None:
     """Define the ``hpu`` operators (once per process; torch keeps the definitions alive)."""
     if registered():
         return
-    for schema in (_ADAMW, _ADAMW_TENSOR, _ROPE, _ROPE_BACKWARD):
+    for schema in (_ADAMW, _ADAMW_TENSOR, _ROPE, _ROPE_BACKWARD, moe.SCHEMA, moe.FUSED_SCHEMA):
         name, _, rest = schema.partition("(")
         torch.library.define(f"hpu::{name}", f"({rest}")
     torch.library.impl("hpu::optimizer_adamw", _KERNELS)(_adamw_float)
     torch.library.impl("hpu::optimizer_adamw.tensor_wd", _KERNELS)(_adamw_tensor)
     torch.library.impl("hpu::rotary_pos_embedding", _KERNELS)(rotary.rotary_pos_embedding)
     torch.library.impl("hpu::rotary_pos_embedding_backward", _KERNELS)(rotary.rotary_pos_embedding_backward)
+    torch.library.impl("hpu::mixture_of_experts", _KERNELS)(moe.mixture_of_experts)
+    torch.library.impl("hpu::mixture_of_experts.fused_weights", _KERNELS)(moe.mixture_of_experts_fused)
 
 
 def _adamw_float(grads, params, exp_avgs, exp_avg_sqs, neg_step, beta1, beta2, eps, weight_decay) -> None:

@@ -40,7 +40,7 @@ from ..lowering.buffers import FUSED_SDPA_ANNOTATION
 
 aten = torch.ops.aten
 
-SOFTMAX_MODES = ("None", "fast")
+SOFTMAX_MODES = ("None", "fast", "fp32")  # "fp32": softmax in fp32 for bf16 inputs (Optimum's Qwen2 passes it)
 
 def enable_recompute_sdp(enabled: bool) -> None:
     """Whether ``FusedSDPA.apply(..., recompute_mode=None)`` recomputes (Gaudi's ``torch.hpu`` API); the device
