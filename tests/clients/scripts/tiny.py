@@ -4,7 +4,8 @@ import torch
 import transformers.models.gpt2.modeling_gpt2 as gpt2
 import transformers.models.llama.modeling_llama as llama
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import GPT2Config, LlamaConfig, PreTrainedTokenizerFast
+from transformers import GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2MoeConfig
+from transformers.models.qwen2_moe import modeling_qwen2_moe as qwen2_moe
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a gaudi card runs the graph the bridge compiled",
           "deep speed shards the optimizer state across the ranks", "optimum trains and generates on the card",
@@ -29,6 +30,11 @@ def model(kind: str) -> torch.nn.Module:
     if kind == "gpt2":
         return gpt2.GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
                                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    if kind == "qwen2_moe":  # a mixture of experts: Optimum's layer calls torch.ops.hpu.mixture_of_experts
+        return qwen2_moe.Qwen2MoeForCausalLM(Qwen2MoeConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            num_experts=4, num_experts_per_tok=2, max_position_embeddings=64))
     return llama.LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                               max_position_embeddings=64))
