@@ -52,6 +52,32 @@ def test_a_parameter_made_a_view_of_a_flat_buffer_sees_the_buffers_updates(devic
     torch.testing.assert_close(got, want)
 
 
+def test_data_assignment_across_the_host_and_the_device_moves_the_tensor(device_mode):
+    """DeepSpeed's AutoTP shards a CPU model's weights onto the card by ``param.data = shard.to(device)``, and
+    older scripts write ``p.data = p.data.to(device)``: the same parameter object (its attributes, weak references
+    to it and the module holding it) is then on the device with the shard's values, trains there as on the CPU,
+    and moves back the same way."""
+    def run(device):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 3)
+        weight, fired = lin.weight, []
+        weight.tp_rank = 1  # an attribute a client set on the parameter
+        weakref.finalize(weight, lambda: fired.append(True))
+        lin.weight.data = lin.weight.data[1:].to(device)  # this rank's shard of the output rows
+        lin.bias.data = lin.bias.data[1:].to(device)
+        assert lin.weight is weight and weight.device.type == device and weight.tp_rank == 1 and not fired
+        assert isinstance(weight, torch.nn.Parameter) and weight.requires_grad and weight.shape == (2, 4)
+        out = lin(torch.ones(5, 4, device=device))
+        out.square().sum().backward()
+        torch.optim.SGD(lin.parameters(), lr=0.1).step()
+        trained = weight.detach().clone()
+        weight.data = weight.data.cpu()  # back to the host: the same object, a plain CPU parameter
+        assert weight.device.type == "cpu" and type(weight) is torch.nn.Parameter and weight.tp_rank == 1
+        return torch.cat([out.detach().cpu().flatten(), trained.cpu().flatten(), weight.detach().flatten()])
+    got, want = both(run)
+    torch.testing.assert_close(got, want)
+
+
 def test_module_to_moves_parameters_something_holds_weakly():
     lin = torch.nn.Linear(4, 4)
     fired = []

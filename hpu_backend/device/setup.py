@@ -172,6 +172,7 @@ def _register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch.serialization.register_package(15, _no_tag, _host_storage)
     torch.utils.swap_tensors = swap.swap_tensors  # module.to("hpu") of weakly referenced parameters (swap.py)
+    torch.Tensor.data = swap.data  # t.data = d across the host and the device moves t (swap.py)
     _foreach_on_the_device()
     _fake_tracing_leaves_the_device_alone()
     lib, every_op = torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")

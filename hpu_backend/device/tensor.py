@@ -76,20 +76,6 @@ class HpuTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, device, outer_size, outer_stride):
         return HpuTensor(inner["_traced_host"], device)
 
-    # -- what torch changes in place without an op ---------------------------------------------------------------
-
-    @property
-    def data(self) -> torch.Tensor:
-        return _TENSOR_DATA.__get__(self)
-
-    @data.setter
-    def data(self, new: torch.Tensor) -> None:
-        """``p.data = t``: torch gives ``p`` the metadata of ``t``; ``p`` takes ``t``'s host tensor too, so that
-        it reads and writes the very memory ``t`` does (a parameter made a view of a flat buffer stays one)."""
-        _TENSOR_DATA.__set__(self, new)
-        if isinstance(new, HpuTensor):
-            self.host = new.host
-
     # -- host reads and serialization ---------------------------------------------------------------------------
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -142,9 +128,6 @@ class HpuTensor(torch.Tensor):
         """Saved as its host values and device, rebuilt by torch's own loader (which ``weights_only`` allows)."""
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
-
-
-_TENSOR_DATA = torch.Tensor.data  # torch's own descriptor, which the property above extends
 
 
 CARD = torch.device(HPU, 0)  # the process's one card (module.py says why)

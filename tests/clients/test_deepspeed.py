@@ -37,3 +37,14 @@ def test_zero_with_fused_adam_on_two_ranks_matches_the_cpu(client, tmp_path, sta
     hpu, cpu = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("hpu", "cpu"))
     assert hpu["optimizer"] == "FusedAdam" and len(hpu["losses"]) == 2
     torch.testing.assert_close(torch.tensor(hpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("lazy", ["0", "1"])
+def test_inference_with_automatic_tensor_parallelism_on_two_ranks_gives_the_cpus_tokens(client, lazy):
+    """``deepspeed.init_inference`` (AutoTP, tp_size 2): each rank's linear weights are its shard on its card (half
+    of LLaMA's 64 query features), moved there by ``.data`` assignment; greedy tokens equal the unsharded model's
+    on the CPU."""
+    run = client("deepspeed_inference.py", cards=2, DS_ACCELERATOR="hpu", PT_HPU_LAZY_MODE=lazy)
+    done = json.loads(run.stdout.strip().splitlines()[-1])
+    assert done["world"] == 2 and done["shard"] == ["hpu:0", [32, 64]]
+    assert done["hpu"] == done["cpu"] and len(done["cpu"][0]) == 6 + 8
