@@ -132,3 +132,25 @@ def test_unknown_habana_name_fails_in_one_line_naming_it(client, tmp_path):
     with pytest.raises(AssertionError) as failed:
         client("unknown_name.py")
     assert "No module named 'habana_frameworks.torch.hpex.no_such_kernel'" in str(failed.value)
+
+
+@pytest.fixture(scope="module")
+def cpu_architectures(tmp_path_factory):
+    from conftest import run_client
+
+    run = run_client(tmp_path_factory.mktemp("cpu_architectures"), "generate_architectures.py", "cpu")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["lazy", "compile"])
+def test_gaudi_generate_of_fifteen_architectures_matches_the_cpu(client, cpu_architectures, mode):
+    """Optimum's Gaudi classes of fifteen architectures (its fused attention, RoPE, RMSNorm and MoE kernels on the
+    device), greedy static-shape generation in lazy mode, or in eager mode with the model compiled: every
+    architecture's tokens are those of the same code on the CPU."""
+    lazy = "1" if mode == "lazy" else "0"
+    run = client("generate_architectures.py", "hpu", *(["compile"] if mode == "compile" else []),
+                 PT_HPU_LAZY_MODE=lazy)
+    hpu = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(hpu) == 15 and sorted(hpu) == sorted(cpu_architectures)
+    assert {name: tokens for name, tokens in hpu.items() if tokens != cpu_architectures[name]} == {}
+    assert all(len(rows) == 2 and len(rows[0]) == 6 + 8 for rows in hpu.values())
