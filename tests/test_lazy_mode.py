@@ -193,6 +193,21 @@ def test_host_reads_mid_step_cut_the_graph_and_are_reported_with_their_line():
         assert [sync.what for sync in s.syncs if not sync.cut] == ["Tensor.item"]
 
 
+def test_an_op_called_from_code_with_an_unhashable_constant_is_recorded():
+    """Code objects Dynamo makes (T5 compiled through GaudiSeq2SeqTrainer) can hold a dict among their constants,
+    which makes the code unhashable; the device asks every recorded op's frames whose they are."""
+    def step(x):
+        return (x + 1).sum()
+
+    step.__code__ = step.__code__.replace(co_consts=step.__code__.co_consts + ({},))
+    with pytest.raises(TypeError):
+        hash(step.__code__)
+    with gaudi.lazy():
+        got = step(torch.ones(3))
+        gaudi.mark_step()
+    assert got.item() == 6.0
+
+
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if text in line and "_line_of" not in line)

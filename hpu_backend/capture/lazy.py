@@ -70,26 +70,26 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 def user_line() -> str:
     """``file:line`` of the innermost caller outside torch, hpu_backend and the standard library. (Asked for every
-    op the device records: whether a function is the user's is remembered per code object.)"""
+    op the device records: whether a file is the user's is remembered per file name, which a code object Dynamo
+    made also has, where the code itself may not be hashable.)"""
     frame = sys._getframe(1)
-    known = _USER_CODE
+    known = _USER_FILES
     while frame is not None:
-        code = frame.f_code
-        user = known.get(code)
+        name = frame.f_code.co_filename
+        user = known.get(name)
         if user is None:
-            if len(known) >= _USER_CODES:
+            if len(known) >= _USER_FILES_KEPT:
                 known.clear()
-            name = code.co_filename
-            user = known[code] = (not name.startswith(_NOT_USER) and not name.startswith(_STDLIB)
+            user = known[name] = (not name.startswith(_NOT_USER) and not name.startswith(_STDLIB)
                                   and not name.startswith("<frozen"))
         if user:
-            return f"{code.co_filename}:{frame.f_lineno}"
+            return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
 
 
-_USER_CODE: dict = {}  # code object -> whether it is the user's (see user_line)
-_USER_CODES = 50_000  # remembered at most (code made at run time, recipes and exec'd files, comes and goes)
+_USER_FILES: dict = {}  # file name -> whether it is the user's (see user_line)
+_USER_FILES_KEPT = 10_000  # remembered at most (files of code made at run time come and go)
 
 
 @dataclass
