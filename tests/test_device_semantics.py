@@ -78,6 +78,45 @@ def test_data_assignment_across_the_host_and_the_device_moves_the_tensor(device_
     torch.testing.assert_close(got, want)
 
 
+RESHAPES = {
+    "squeeze_": lambda x: x.squeeze_(),
+    "unsqueeze_": lambda x: x.unsqueeze_(0),
+    "t_": lambda x: x.t_(),
+    "transpose_": lambda x: x.transpose_(0, 1),
+    "as_strided_": lambda x: x.as_strided_((2,), (1,)),
+    "resize_": lambda x: x.resize_(3, 2),
+    "set_": lambda x: x.set_(torch.arange(6.0, device=x.device).view(3, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(RESHAPES))
+def test_an_op_that_reshapes_a_tensor_in_place_changes_the_device_tensor(device_mode, name):
+    """The op changes the tensor it is given (its shape, strides, memory) and returns it; later ops see the new
+    layout, pending work on the old one included."""
+    def run(device):
+        x = torch.arange(2.0, device=device).reshape(2, 1) * 3  # pending in lazy mode
+        y = RESHAPES[name](x)
+        assert y is x
+        if name == "resize_":
+            x.view(-1)[2:] = 7.0  # the new elements' values are undefined until written
+        return torch.cat([torch.tensor([float(s) for s in (*x.shape, *x.stride())]), (x + 1).cpu().flatten()])
+    got, want = both(run)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_parameter_set_to_its_shard_trains_the_shard():
+    """FSDP's way of sharding a flat parameter: ``set_`` to this rank's slice, then train the parameter."""
+    def run(device):
+        flat = torch.nn.Parameter(torch.arange(8.0, device=device))
+        with torch.no_grad():
+            flat.set_(flat[4:].clone())
+        assert flat.shape == (4,) and flat.is_leaf
+        (flat * flat).sum().backward()
+        return torch.cat([flat.detach().cpu(), flat.grad.cpu()])
+    got, want = both(run)
+    torch.testing.assert_close(got, want)
+
+
 def test_module_to_moves_parameters_something_holds_weakly():
     lin = torch.nn.Linear(4, 4)
     fired = []

@@ -228,3 +228,25 @@ def test_client_names_and_the_release_distribution_under_simulate(lazy):
     assert seen == {"outside": [], "version": "1.21.0", "child": "1.21.0", "random": True, "device": True,
                     "fp16": True, "lazy": lazy == "1", "memory": True, "aliases": True, "loader": True,
                     "closure": True}
+
+
+AUTOLOAD = """
+import json, sys
+import torch.distributed as dist
+from hpu_backend.run import names
+names.simulate()
+print(json.dumps({"hccl": "hccl" in dist.Backend.backend_list, "loaded": "habana_frameworks.torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("autoload", ["1", "0"])
+def test_the_simulated_stack_is_loaded_with_torch_unless_autoloading_is_off(autoload):
+    """Since Gaudi software 1.18 ``import torch`` loads Intel's modules (torch's device-backend autoloading), so a
+    script may call ``init_process_group("hccl")`` without importing them; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``
+    (torch's switch) leaves them to the script's own imports."""
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(AUTOLOAD)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    on = autoload == "1"
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"hccl": on, "loaded": on}

@@ -127,6 +127,8 @@ class Device:
         if special & _HANDLED:
             if special & _NO_OP:
                 return None
+            if special & _RESHAPES_SELF and isinstance(flat[0], HpuTensor):
+                return self._reshape_in_place(func, args, kwargs, flat[0])
             read = _host_read(func, flat)
             if read:
                 self.sync(read, [a for a in hosts if isinstance(a, torch.Tensor)])
@@ -188,6 +190,19 @@ class Device:
         self.ops += 1
         self.timeline.op()
         return self._run_known(func, hosts, kwargs, known, wrappers, device)
+
+    def _reshape_in_place(self, func, args: tuple, kwargs: dict, target: HpuTensor) -> HpuTensor:
+        """An op that changes a tensor's shape, strides or memory in place (``squeeze_``, ``t_``, ``as_strided_``,
+        ``resize_``, ``set_``, as FSDP frees and restores a flat parameter): it runs on the host tensor, pending
+        work done first (it changes what the pending graph would write), and the device tensor takes the host
+        tensor's new metadata, as a backend's own tensor would have changed."""
+        if self.recorder.pending():
+            self.recorder.flush(f"Tensor.{func._schema.name.split('::')[-1]}", user_line())
+        self.ops += 1
+        self.timeline.op()
+        func(*args, **kwargs)
+        _TENSOR_DATA.__set__(target, HpuTensor(target.host, target.device))
+        return target
 
     def _run_known(self, func, args, kwargs: dict, known: tuple, wrappers: dict, device):
         """An eager op whose layout the device ran before: the estimate remembered for it, and run at once on the
@@ -440,7 +455,10 @@ _NO_OP = 8  # nothing to do on this device: memory is freed with the host tensor
 _COLLECTIVE = 16  # a c10d op (DDP's bucket all-reduces): on the timeline's network row
 _HOST_READ = 32  # may read a value onto the host, or copy one in
 _COMPOSITE = 64  # torch decomposes it above autograd: it reaches the device only where autograd is off
-_HANDLED = _NO_OP | _COLLECTIVE | _HOST_READ  # handled before the op runs as any other
+_RESHAPES_SELF = 128  # changes its first argument's shape, strides or memory in place (squeeze_, set_, resize_)
+_HANDLED = _NO_OP | _COLLECTIVE | _HOST_READ | _RESHAPES_SELF  # handled before the op runs as any other
+_RESHAPING_OPS = (aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
+                  aten.set_.default, aten.resize_.default, aten.resize_as_.default)
 _CROSS_DEVICE_OPS = (aten.copy_.default, aten._to_copy.default, aten._copy_from.default,
                      aten._copy_from_and_resize.default, aten.set_.source_Tensor, aten.set_.source_Storage,
                      aten.set_.source_Storage_storage_offset)
@@ -453,10 +471,12 @@ def _special(func) -> int:
     bits |= _TO_COPY * (func is aten._to_copy.default) | _NO_OP * (func is aten.record_stream.default)
     bits |= _COLLECTIVE * (func.namespace == "c10d")
     bits |= _HOST_READ * (func in (aten._local_scalar_dense.default, aten._to_copy.default, aten.copy_.default))
+    bits |= _RESHAPES_SELF * (torch.Tag.inplace_view in func.tags or func in _RESHAPING_OPS)
     # (attention stays one op: the device runs it fused, attention.py)
     composite = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
     bits |= _COMPOSITE * (composite and func is not aten.scaled_dot_product_attention.default)
     return bits
+_TENSOR_DATA = torch._C.TensorBase.data  # torch's own ``.data`` setter: a tensor takes another's metadata
 _GATHER_INTO_TENSOR = torch.ops.c10d._allgather_base_.default if torch.distributed.is_available() else None
 _WORK = torch._C._distributed_c10d.Work if torch.distributed.is_available() else None
 
