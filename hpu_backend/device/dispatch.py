@@ -38,6 +38,7 @@ from ..settings import Settings
 from ..timeline.record import Recorder
 from .cards import resolve
 from .context import current_context
+from . import swap
 from .lazy import Ledger
 from .tensor import HPU, HpuTensor
 from ..errors import HpuBackendError
@@ -201,7 +202,7 @@ class Device:
         self.ops += 1
         self.timeline.op()
         func(*args, **kwargs)
-        _TENSOR_DATA.__set__(target, HpuTensor(target.host, target.device))
+        swap.set_data(target, HpuTensor(target.host, target.device))
         return target
 
     def _run_known(self, func, args, kwargs: dict, known: tuple, wrappers: dict, device):
@@ -476,7 +477,6 @@ def _special(func) -> int:
     composite = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
     bits |= _COMPOSITE * (composite and func is not aten.scaled_dot_product_attention.default)
     return bits
-_TENSOR_DATA = torch._C.TensorBase.data  # torch's own ``.data`` setter: a tensor takes another's metadata
 _GATHER_INTO_TENSOR = torch.ops.c10d._allgather_base_.default if torch.distributed.is_available() else None
 _WORK = torch._C._distributed_c10d.Work if torch.distributed.is_available() else None
 

@@ -1,10 +1,10 @@
 """The ``torch.ops.hpu.*`` kernels Gaudi clients call directly, defined on request (``register()``).
 
 DeepSpeed's ``FusedAdam`` on HPU steps through ``torch.ops.hpu.optimizer_adamw``; Optimum Habana's and
-diffusers' rotary paths call ``torch.ops.hpu.rotary_pos_embedding`` and its backward; its MoE layers call
-``torch.ops.hpu.mixture_of_experts`` (``moe.py``). Each is defined in the
-``hpu`` operator namespace with a CompositeImplicitAutograd kernel written with torch's ops: it runs on host
-and device tensors alike, and lazy mode, autograd and torch.compile see the ops it is made of.
+diffusers' rotary paths call ``torch.ops.hpu.rotary_pos_embedding`` and its backward; Optimum's MoE layers call
+``torch.ops.hpu.mixture_of_experts`` (``moe.py``). Each is defined in the ``hpu`` operator namespace with a
+CompositeImplicitAutograd kernel written with torch's ops: it runs on host and device tensors alike, and lazy
+mode, autograd and torch.compile see the ops it is made of.
 
 ``optimizer_adamw(grads, params, exp_avgs, exp_avg_sqs, neg_step, beta1, beta2, eps, weight_decay[,
 has_weight_decay])`` is one Adam step per tensor, in place, as DeepSpeed's HPU builder feeds it: the learning
