@@ -195,6 +195,9 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
                           *_RANKS), _LAUNCH),
     Var("HPU_BACKEND_RUN_PARENT", "set", "", "the launcher's process id, set in every rank (a rank ends with it)",
         ("hpu_backend.run.group", *_RANKS), _LAUNCH),
+    Var("TORCH_DEVICE_BACKEND_AUTOLOAD", "choice", "1", "torch's switch: 1 loads the simulated Intel modules at "
+        "start (hccl registered), as `import torch` does on Gaudi since 1.18", ("hpu_backend.run.names",), _LAUNCH,
+        choices=("0", "1")),
     Var("HPU_BACKEND_DIST_PATH", "path", "", "the folder holding the simulated habana-torch-plugin's metadata, "
         "inherited by the processes a script starts", ("hpu_backend.run.distribution",), _LAUNCH),
     # The recipe cache (recipecache reads its own) and the files the tools ship

@@ -15,11 +15,11 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import types
 from typing import Callable
 
+from .. import envs
 from ..gaudi import hpu_ops
 from . import distribution
 from .errors import RunError
@@ -285,7 +285,7 @@ def simulate() -> None:
     sys.meta_path.append(_FINDER)  # last: any real package found by the other finders would come first
     distribution.publish()  # `pip list` and importlib.metadata see habana-torch-plugin, as on a Gaudi host
     hpu_ops.register()  # torch.ops.hpu.*, as Intel's bridge library defines them when it loads
-    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "0":
+    if envs.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "1":
         # Every simulated release (1.18 on) is loaded by `import torch` (torch's device-backend autoloading):
         # a script may call init_process_group("hccl") without importing Intel's modules first.
         importlib.import_module(f"{ROOT}.torch")
