@@ -12,7 +12,7 @@ import torch
 import tiny
 
 tokenizer = tiny.tokenizer()
-prompts = tokenizer(["a gaudi card runs the graph", "deep speed shards the optimizer state"], return_tensors="pt")
+prompts = tokenizer(tiny.PROMPTS, return_tensors="pt")
 model = tiny.model("llama").eval()
 settings = dict(max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
 with torch.no_grad():

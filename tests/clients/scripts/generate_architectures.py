@@ -5,7 +5,6 @@ static shapes and ``use_flash_attention`` (FusedSDPA, fused RoPE and RMSNorm on 
 Mixtral and Qwen2-MoE); ``compile``: the model compiled with ``backend="hpu_backend"`` first. DEVICE cpu is the
 reference: the same code on CPU tensors. Prints ``{architecture: tokens}`` as JSON."""
 
-import copy
 import json
 import sys
 
@@ -55,21 +54,11 @@ if device == "cpu":
 
     modeling_mistral.apply_customized_rope = modeling_mixtral.apply_customized_rope = rope
 
-tokenizer = tiny.tokenizer()
-prompts = tokenizer(["a gaudi card runs the graph", "deep speed shards the optimizer state"], return_tensors="pt")
 done = {}
 for name, config in CONFIGS.items():
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).eval().to(device)
     if compiled:
         model = torch.compile(model, backend="hpu_backend")
-    settings = copy.deepcopy(model.generation_config)
-    settings.max_new_tokens, settings.do_sample, settings.pad_token_id = 8, False, tokenizer.pad_token_id
-    settings.use_cache, settings.static_shapes, settings.bucket_size, settings.ignore_eos = True, True, -1, True
-    settings.use_flash_attention, settings.flash_attention_recompute = True, False
-    with torch.no_grad():
-        out = model.generate(input_ids=prompts["input_ids"].to(device),
-                             attention_mask=prompts["attention_mask"].to(device), generation_config=settings,
-                             lazy_mode=not compiled)
-    done[name] = out.cpu().tolist()
+    done[name] = tiny.gaudi_greedy(model, device, lazy_mode=not compiled)
 print(json.dumps(done))

@@ -1,5 +1,7 @@
 """Tiny models from configs and a tokenizer trained here, for the client scripts (no downloads)."""
 
+import copy
+
 import torch
 import transformers.models.gpt2.modeling_gpt2 as gpt2
 import transformers.models.llama.modeling_llama as llama
@@ -45,3 +47,23 @@ def dataset(length: int = 16) -> list[dict]:
     ids = [i for line in CORPUS for i in tokenizer()(line)["input_ids"]]
     rows = [torch.tensor(ids[i:i + length]) for i in range(0, len(ids) - length + 1, length)]
     return [{"input_ids": row, "labels": row} for row in rows]
+
+
+PROMPTS = ["a gaudi card runs the graph", "deep speed shards the optimizer state"]  # 6 tokens each
+
+
+def gaudi_greedy(model: torch.nn.Module, device: str, **options) -> list:
+    """Optimum's Gaudi ``generate()`` as its run_generation.py calls it: 8 greedy tokens after ``PROMPTS``, with
+    the KV cache, static shapes and ``use_flash_attention`` (FusedSDPA); ``options`` go to ``generate()``
+    (``lazy_mode``, ``hpu_graphs``). The tokens, on the host."""
+    tok = tokenizer()
+    prompts = tok(PROMPTS, return_tensors="pt")
+    config = copy.deepcopy(model.generation_config)
+    config.max_new_tokens, config.do_sample, config.pad_token_id = 8, False, tok.pad_token_id
+    config.use_cache, config.static_shapes, config.bucket_size, config.ignore_eos = True, True, -1, True
+    config.use_flash_attention, config.flash_attention_recompute = True, False
+    with torch.no_grad():
+        out = model.generate(input_ids=prompts["input_ids"].to(device),
+                             attention_mask=prompts["attention_mask"].to(device), generation_config=config,
+                             **options)
+    return out.cpu().tolist()
