@@ -58,10 +58,6 @@ def _swap_attribute(t1, t2, name: str) -> None:
 _MISSING = object()
 
 
-def get_data(t: torch.Tensor) -> torch.Tensor:
-    return _TENSOR_DATA.__get__(t)
-
-
 def set_data(t: torch.Tensor, new: torch.Tensor) -> None:
     """``t.data = new`` (see the module docstring)."""
     on_device = isinstance(t, HpuTensor)
@@ -81,5 +77,5 @@ def set_data(t: torch.Tensor, new: torch.Tensor) -> None:
     swap_tensors(t, moved)
 
 
-data = property(get_data, set_data, doc=_TENSOR_DATA.__doc__)
+data = property(_TENSOR_DATA.__get__, set_data, doc=_TENSOR_DATA.__doc__)  # a read is torch's own, no frame of ours
 _DEVICE_ATTRIBUTES = ("host", "_is_param")  # what a device tensor holds of its own
