@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import shutil
@@ -163,7 +164,19 @@ def run_ranks(workers: Path, world: int, *args: str, timeout: int = 300) -> list
 
 
 @pytest.fixture
-def redis_server(tmp_path):
+def no_gc_pause():
+    """The cyclic collector off for one test: the fleet tier gives each server call a 1 s deadline, and a full
+    collection of a test worker's heap (over a million objects once the OpInfo tests have run) can alone take
+    a second; that pause is the test process's, not the server's. Collection resumes after the test."""
+    enabled = gc.isenabled()
+    gc.disable()
+    yield
+    if enabled:
+        gc.enable()
+
+
+@pytest.fixture
+def redis_server(tmp_path, no_gc_pause):
     """(url, process, client) of a private redis-server on a free loopback port; stopped afterwards."""
     if REDIS is None:
         pytest.skip("needs redis-server (.ci/run installs it: apt-get install redis-server)")

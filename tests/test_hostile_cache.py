@@ -623,7 +623,7 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-def test_a_hostile_server_costs_one_warning_and_a_bounded_wait(tmp_path, case, caplog):
+def test_a_hostile_server_costs_one_warning_and_a_bounded_wait(tmp_path, case, caplog, no_gc_pause):
     replies, query, says = HOSTILE[case]
     server = FakeRedis(replies)
     try:
@@ -647,7 +647,7 @@ def test_a_hostile_server_costs_one_warning_and_a_bounded_wait(tmp_path, case, c
         server.close()
 
 
-def test_a_forged_4_gb_value_is_one_refused_entry_not_a_server_fault(tmp_path, caplog):
+def test_a_forged_4_gb_value_is_one_refused_entry_not_a_server_fault(tmp_path, caplog, no_gc_pause):
     """The value is refused from its length line, before anything is read; the tier stays on, and the
     entry is deleted (the server receives the conditional delete)."""
     seen = []
@@ -670,7 +670,7 @@ def test_a_forged_4_gb_value_is_one_refused_entry_not_a_server_fault(tmp_path, c
         server.close()
 
 
-def test_nested_arrays_are_bounded_in_all_not_only_each(tmp_path, monkeypatch, caplog):
+def test_nested_arrays_are_bounded_in_all_not_only_each(tmp_path, monkeypatch, caplog, no_gc_pause):
     """Two arrays within the element limit (made small here), nested in one reply, exceed it in all."""
     import recipecache.remote as remote
 
