@@ -357,6 +357,64 @@ def test_a_request_past_the_hbm_is_the_devices_out_of_memory_error():
         torch.zeros(1 << 38, device="hpu")
 
 
+def _raising_backward(device: str, where: str) -> torch.Tensor:
+    """A backward that raises from inside torch's autograd engine, at ``where``."""
+    x = torch.arange(4.0, device=device, requires_grad=True)
+    if where == "tensor hook":
+        y = x * 2
+        y.register_hook(lambda grad: grad * {}["scale"])  # KeyError
+        return y.sum()
+    if where == "saved-tensor hook":
+        def unpack(saved):
+            raise ValueError(f"cannot unpack a tensor of shape {list(saved.shape)}")
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+            return (x * x).sum()
+    # activation checkpointing whose recomputation fails (a layer called differently the second time)
+    calls = []
+
+    def layer(t):
+        calls.append(1)
+        if len(calls) > 1:
+            raise TypeError("the layer's recomputation got other arguments")
+        return torch.relu(t) * t
+    return torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False).sum()
+
+
+@pytest.mark.parametrize("where", ["tensor hook", "saved-tensor hook", "checkpoint recomputation"])
+def test_an_exception_inside_a_backward_is_raised_by_backward_as_on_the_cpu(device_mode, where):
+    """torch calls the Python device guard while unwinding from such an exception; it once aborted the process
+    ("terminate called without an active exception"). Now ``backward()`` raises it, and the device goes on."""
+    def run(device):
+        with pytest.raises(Exception) as failed:
+            _raising_backward(device, where).backward()
+        x = torch.ones(3, device=device, requires_grad=True)
+        (x * 3).sum().backward()  # the next backward runs
+        return type(failed.value), str(failed.value), x.grad.cpu()
+    (got_type, got_text, got_grad), (want_type, want_text, want_grad) = both(run)
+    assert (got_type, got_text) == (want_type, want_text)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_running_out_of_device_memory_in_a_backward_is_the_out_of_memory_error(device_mode):
+    from hpu_backend.device.context import current_context
+
+    x = torch.randn(256, 256, device="hpu", requires_grad=True)
+    w = torch.randn(256, 256, device="hpu", requires_grad=True)
+    loss = (x @ w).relu().square().sum()
+    torch.hpu.synchronize()
+    memory = current_context().memory
+    memory.set_capacity(torch.hpu.memory_allocated() + 64 * 1024)  # no room for a 256 KiB gradient
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match="hpu out of memory: tried to allocate 256.00 KiB"):
+            loss.backward()
+            torch.hpu.synchronize()
+    finally:
+        memory.set_capacity(None)
+    y = torch.ones(3, device="hpu", requires_grad=True)
+    (y * 3).sum().backward()
+    assert y.grad.cpu().tolist() == [3.0, 3.0, 3.0]
+
+
 @pytest.mark.parametrize("release, lazy, mode", [
     ("", "", "eager"), ("1.21", "", "eager"), ("1.20.0", "", "lazy"), ("1.22.0", "1", "lazy"), ("1.19", "0", "eager")])
 def test_the_mode_follows_the_simulated_release_unless_set(monkeypatch, release, lazy, mode):

@@ -10,6 +10,7 @@ never shadowed; it refuses when PrivateUse1 already belongs to another backend. 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import types
 
@@ -105,9 +106,48 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+_PRIVATE_USE1 = torch._C._autograd.DeviceType.PrivateUse1
+# A C function that does nothing, called through ctypes' Python API library: ctypes raises the exception pending
+# in this thread, if any, when the call returns (documented for ``ctypes.pythonapi``).
+_RAISE_PENDING = ctypes.pythonapi.Py_IsInitialized
+_RAISE_PENDING.argtypes, _RAISE_PENDING.restype = (), None
+
+
 class _Guard(torch._C._acc.DeviceGuard):
+    """torch's device guard for a backend written in Python: the backend's device type, asked for from C++.
+
+    torch also asks while its autograd engine unwinds from a Python exception raised inside a backward (a tensor
+    hook, a saved-tensor hook such as activation checkpointing's recomputation, a device op refused, e.g. out of
+    memory), with that exception still pending: a Python call then fails inside a C++ function that may not
+    throw, and the process aborts ("terminate called without an active exception"). So ``type_`` takes such an
+    exception over, and the engine raises it from ``backward()`` (``_Engine``), as on a device backed by C++.
+
+    The exception is kept on the class: torch takes one guard per process, and an instance attribute would give
+    the guard a ``__dict__``, whose lookup fails while an exception is pending (torch then finds no ``type_``)."""
+
+    lost: BaseException | None = None
+
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        try:
+            _RAISE_PENDING()
+        except BaseException as exc:  # the backward's own error, not this call's
+            _Guard.lost = exc
+        return _PRIVATE_USE1
+
+
+class _Engine(torch._C._ImperativeEngine):
+    """torch's autograd engine; a backward that failed with an exception the device guard took over raises that
+    exception (torch's engine reports only that it ended without one)."""
+
+    def run_backward(self, *args, **kwargs):
+        _Guard.lost = None
+        try:
+            return super().run_backward(*args, **kwargs)
+        except SystemError:
+            lost, _Guard.lost = _Guard.lost, None
+            if lost is None:
+                raise
+            raise lost from None
 
 
 def _no_tag(obj) -> None:
@@ -169,6 +209,7 @@ def _register() -> None:
     # whether the device is available): torch's hooks for a backend written in Python.
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    torch.autograd.variable.Variable._execution_engine = _Engine()
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=False)
     torch.serialization.register_package(15, _no_tag, _host_storage)
     torch.utils.swap_tensors = swap.swap_tensors  # module.to("hpu") of weakly referenced parameters (swap.py)
