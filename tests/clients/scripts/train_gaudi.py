@@ -1,9 +1,10 @@
-"""Fine-tune tiny models: ``train_gaudi.py DEVICE MODE OUT KINDS [fused] [graphs]`` (DEVICE hpu|cpu; MODE
-lazy|eager|compile; KINDS gpt2, llama or both, comma-separated, trained one after the other in this process).
-On hpu: Optimum Habana's GaudiTrainer, as a Gaudi user runs it (``fused``: Gaudi's fused AdamW and clipping;
-``graphs``: ``use_hpu_graphs_for_training``). On cpu: transformers' own Trainer with the same arguments (the
-reference). Under a launcher of several ranks each rank trains on its share of every batch (data parallelism);
-rank 0 writes, per kind, the trained weights (on the CPU), the logged losses and what graphs were made to OUT."""
+"""Fine-tune tiny models: ``train_gaudi.py DEVICE MODE OUT KINDS [fused] [graphs] [checkpointing]`` (DEVICE
+hpu|cpu; MODE lazy|eager|compile; KINDS gpt2, llama or both, comma-separated, trained one after the other in this
+process). On hpu: Optimum Habana's GaudiTrainer, as a Gaudi user runs it (``fused``: Gaudi's fused AdamW and
+clipping; ``graphs``: ``use_hpu_graphs_for_training``). On cpu: transformers' own Trainer with the same arguments
+(the reference). ``checkpointing``: ``gradient_checkpointing``, on either. Under a launcher of several ranks each
+rank trains on its share of every batch (data parallelism); rank 0 writes, per kind, the trained weights (on the
+CPU), the logged losses, what graphs were made and whether checkpointing was on, to OUT."""
 
 import os
 import sys
@@ -13,11 +14,12 @@ import torch._dynamo.utils
 import tiny
 
 device, mode, out, kinds = sys.argv[1:5]
-fused, graphs = "fused" in sys.argv[5:], "graphs" in sys.argv[5:]
+fused, graphs, checkpointing = ("fused" in sys.argv[5:], "graphs" in sys.argv[5:], "checkpointing" in sys.argv[5:])
 result = {}
 for kind in kinds.split(","):
     common = dict(output_dir=f"{out}.{kind}.d", per_device_train_batch_size=2, max_steps=3, logging_steps=1,
-                  learning_rate=1e-3, report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0)
+                  learning_rate=1e-3, report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0,
+                  gradient_checkpointing=checkpointing)
     if device == "hpu":
         from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 
@@ -41,6 +43,7 @@ for kind in kinds.split(","):
         "weights": {name: value.detach().cpu() for name, value in model.state_dict().items()},
         "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - before,  # what torch.compile captured
         "hpu_graphs": [(f.captures, f.replays) for f in wrapped],  # ModuleCacher's signatures and replays
+        "checkpointing": model.is_gradient_checkpointing,
         "world": int(os.environ.get("WORLD_SIZE", "1"))}
 if os.environ.get("RANK", "0") == "0":
     torch.save(result, out)
