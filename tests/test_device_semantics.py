@@ -5,6 +5,7 @@ same code on the CPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -482,3 +483,85 @@ def test_every_rank_of_a_two_card_run_trains_on_its_card(tmp_path):
         "print('grad', rank, x.grad.cpu().tolist())\n"), "--cards", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "grad 0 [2.0, 2.0]" in done.stdout and "grad 1 [3.0, 3.0]" in done.stdout
+
+
+FSDP_SCRIPT = """
+import gc, json, os, torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(4, 16, generator=g), torch.randn(4, 4, generator=g)
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+dist.init_process_group("hccl")
+rank = dist.get_rank()
+torch.hpu.set_device(int(os.environ["LOCAL_RANK"]))
+device = torch.device("hpu", torch.hpu.current_device())
+WRAP
+opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
+losses, memory = [], []
+for step in range(4):
+    x, y = batch(rank, step)
+    loss = torch.nn.functional.mse_loss(fsdp(x.to(device)), y.to(device))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    losses.append(loss.item())
+    gc.collect()  # what the step holds, not what awaits the collector
+    memory.append(torch.hpu.memory_allocated())
+weight = first_weight().detach().cpu().tolist()
+with open(f"rank{rank}.json", "w") as f:  # a file each: the ranks' prints can share a line
+    json.dump({"losses": losses, "weight": weight, "memory": memory}, f)
+"""
+
+
+# torch's FSDP (a flat parameter per wrapped module) and its per-parameter successor, fully_shard (FSDP2).
+WRAPS = {
+    "FSDP": "fsdp = FSDP(model().to(device), device_id=device, use_orig_params={orig})\n"
+            "def first_weight():\n"
+            "    with FSDP.summon_full_params(fsdp):\n"
+            "        return fsdp.module[0].weight.clone()",
+    "fully_shard": "fsdp = model().to(device)\n"
+                   "fully_shard(fsdp[0]); fully_shard(fsdp[2]); fully_shard(fsdp)\n"
+                   "def first_weight():\n"
+                   "    return fsdp[0].weight.full_tensor()",
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("lazy, wrap, use_orig_params", [("0", "FSDP", True), ("1", "FSDP", False),
+                                                         ("0", "fully_shard", None), ("1", "fully_shard", None)])
+def test_fsdp_over_two_cards_trains_as_one_cpu_process_with_both_batches(tmp_path, lazy, wrap, use_orig_params):
+    """torch's FSDP frees each unsharded flat parameter after use and restores it for the next by resizing its
+    storage: the device's storage is the host's, resizable (pending lazy work done first), and the device's memory
+    count follows the resizes."""
+    script = FSDP_SCRIPT.replace("WRAP", WRAPS[wrap].format(orig=use_orig_params))
+    done = _run_script(tmp_path, script, "--cards", "2", PT_HPU_LAZY_MODE=lazy)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    namespace = {}
+    exec(FSDP_SCRIPT.split("dist.init_process_group")[0], namespace)  # batch() and model(), on the CPU
+    reference = namespace["model"]()
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for step in range(4):  # both ranks' batches in one: equal shards, so the mean of the ranks' losses
+        x, y = zip(*(namespace["batch"](rank, step) for rank in (0, 1)))
+        loss = torch.nn.functional.mse_loss(reference(torch.cat(x)), torch.cat(y))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch.testing.assert_close((ranks[0]["losses"][step] + ranks[1]["losses"][step]) / 2, loss.item(),
+                                   rtol=1e-5, atol=1e-6)
+    weights = sum(p.numel() * p.element_size() for p in reference.parameters())
+    # What a step ends holding may differ by one rank's shard (a gradient shard the reduce-scatter has or has not
+    # released yet), never grow step by step, and stay below the unsharded training state (weights, gradients
+    # and AdamW's two moments).
+    shard = -(-weights // 2)
+    for r in ranks:
+        torch.testing.assert_close(torch.tensor(r["weight"]), reference[0].weight.detach(), rtol=1e-5, atol=1e-6)
+        memory = r["memory"]
+        assert max(memory) - min(memory) <= shard and max(memory) < 0.75 * 4 * weights, (memory, weights)
+

@@ -205,6 +205,14 @@ class Device:
         swap.set_data(target, HpuTensor(target.host, target.device))
         return target
 
+    def storage(self, t: HpuTensor) -> torch.UntypedStorage:
+        """``t``'s storage, which is its host tensor's, pending work done first: a library may read or resize it
+        directly (FSDP frees and restores a flat parameter's memory that way), which the pending graph must not
+        see half done."""
+        if self.recorder.pending():
+            self.recorder.flush("Tensor.untyped_storage", user_line())
+        return t.host.untyped_storage()
+
     def _run_known(self, func, args, kwargs: dict, known: tuple, wrappers: dict, device):
         """An eager op whose layout the device ran before: the estimate remembered for it, and run at once on the
         host tensors ``args``."""

@@ -94,6 +94,11 @@ def _is_pinned(self, device=None) -> bool:
     return is_pinned(self)
 
 
+def _record_stream(self, stream) -> None:
+    """Streams are host-synchronous here (work runs as it is issued): nothing to record. Reached below Python
+    dispatch, e.g. FSDP's ``no_dispatch()`` record of a stream on a parameter it frees."""
+
+
 def register(lib: torch.library.Library, every_op: torch.library.Library) -> None:
     """The factory and autocast kernels, into ``lib`` (an ``aten`` IMPL library) and ``every_op`` (a ``_`` IMPL
     library, for the autocast key's fallthrough); the caller keeps both alive."""
@@ -102,6 +107,7 @@ def register(lib: torch.library.Library, every_op: torch.library.Library) -> Non
     lib.impl("empty.memory_format", untraced(_empty), "PrivateUse1")
     lib.impl("empty_strided", untraced(_empty_strided), "PrivateUse1")
     lib.impl("_copy_from", untraced(_copy_from), "PrivateUse1")
+    lib.impl("record_stream", _record_stream, "PrivateUse1")
     for name in HOST_FACTORIES:
         packet = getattr(aten, name)
         for overload in packet.overloads():

@@ -45,6 +45,9 @@ class Memory:
     def __init__(self):
         self.lock = threading.RLock()  # a tensor freed by the collector inside on_run releases under it
         self.storages: dict[int, tuple] = {}  # data pointer -> (bytes, weak reference), counted and not yet freed
+        # storages handed to a library that resizes them (FSDP): storage handle -> (weak reference, data pointer
+        # counted under); their bytes are counted again when they may have changed (reconcile)
+        self.resizable: dict[int, tuple] = {}
         self.stats = {"InUse": 0, "MaxInUse": 0, "NumAllocs": 0, "NumFrees": 0, "MaxAllocSize": 0}
         # The target whose HBM the counters hold against: the enabled device's when there is one, else that of
         # the last recipe that ran. A run never overrides the device's: a graph compiled for another target in
@@ -84,7 +87,7 @@ class Memory:
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory, as ``torch.cuda.mem_get_info``."""
         total = self.capacity()
-        return max(total - self.stats["InUse"], 0), total
+        return max(total - self.allocated(), 0), total
 
     def check_request(self, nbytes: int) -> None:
         """Refuse a large device allocation of ``nbytes`` that cannot fit before the host is asked for the memory
@@ -117,6 +120,10 @@ class Memory:
         ptr = storage.data_ptr()
         if ptr in self.storages:
             return
+        if self.resizable:  # a resized storage's new memory is that storage's, not another allocation
+            self.reconcile()
+            if ptr in self.storages:
+                return
         nbytes = storage.nbytes()
         if not nbytes:
             return
@@ -130,6 +137,8 @@ class Memory:
 
     def allocated(self) -> int:
         """Bytes of device memory held now."""
+        if self.resizable:
+            self.reconcile()
         return self.stats["InUse"]
 
     def max_allocated(self) -> int:
@@ -145,6 +154,7 @@ class Memory:
         """Gaudi's ``memory_stats()`` keys: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs,
         MaxAllocSize."""
         with self.lock:
+            self.allocated()
             return {"Limit": self.capacity(), **self.stats, "ActiveAllocs": len(self.storages)}
 
     def _add(self, storage: torch.UntypedStorage) -> int:
@@ -161,6 +171,36 @@ class Memory:
         if nbytes > self.stats["MaxAllocSize"]:
             self.stats["MaxAllocSize"] = nbytes
         return nbytes
+
+    def watch_resizes(self, storage: torch.UntypedStorage) -> None:
+        """Count ``storage`` by its size from now on, whatever a library resizes it to (FSDP frees an unsharded flat
+        parameter by resizing its storage to nothing, and restores it by resizing it back)."""
+        with self.lock:
+            self.reconcile()
+            if storage._cdata not in self.resizable:
+                self.resizable[storage._cdata] = (weakref.ref(storage), storage.data_ptr())
+
+    def reconcile(self) -> None:
+        """Bring the counts of the watched storages to their present sizes: a freed one releases its bytes, a
+        restored one holds them again (past the capacity: the device's out-of-memory error)."""
+        with self.lock:
+            for handle, (ref, counted_at) in list(self.resizable.items()):
+                storage = ref()
+                if storage is None:
+                    del self.resizable[handle]
+                    continue
+                ptr, nbytes = storage.data_ptr(), storage.nbytes()
+                held = self.storages.get(counted_at)
+                if ptr == counted_at and (held is not None and held[0] == nbytes or held is None and not nbytes):
+                    continue
+                self.release(counted_at)
+                self.resizable[handle] = (ref, ptr)
+                if nbytes:
+                    limit = self._limit()
+                    if self.stats["InUse"] + nbytes > limit:
+                        raise DeviceOutOfMemoryError(self._oom_text(nbytes, limit))
+                    self.stats["InUse"] += self._add(storage)
+                    self.stats["MaxInUse"] = max(self.stats["MaxInUse"], self.stats["InUse"])
 
     def release(self, ptr: int) -> None:
         with self.lock:

@@ -130,8 +130,8 @@ class _Guard(torch._C._acc.DeviceGuard):
     def type_(self):
         try:
             _RAISE_PENDING()
-        except BaseException as exc:  # the backward's own error, not this call's
-            _Guard.lost = exc
+        except BaseException as exc:  # the backward's own error, not this call's: its traceback without this frame
+            _Guard.lost = exc.with_traceback(exc.__traceback__.tb_next)
         return _PRIVATE_USE1
 
 

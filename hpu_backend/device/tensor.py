@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 
 import torch
 from torch._C._dynamo.eval_frame import set_eval_frame
@@ -85,6 +86,18 @@ class HpuTensor(torch.Tensor):
         suffix = f", device='{self.device}'"
         return text[:-1] + suffix + ")" if text.endswith(")") else text
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """For torch.distributed (FSDP frees and restores each unsharded flat parameter by resizing its storage,
+        which torch cannot do to a wrapper tensor's own), the host tensor's storage, pending work done first: the
+        device's memory is the host's. For every other caller, Dynamo's fake tensors among them, the wrapper's
+        own, as before."""
+        if not is_plain(getattr(self, "host", None)) or not _from_distributed(sys._getframe(1)):
+            return super().untyped_storage()
+        device = context.enabled_device()
+        storage = device.storage(self) if device is not None else self.host.untyped_storage()
+        context.current_context().memory.watch_resizes(storage)  # counted at the size it is given
+        return storage
+
     def tolist(self):
         """A host read of every value (torch's own ``tolist`` reads a tensor's memory, which is the host's)."""
         return self.cpu().tolist()
@@ -146,6 +159,13 @@ def untraced(fn):
         finally:
             set_eval_frame(prior)
     return run
+
+
+def _from_distributed(frame) -> bool:
+    """Whether the code asking (past torch's own ``Tensor._typed_storage``) is torch.distributed's."""
+    while frame is not None and frame.f_globals.get("__name__") == "torch._tensor":
+        frame = frame.f_back
+    return frame is not None and frame.f_globals.get("__name__", "").startswith("torch.distributed.")
 
 
 def is_plain(t: torch.Tensor) -> bool:
