@@ -121,7 +121,7 @@ class Memory:
         if ptr in self.storages:
             return
         if self.resizable:  # a resized storage's new memory is that storage's, not another allocation
-            self.reconcile()
+            self.reconcile(refuse=True)
             if ptr in self.storages:
                 return
         nbytes = storage.nbytes()
@@ -180,9 +180,10 @@ class Memory:
             if storage._cdata not in self.resizable:
                 self.resizable[storage._cdata] = (weakref.ref(storage), storage.data_ptr())
 
-    def reconcile(self) -> None:
+    def reconcile(self, refuse: bool = False) -> None:
         """Bring the counts of the watched storages to their present sizes: a freed one releases its bytes, a
-        restored one holds them again (past the capacity: the device's out-of-memory error)."""
+        restored one holds them again (past the capacity, with ``refuse``, as an allocation: the device's
+        out-of-memory error; a reading of the counters only counts)."""
         with self.lock:
             for handle, (ref, counted_at) in list(self.resizable.items()):
                 storage = ref()
@@ -197,7 +198,7 @@ class Memory:
                 self.resizable[handle] = (ref, ptr)
                 if nbytes:
                     limit = self._limit()
-                    if self.stats["InUse"] + nbytes > limit:
+                    if refuse and self.stats["InUse"] + nbytes > limit:
                         raise DeviceOutOfMemoryError(self._oom_text(nbytes, limit))
                     self.stats["InUse"] += self._add(storage)
                     self.stats["MaxInUse"] = max(self.stats["MaxInUse"], self.stats["InUse"])
