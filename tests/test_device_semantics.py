@@ -534,7 +534,7 @@ WRAPS = {
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("lazy, wrap, use_orig_params", [("0", "FSDP", True), ("1", "FSDP", False),
-                                                         ("0", "fully_shard", None), ("1", "fully_shard", None)])
+                                                         ("1", "fully_shard", None)])
 def test_fsdp_over_two_cards_trains_as_one_cpu_process_with_both_batches(tmp_path, lazy, wrap, use_orig_params):
     """torch's FSDP frees each unsharded flat parameter after use and restores it for the next by resizing its
     storage: the device's storage is the host's, resizable (pending lazy work done first), and the device's memory
