@@ -197,8 +197,7 @@ class Device:
         ``resize_``, ``set_``, as FSDP frees and restores a flat parameter): it runs on the host tensor, pending
         work done first (it changes what the pending graph would write), and the device tensor takes the host
         tensor's new metadata, as a backend's own tensor would have changed."""
-        if self.recorder.pending():
-            self.recorder.flush(f"Tensor.{func._schema.name.split('::')[-1]}", user_line())
+        self.flush(f"Tensor.{func._schema.name.split('::')[-1]}")
         self.ops += 1
         self.timeline.op()
         func(*args, **kwargs)
@@ -209,8 +208,7 @@ class Device:
         """``t``'s storage, which is its host tensor's, pending work done first: a library may read or resize it
         directly (FSDP frees and restores a flat parameter's memory that way), which the pending graph must not
         see half done."""
-        if self.recorder.pending():
-            self.recorder.flush("Tensor.untyped_storage", user_line())
+        self.flush("Tensor.untyped_storage")
         return t.host.untyped_storage()
 
     def _run_known(self, func, args, kwargs: dict, known: tuple, wrappers: dict, device):
@@ -252,8 +250,7 @@ class Device:
         before = self.ledger.total_s
         self.timeline.last = None
         out = self.recorder.dispatch(func, args, kwargs)
-        if self.recorder.pending():
-            self.recorder.flush("eager op", user_line())
+        self.flush("eager op")
         if key is not None and len(self.estimates) < _EAGER_KEYS:
             self.estimates[key] = (self.ledger.total_s - before, self.timeline.last)
             self.op_names[key[0]] = str(func)  # keys hold the op's id (a cheap hash): its name, for the report
@@ -307,7 +304,8 @@ class Device:
         self.flush("a compiled graph reads device tensors")
 
     def flush(self, reason: str) -> None:
-        """Run the pending lazy graph, whatever it holds (before a compiled graph reads device tensors)."""
+        """Run the pending lazy graph, whatever it holds (before a compiled graph reads device tensors, an eager op's
+        own one-op graph, before an op or a library changes a tensor's memory in place)."""
         if self.recorder.pending():
             self.recorder.flush(reason, user_line())
 

@@ -154,7 +154,7 @@ class Memory:
         """Gaudi's ``memory_stats()`` keys: Limit, InUse, MaxInUse, NumAllocs, NumFrees, ActiveAllocs,
         MaxAllocSize."""
         with self.lock:
-            self.allocated()
+            self.reconcile()
             return {"Limit": self.capacity(), **self.stats, "ActiveAllocs": len(self.storages)}
 
     def _add(self, storage: torch.UntypedStorage) -> int:
@@ -191,14 +191,13 @@ class Memory:
                     del self.resizable[handle]
                     continue
                 ptr, nbytes = storage.data_ptr(), storage.nbytes()
-                held = self.storages.get(counted_at)
-                if ptr == counted_at and (held is not None and held[0] == nbytes or held is None and not nbytes):
+                held = self.storages.get(counted_at, (0,))[0]
+                if ptr == counted_at and held == nbytes:
                     continue
                 self.release(counted_at)
                 self.resizable[handle] = (ref, ptr)
                 if nbytes:
-                    limit = self._limit()
-                    if refuse and self.stats["InUse"] + nbytes > limit:
+                    if refuse and self.stats["InUse"] + nbytes > (limit := self._limit()):
                         raise DeviceOutOfMemoryError(self._oom_text(nbytes, limit))
                     self.stats["InUse"] += self._add(storage)
                     self.stats["MaxInUse"] = max(self.stats["MaxInUse"], self.stats["InUse"])
